@@ -1,0 +1,45 @@
+# Two commands do everything on a fresh machine: `make quickstart` and `make test` (see README.md).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# On a CPU-only machine this installs the CPU build of torch before anything else asks for torch, so
+# pip never resolves `torch>=2.11` to a multi-GB CUDA build. GPU users bring their own torch:
+# `make TORCH_SPEC= test` keeps whatever torch the venv already has (e.g. one made with
+# `python3 -m venv --system-site-packages .venv`).
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: quickstart test install install-dev cuda clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.torch: | $(BIN)/python
+	@if [ -n "$(TORCH_SPEC)" ] && ! $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "installing $(TORCH_SPEC)"; $(BIN)/python -m pip install -q "$(TORCH_SPEC)"; fi
+	@touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+quickstart: $(VENV)/.installed
+	$(BIN)/python scripts/quickstart.py
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+# Builds cuda/ into cuda/build/libmarin_kernels.so for sm_90 (plus PTX); needs nvcc, not a GPU.
+cuda: $(VENV)/.installed
+	$(BIN)/python -m marin_model.kernels --build
+
+clean:
+	rm -rf $(VENV) cuda/build out .pytest_cache

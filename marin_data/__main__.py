@@ -1,0 +1,3 @@
+from marin_data.cli import main
+
+main()

@@ -1,0 +1,78 @@
+"""Atomic file writes and streaming hashes: a crash never leaves wrong bytes under a final name.
+
+A file is written to a unique ``<name>.<uuid8>.part`` beside its target, fsynced, then ``os.replace``d
+into place; the temporary file is removed whatever happens (STYLE.md rule 11, as huggingface_hub's
+``_download_to_tmp_and_move``). Readers therefore see either the old file, the new one, or nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["atomic_path", "atomic_write_bytes", "sha256_file", "HASH_CHUNK"]
+
+HASH_CHUNK = 8 << 20  # 8 MiB reads: bounded memory whatever the file size, large enough for ~1 GB/s
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``target``; on success fsync it and rename it onto ``target``.
+
+    The caller writes (and closes) the temporary file inside the ``with`` block. If the block raises,
+    the target is left untouched and the temporary file is deleted.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}.part")
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``target`` atomically."""
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = HASH_CHUNK) -> tuple[str, int]:
+    """Return ``(hex sha256, size in bytes)`` of a file, reading it in bounded chunks.
+
+    hashlib releases the GIL on large buffers, so threads hashing different files run in parallel.
+    """
+    h = hashlib.sha256()
+    size = 0
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            size += n
+    return h.hexdigest(), size
+
+
+def _fsync_dir(path: Path) -> None:
+    """Persist a rename: fsync the directory that holds it (a no-op where directories can't be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

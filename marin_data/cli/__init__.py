@@ -1,0 +1,72 @@
+"""``marin-data``: a thin click front over library functions (STYLE.md rule 9).
+
+Each command lives in its own module (as huggingface_hub's ``cli/``), is imported only when used, parses
+and checks its flags, and calls one library function. Errors are mapped to messages and exit codes in
+`marin_data.cli._errors`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+
+import click
+
+from marin_data.cli._errors import describe
+
+__all__ = ["main", "cli"]
+
+# command name -> module defining a click command named `command`
+COMMANDS = {
+}
+
+
+class LazyGroup(click.Group):
+    """Imports a command's module only when it is listed or invoked, so `marin-data --help` stays fast."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        module = COMMANDS.get(name)
+        return None if module is None else importlib.import_module(module).command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="marin")
+def cli() -> None:
+    """Shard, verify, publish, download and stream the Marin corpus.
+
+    \b
+    EXAMPLES
+      marin-data sample out/sample          # build the embedded sample corpus offline
+      marin-data info out/sample            # what is in it, and its manifest sha256
+      marin-data verify out/sample          # prove every byte is right
+
+    Set MARIN_DEBUG=1 to see tracebacks.
+    """
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the CLI, turning known errors into one line and an exit code."""
+    try:
+        # Not standalone: click returns the exit code of `ctx.exit(n)` (or a command's int return value).
+        rv = cli.main(args=argv, standalone_mode=False)
+        sys.exit(rv if isinstance(rv, int) else 0)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the one place errors become exit codes
+        known = describe(e)
+        if known is None or os.environ.get("MARIN_DEBUG") == "1":
+            traceback.print_exc()
+        if known is None:
+            sys.exit(70)
+        message, code = known
+        click.secho(f"error: {message}", err=True, fg="red")
+        sys.exit(code)

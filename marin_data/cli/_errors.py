@@ -1,0 +1,53 @@
+"""One table from exception type to (one-line message, exit code) — STYLE.md rule 8.
+
+Subclasses come before their parents: the first matching row wins. The traceback is shown only under
+``MARIN_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from marin_data import errors as E
+
+__all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "ERROR_TABLE", "describe"]
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1  # verify found missing/modified/unlisted files; some downloads failed
+EXIT_USAGE = 2  # bad flags (click's own code) or an invalid manifest: nothing was checked
+
+
+def _with_fix(fix: str) -> Callable[[Exception], str]:
+    return lambda e: f"{e}\n  -> {fix}"
+
+
+ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] = [
+    (E.ManifestHashMismatchError, _with_fix("the manifest is not the one you pinned: use a trusted mirror, "
+                                            "or check the --manifest-sha256 value"), EXIT_USAGE),
+    (E.UnsafePathError, _with_fix("refusing to follow it; the corpus description was tampered with or "
+                                  "corrupted"), EXIT_USAGE),
+    (E.InvalidManifestError, _with_fix("is this the root of a marin corpus? `marin-data info DIR` shows one"),
+     EXIT_USAGE),
+    (E.VerificationFailedError, str, EXIT_PROBLEMS),
+    (E.BadRecordError, _with_fix("fix the input, or pass --skip-bad to skip and count such records"), 3),
+    (E.UnreadableInputError, _with_fix("check that the file exists, is readable and is not truncated"), 3),
+    (E.TokenizerMismatchError, _with_fix("shard this subset with the corpus's tokenizer, or into a new "
+                                         "corpus"), 4),
+    (E.CorpusLockedError, _with_fix("another marin-data process is writing this corpus; wait for it "
+                                    "(or remove a stale lock file if none is running)"), 5),
+    (E.ShardChecksumError, _with_fix("the file is corrupt: delete it and fetch it again"), 6),
+    (E.ShardFormatError, _with_fix("the file is not a complete marin shard: delete it and re-create or "
+                                   "re-fetch it"), 6),
+    (E.RetryableRemoteError, _with_fix("a transient network failure outlasted the retries: run the same "
+                                       "command again to resume"), 7),
+    (E.RemoteError, _with_fix("check the URL, credentials and endpoint"), 8),
+    (E.MarinDataError, str, 9),
+]
+
+
+def describe(exc: BaseException) -> tuple[str, int] | None:
+    """Message and exit code for a known error, or None for an unexpected exception."""
+    for etype, fmt, code in ERROR_TABLE:
+        if isinstance(exc, etype):
+            return fmt(exc), code
+    return None

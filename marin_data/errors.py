@@ -1,0 +1,123 @@
+"""Every typed error of marin_data, in one place.
+
+Each error is named by what the caller should do about it (STYLE.md rule 7):
+
+- *abort*: the input as a whole is unusable (invalid manifest, tokenizer mismatch, corpus locked);
+- *fail the shard / the record*: one file or one record is bad and the rest may go on
+  (`BadRecordError` can be skipped with ``--skip-bad``, a `ShardChecksumError` re-fetched);
+- *retry*: a transient remote failure (`RetryableRemoteError`).
+
+Every error also inherits from the matching stdlib type, so ``except ValueError`` keeps working, and carries
+``path``, ``expected`` and ``actual`` where they make sense. `marin_data.cli._errors` maps each type to a
+one-line message and an exit code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "MarinDataError",
+    "InvalidManifestError",
+    "UnsafePathError",
+    "ManifestHashMismatchError",
+    "BadRecordError",
+    "UnreadableInputError",
+    "TokenizerMismatchError",
+    "CorpusLockedError",
+    "ShardFormatError",
+    "ShardChecksumError",
+    "VerificationFailedError",
+    "RemoteError",
+    "RetryableRemoteError",
+]
+
+
+class MarinDataError(Exception):
+    """Base of every marin_data error.
+
+    Args:
+        message: what went wrong, in one sentence.
+        path: the file (or URL) concerned, when there is one.
+        expected: what the file should have held (a digest, a size, a tokenizer fingerprint...).
+        actual: what it held instead.
+    """
+
+    def __init__(
+        self, message: str, *, path: str | None = None, expected: Any = None, actual: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = None if path is None else str(path)
+        self.expected = expected
+        self.actual = actual
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+# --- abort: the corpus description itself cannot be trusted --------------------------------------
+class InvalidManifestError(ValueError, MarinDataError):
+    """manifest.json (or shards.parquet) is malformed or inconsistent: abort."""
+
+
+class UnsafePathError(InvalidManifestError):
+    """A manifest names a path that is absolute or escapes the corpus (``..``): never followed."""
+
+
+class ManifestHashMismatchError(InvalidManifestError):
+    """The manifest's own sha256 differs from the one pinned with ``--manifest-sha256``."""
+
+
+class TokenizerMismatchError(ValueError, MarinDataError):
+    """A subset was tokenized with a different tokenizer than the corpus it joins: abort."""
+
+
+class CorpusLockedError(RuntimeError, MarinDataError):
+    """Another process is writing this corpus: retry when it has finished."""
+
+
+# --- fail the record / the input file -------------------------------------------------------------
+class BadRecordError(ValueError, MarinDataError):
+    """One input record is malformed (bad JSON, missing field, undecodable bytes): skippable.
+
+    ``line`` is the 1-based line (or row) number, ``reason`` a short key used to count skips.
+    """
+
+    def __init__(self, message: str, *, path: str, line: int, reason: str) -> None:
+        super().__init__(message, path=path)
+        self.line = line
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+class UnreadableInputError(OSError, MarinDataError):
+    """An input file cannot be opened or decompressed at all."""
+
+
+# --- fail the shard: its bytes are wrong ----------------------------------------------------------
+class ShardFormatError(ValueError, MarinDataError):
+    """A shard is not a valid marin shard (half-written, wrong schema or encodings)."""
+
+
+class ShardChecksumError(ValueError, MarinDataError):
+    """A file's sha256 or size differs from the manifest's: re-fetch it or fail it."""
+
+
+class VerificationFailedError(MarinDataError):
+    """``verify`` found problems; ``problems`` lists them (exit code 1, not an invalid manifest)."""
+
+    def __init__(self, message: str, *, problems: list) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
+# --- remote stores ----------------------------------------------------------------------------------
+class RemoteError(OSError, MarinDataError):
+    """A remote store refused a request in a way retrying will not fix (403, 404, bad URL)."""
+
+
+class RetryableRemoteError(RemoteError):
+    """A transient remote failure (dropped connection, 429, 5xx, truncated body): retry, then fail over."""

@@ -1,0 +1,375 @@
+"""The corpus description: ``manifest.json``, ``shards.parquet`` and ``SHA256SUMS``.
+
+A corpus is a directory tree (DESIGN.md "One corpus layout everywhere")::
+
+    manifest.json     corpus-level facts; names the sha256 of every other metadata file (root of trust)
+    shards.parquet    one row per shard: path, subset, bytes, sha256, docs, tokens, row_groups
+    SHA256SUMS        ``sha256sum -c SHA256SUMS`` checks every shard and metadata file with coreutils alone
+    tokenizer.json
+    data/<subset>/part-00000.parquet
+
+The chain of trust: the sha256 of ``manifest.json`` (printed by publish, shown in the datasheet, pinned
+with ``--manifest-sha256``) vouches for ``shards.parquet`` through ``manifest["files"]``, which vouches for
+every shard. The manifest is written last, so it never names a file that is not there.
+
+Why the per-shard list lives in Parquet and not in the JSON: at 23T tokens there are ~100,000 shards; a
+Parquet index reads in milliseconds with bounded memory and any tool opens it, while the manifest stays a
+small, human-readable file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from marin_data.atomic import atomic_path, atomic_write_bytes, sha256_file
+from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnsafePathError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "MANIFEST",
+    "SHARDS_INDEX",
+    "SUMS",
+    "TOKENIZER",
+    "TokenizerInfo",
+    "SubsetInfo",
+    "FileRecord",
+    "ShardRecord",
+    "Manifest",
+    "Corpus",
+    "safe_relpath",
+    "select_subsets",
+    "read_shard_index",
+    "write_shard_index",
+    "sums_text",
+    "load_corpus",
+    "commit_corpus",
+    "shards_fingerprint",
+    "summarize_subsets",
+]
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+SHARDS_INDEX = "shards.parquet"
+SUMS = "SHA256SUMS"
+TOKENIZER = "tokenizer.json"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    name: str  # a repo id or file name, for people; the fingerprint is `sha256`
+    sha256: str  # sha256 of tokenizer.json: two corpora with equal digests tokenized alike
+    vocab_size: int
+    eos_id: int  # appended after every document
+    bos_id: int | None = None  # prepended only when the corpus was sharded with --bos
+    add_bos: bool = False
+
+
+@dataclass(frozen=True)
+class SubsetInfo:
+    docs: int
+    tokens: int
+    bytes: int
+    shards: int
+    license: str = "unknown"  # SPDX id
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """A metadata file of the corpus (shards.parquet, tokenizer.json, SHA256SUMS, README.md...)."""
+
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    path: str  # relative POSIX path inside the corpus, e.g. data/pretrain/code/part-00000.parquet
+    subset: str
+    bytes: int
+    sha256: str
+    docs: int
+    tokens: int
+    row_groups: int
+
+
+@dataclass
+class Manifest:
+    name: str
+    version: str
+    tokenizer: TokenizerInfo
+    subsets: dict[str, SubsetInfo] = field(default_factory=dict)
+    files: dict[str, FileRecord] = field(default_factory=dict)
+    mirrors: list[dict] = field(default_factory=list)  # {"url": "s3://..."|"hf://...", "subsets": [...]}
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> bytes:
+        """Canonical bytes: sorted keys, no timestamps, so equal corpora have equal manifest digests."""
+        doc = {
+            "schema_version": self.schema_version,
+            "name": self.name,
+            "version": self.version,
+            "tokenizer": asdict(self.tokenizer),
+            "subsets": {k: asdict(v) for k, v in sorted(self.subsets.items())},
+            "files": {k: asdict(v) for k, v in sorted(self.files.items())},
+            "mirrors": self.mirrors,
+        }
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, path: str = MANIFEST) -> Manifest:
+        """Parse and validate manifest bytes; raise `InvalidManifestError` naming ``path`` on any defect."""
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict):
+                raise TypeError("top level is not an object")
+            version = doc.get("schema_version")
+            if version != SCHEMA_VERSION:
+                raise InvalidManifestError(
+                    f"unsupported schema_version {version!r} (this marin reads {SCHEMA_VERSION})",
+                    path=path, expected=SCHEMA_VERSION, actual=version,
+                )
+            manifest = cls(
+                name=str(doc["name"]),
+                version=str(doc["version"]),
+                tokenizer=TokenizerInfo(**doc["tokenizer"]),
+                subsets={str(k): SubsetInfo(**v) for k, v in doc["subsets"].items()},
+                files={safe_relpath(k, where=path): FileRecord(**v) for k, v in doc["files"].items()},
+                mirrors=list(doc.get("mirrors", [])),
+            )
+        except InvalidManifestError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise InvalidManifestError(f"malformed manifest: {e!r}", path=path) from e
+        for name in manifest.subsets:
+            _check_subset_name(name, path)
+        for fname, rec in manifest.files.items():
+            _check_digest(rec.sha256, f"{path} files[{fname}]")
+        return manifest
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A corpus on local disk: its root, parsed manifest, the manifest's own sha256, and the shard index."""
+
+    root: Path
+    manifest: Manifest
+    manifest_sha256: str
+    shards: tuple[ShardRecord, ...]
+
+    def shards_of(self, subsets: Iterable[str]) -> list[ShardRecord]:
+        wanted = set(subsets)
+        return [s for s in self.shards if s.subset in wanted]
+
+
+def safe_relpath(path: str, *, where: str = MANIFEST) -> str:
+    """Return ``path`` if it is a clean relative POSIX path inside the corpus, else raise `UnsafePathError`.
+
+    Absolute paths, ``..`` components, backslashes and empty components are refused, never followed:
+    a tampered manifest must not make us read or write outside the corpus.
+    """
+    if (
+        not isinstance(path, str)
+        or not path
+        or path.startswith("/")
+        or "\\" in path
+        or "\x00" in path
+        or re.match(r"^[A-Za-z]:", path)
+        or any(part in ("", ".", "..") for part in path.split("/"))
+    ):
+        raise UnsafePathError(f"unsafe path {path!r} in corpus description (absolute, '..' or malformed)",
+                              path=where, actual=path)
+    return path
+
+
+def _check_subset_name(name: str, where: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", name) or ".." in name.split("/"):
+        raise InvalidManifestError(f"invalid subset name {name!r}", path=where, actual=name)
+
+
+def _check_digest(digest: str, where: str) -> None:
+    if not isinstance(digest, str) or not _HEX64.match(digest):
+        raise InvalidManifestError(f"not a hex sha256: {digest!r}", path=where, actual=digest)
+
+
+def select_subsets(available: Iterable[str], patterns: Sequence[str] | None) -> list[str]:
+    """Resolve ``--subset`` patterns against subset names; all subsets when ``patterns`` is empty.
+
+    A pattern matches a subset by exact name, by shell glob (``pretrain/*``), or as a parent path
+    (``pretrain`` selects ``pretrain/dclm`` and ``pretrain/code``). A pattern that matches nothing is an
+    error naming the known subsets, so a typo never silently selects less data.
+    """
+    names = sorted(available)
+    if not patterns:
+        return names
+    chosen: set[str] = set()
+    for pat in patterns:
+        hits = [n for n in names if n == pat or fnmatch.fnmatchcase(n, pat) or n.startswith(pat.rstrip("/") + "/")]
+        if not hits:
+            raise InvalidManifestError(
+                f"--subset {pat!r} matches no subset; known subsets: {', '.join(names) or '(none)'}",
+                expected=names, actual=pat,
+            )
+        chosen.update(hits)
+    return sorted(chosen)
+
+
+_INDEX_COLUMNS = ("path", "subset", "bytes", "sha256", "docs", "tokens", "row_groups")
+
+
+def _index_schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("path", pa.string()), ("subset", pa.string()), ("bytes", pa.int64()), ("sha256", pa.string()),
+        ("docs", pa.int64()), ("tokens", pa.int64()), ("row_groups", pa.int32()),
+    ])
+
+
+def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord]) -> None:
+    """Write ``shards.parquet`` atomically, rows sorted by (subset, path) so the bytes are deterministic."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = sorted(shards, key=lambda s: (s.subset, s.path))
+    table = pa.table({c: [getattr(s, c) for s in rows] for c in _INDEX_COLUMNS}, schema=_index_schema())
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def read_shard_index(path: str | os.PathLike) -> list[ShardRecord]:
+    """Read ``shards.parquet``; raise `InvalidManifestError` on a malformed index or an unsafe path."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path, columns=list(_INDEX_COLUMNS))
+        cols = {c: table.column(c).to_pylist() for c in _INDEX_COLUMNS}
+    except (OSError, KeyError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
+        raise InvalidManifestError(f"unreadable shard index: {e}", path=str(path)) from e
+    shards = [ShardRecord(*values) for values in zip(*(cols[c] for c in _INDEX_COLUMNS))]
+    for s in shards:
+        safe_relpath(s.path, where=str(path))
+        _check_subset_name(s.subset, str(path))
+        _check_digest(s.sha256, f"{path} row {s.path}")
+    return shards
+
+
+def sums_text(entries: Iterable[tuple[str, str]]) -> str:
+    """``SHA256SUMS`` content from ``(path, sha256)`` pairs, sorted by path, in coreutils' text format."""
+    return "".join(f"{digest}  {p}\n" for p, digest in sorted(entries))
+
+
+def summarize_subsets(shards: Iterable[ShardRecord], licenses: dict[str, str]) -> dict[str, SubsetInfo]:
+    """Per-subset totals computed from the shard rows (the manifest never holds a typed-in number)."""
+    totals: dict[str, list[int]] = {}
+    for s in shards:
+        t = totals.setdefault(s.subset, [0, 0, 0, 0])
+        t[0] += s.docs
+        t[1] += s.tokens
+        t[2] += s.bytes
+        t[3] += 1
+    return {
+        name: SubsetInfo(docs=d, tokens=t, bytes=b, shards=n, license=licenses.get(name, "unknown"))
+        for name, (d, t, b, n) in sorted(totals.items())
+    }
+
+
+def shards_fingerprint(shards: Iterable[ShardRecord], tokenizer_sha256: str) -> str:
+    """A digest of exactly these shards' contents and the tokenizer.
+
+    It covers the selected shards only, so a partial download and the full remote corpus give the same
+    fingerprint for the same selection (DESIGN.md, the loader).
+    """
+    h = hashlib.sha256(tokenizer_sha256.encode())
+    for s in sorted(shards, key=lambda s: s.path):
+        h.update(f"\n{s.path}\t{s.sha256}\t{s.bytes}".encode())
+    return h.hexdigest()
+
+
+def load_corpus(root: str | os.PathLike, *, manifest_sha256: str | None = None) -> Corpus:
+    """Open a local corpus: check the pinned manifest digest, parse it, and load the shard index.
+
+    Args:
+        root: the corpus directory.
+        manifest_sha256: when given, the manifest's own sha256 must equal it (the root of trust).
+
+    Raises:
+        InvalidManifestError: missing or malformed manifest or index, unsafe paths, totals that disagree,
+            or a shard index whose digest differs from the one the manifest names.
+        ManifestHashMismatchError: the manifest differs from the pinned digest.
+    """
+    root = Path(root)
+    mpath = root / MANIFEST
+    try:
+        data = mpath.read_bytes()
+    except FileNotFoundError as e:
+        raise InvalidManifestError("no manifest.json: not a marin corpus (or an unfinished one)",
+                                   path=str(mpath)) from e
+    digest = hashlib.sha256(data).hexdigest()
+    if manifest_sha256 is not None and digest != manifest_sha256.strip().lower():
+        raise ManifestHashMismatchError(
+            f"manifest sha256 is {digest}, but {manifest_sha256} was pinned: the mirror's copy differs",
+            path=str(mpath), expected=manifest_sha256, actual=digest,
+        )
+    manifest = Manifest.from_json(data, str(mpath))
+    index = manifest.files.get(SHARDS_INDEX)
+    if index is None:
+        raise InvalidManifestError(f"manifest does not list {SHARDS_INDEX}", path=str(mpath))
+    ipath = root / SHARDS_INDEX
+    if not ipath.exists():
+        raise InvalidManifestError(f"{SHARDS_INDEX} is missing", path=str(ipath))
+    actual = sha256_file(ipath)
+    if actual != (index.sha256, index.bytes):
+        raise InvalidManifestError(
+            f"{SHARDS_INDEX} does not match the manifest (sha256/size {actual[0][:12]}…/{actual[1]} "
+            f"!= {index.sha256[:12]}…/{index.bytes})",
+            path=str(ipath), expected=(index.sha256, index.bytes), actual=actual,
+        )
+    shards = read_shard_index(ipath)
+    _check_totals(manifest, shards, str(mpath))
+    return Corpus(root=root, manifest=manifest, manifest_sha256=digest, shards=tuple(shards))
+
+
+def _check_totals(manifest: Manifest, shards: list[ShardRecord], where: str) -> None:
+    computed = summarize_subsets(shards, {k: v.license for k, v in manifest.subsets.items()})
+    if computed != manifest.subsets:
+        bad = sorted(set(computed) ^ set(manifest.subsets)) or sorted(
+            k for k in computed if computed[k] != manifest.subsets.get(k)
+        )
+        raise InvalidManifestError(f"subset totals disagree with {SHARDS_INDEX} for: {', '.join(bad)}",
+                                   path=where)
+
+
+def commit_corpus(
+    root: str | os.PathLike, manifest: Manifest, shards: Sequence[ShardRecord], extra_files: Sequence[str] = ()
+) -> str:
+    """Write the shard index, ``SHA256SUMS`` and finally ``manifest.json``; return the manifest's sha256.
+
+    ``manifest.subsets`` is recomputed from ``shards``, keeping each subset's license (a subset being
+    added may carry a placeholder `SubsetInfo` just for its license), and ``manifest.files`` is rebuilt
+    from what is on disk: ``tokenizer.json``, the index, ``SHA256SUMS`` and ``extra_files`` (dataset card,
+    Croissant, datasheets...). Every shard must already be in place under its final name.
+    """
+    root = Path(root)
+    shards = sorted(shards, key=lambda s: (s.subset, s.path))
+    write_shard_index(root / SHARDS_INDEX, shards)
+    files: dict[str, FileRecord] = {}
+    for rel in [TOKENIZER, SHARDS_INDEX, *extra_files]:
+        rel = safe_relpath(rel)
+        if (root / rel).exists():
+            files[rel] = FileRecord(*reversed(sha256_file(root / rel)))
+    sums = sums_text([(s.path, s.sha256) for s in shards] + [(p, r.sha256) for p, r in files.items()])
+    atomic_write_bytes(root / SUMS, sums.encode())
+    files[SUMS] = FileRecord(*reversed(sha256_file(root / SUMS)))
+    licenses = {k: v.license for k, v in manifest.subsets.items()}
+    final = replace(manifest, subsets=summarize_subsets(shards, licenses), files=files)
+    data = final.to_json()
+    atomic_write_bytes(root / MANIFEST, data)
+    return hashlib.sha256(data).hexdigest()
