@@ -55,6 +55,15 @@ class MarinDataError(Exception):
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # `class E(ValueError, MarinDataError)` would otherwise take ValueError's __init__ and __str__ (first
+        # in the MRO), which refuse keyword arguments. Subclasses that define their own keep theirs.
+        super().__init_subclass__(**kwargs)
+        for name in ("__init__", "__str__"):
+            if name not in cls.__dict__:
+                setattr(cls, name, next(getattr(k, name) for k in cls.__mro__ if name in k.__dict__
+                                        and issubclass(k, MarinDataError)))
+
 
 # --- abort: the corpus description itself cannot be trusted --------------------------------------
 class InvalidManifestError(ValueError, MarinDataError):
@@ -85,7 +94,7 @@ class BadRecordError(ValueError, MarinDataError):
     """
 
     def __init__(self, message: str, *, path: str, line: int, reason: str) -> None:
-        super().__init__(message, path=path)
+        MarinDataError.__init__(self, message, path=path)
         self.line = line
         self.reason = reason
 
@@ -110,7 +119,7 @@ class VerificationFailedError(MarinDataError):
     """``verify`` found problems; ``problems`` lists them (exit code 1, not an invalid manifest)."""
 
     def __init__(self, message: str, *, problems: list) -> None:
-        super().__init__(message)
+        MarinDataError.__init__(self, message)
         self.problems = problems
 
 

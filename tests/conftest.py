@@ -1,0 +1,75 @@
+"""Shared fixtures: small synthetic corpora written with the real shard and manifest code."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from marin_data.manifest import (
+    TOKENIZER,
+    Corpus,
+    Manifest,
+    ShardRecord,
+    SubsetInfo,
+    TokenizerInfo,
+    commit_corpus,
+    load_corpus,
+)
+from marin_data.shards import shard_path, write_shard
+
+VOCAB = 1000
+EOS = 0
+
+
+def build_corpus(
+    root: Path,
+    subsets: dict[str, list[int]],
+    *,
+    seed: int = 0,
+    doc_tokens: tuple[int, int] = (1, 400),
+    row_group_tokens: int = 1 << 20,
+) -> Corpus:
+    """Write a corpus whose subset ``name`` has shards with the given document counts.
+
+    Documents have random lengths in ``doc_tokens`` and random token ids in [1, VOCAB), each followed by
+    EOS (id 0), so tests can find document boundaries. Deterministic in ``seed``.
+    """
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    tok_json = json.dumps({"model": {"type": "synthetic", "vocab_size": VOCAB}}).encode()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / TOKENIZER).write_bytes(tok_json)
+    tokenizer = TokenizerInfo(name="synthetic", sha256=hashlib.sha256(tok_json).hexdigest(), vocab_size=VOCAB,
+                              eos_id=EOS)
+    records = []
+    for subset, docs_per_shard in sorted(subsets.items()):
+        for n, ndocs in enumerate(docs_per_shard):
+            lens = rng.integers(doc_tokens[0], doc_tokens[1] + 1, size=ndocs)
+            offsets = np.concatenate([[0], np.cumsum(lens + 1)]).astype(np.int64)
+            tokens = rng.integers(1, VOCAB, size=int(offsets[-1])).astype(np.uint32)
+            tokens[offsets[1:] - 1] = EOS
+            rel = shard_path(subset, n)
+            ids = [f"{subset}/{n}/{i}" for i in range(ndocs)]
+            st = write_shard(root / rel, ids, tokens, offsets, tokenizer, row_group_tokens=row_group_tokens)
+            records.append(ShardRecord(path=rel, subset=subset, bytes=st.bytes, sha256=st.sha256, docs=st.docs,
+                                       tokens=st.tokens, row_groups=st.row_groups))
+    manifest = Manifest(name="synthetic", version="0", tokenizer=tokenizer,
+                        subsets={s: SubsetInfo(0, 0, 0, 0, license="CC0-1.0") for s in subsets})
+    commit_corpus(root, manifest, records)
+    return load_corpus(root)
+
+
+@pytest.fixture
+def make_corpus(tmp_path: Path) -> Callable[..., Corpus]:
+    """``make_corpus({"a": [50, 30], "b/c": [20]})`` -> a committed corpus under a fresh tmp dir."""
+    counter = iter(range(1_000_000))
+
+    def make(subsets: dict[str, list[int]], **kwargs) -> Corpus:
+        return build_corpus(tmp_path / f"corpus{next(counter)}", subsets, **kwargs)
+
+    return make
