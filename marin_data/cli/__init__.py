@@ -27,11 +27,13 @@ class LazyGroup(click.Group):
     """Imports a command's module only when it is listed or invoked, so `marin-data --help` stays fast."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted({*COMMANDS, *self.commands})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         module = COMMANDS.get(name)
-        return None if module is None else importlib.import_module(module).command
+        if module is None:  # a command attached directly with @cli.command()
+            return super().get_command(ctx, name)
+        return importlib.import_module(module).command
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -1,0 +1,63 @@
+"""The one table from error type to message and exit code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from marin_data import errors as E
+from marin_data.cli._errors import ERROR_TABLE, EXIT_USAGE, describe
+
+
+def test_subclasses_are_listed_before_their_parents():
+    types = [t for t, _, _ in ERROR_TABLE]
+    for i, t in enumerate(types):
+        for later in types[i + 1 :]:
+            assert not issubclass(later, t), f"{later.__name__} is shadowed by {t.__name__}"
+
+
+def test_every_error_type_is_mapped_to_a_message_naming_the_file():
+    for name in E.__all__:
+        etype = getattr(E, name)
+        kwargs = {"line": 7, "reason": "json"} if etype is E.BadRecordError else {}
+        if etype is E.VerificationFailedError:
+            exc = etype("2 problems", problems=[])
+        else:
+            exc = etype("something is wrong", path="data/x/part-00000.parquet", **kwargs)
+        message, code = describe(exc)
+        assert code != 0
+        if etype is not E.VerificationFailedError:
+            assert "data/x/part-00000.parquet" in message
+
+
+def test_invalid_manifest_family_exits_with_usage_code_and_others_are_distinct():
+    assert describe(E.UnsafePathError("x"))[1] == EXIT_USAGE
+    assert describe(E.ManifestHashMismatchError("x"))[1] == EXIT_USAGE
+    codes = {describe(E.CorpusLockedError("x"))[1], describe(E.TokenizerMismatchError("x"))[1],
+             describe(E.ShardChecksumError("x"))[1], describe(E.RetryableRemoteError("x"))[1],
+             describe(E.RemoteError("x"))[1], EXIT_USAGE}
+    assert len(codes) == 6
+
+
+def test_errors_are_also_stdlib_errors_and_keep_their_fields():
+    e = E.ShardChecksumError("sha256 differs", path="p", expected="aa", actual="bb")
+    assert isinstance(e, ValueError) and isinstance(e, E.MarinDataError)
+    assert (e.path, e.expected, e.actual) == ("p", "aa", "bb")
+    assert isinstance(E.RetryableRemoteError("x"), OSError)
+
+
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_cli_prints_one_line_and_traceback_only_under_marin_debug(tmp_path, debug):
+    out = subprocess.run(
+        [sys.executable, "-c", "from marin_data.cli import main, cli\n"
+         "from marin_data.errors import CorpusLockedError\n"
+         "@cli.command('boom')\n"
+         "def boom():\n    raise CorpusLockedError('locked by pid 1', path='c/.marin.lock')\n"
+         "main(['boom'])"],
+        capture_output=True, text=True, env={"MARIN_DEBUG": debug, "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == describe(E.CorpusLockedError("x"))[1]
+    assert "error: c/.marin.lock: locked by pid 1" in out.stderr
+    assert ("Traceback" in out.stderr) == (debug == "1")
