@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 __all__ = ["atomic_path", "atomic_write_bytes", "sha256_file", "HASH_CHUNK"]
@@ -48,10 +48,13 @@ def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = HASH_CHUNK) -> tuple[str, int]:
+def sha256_file(
+    path: str | os.PathLike, chunk: int = HASH_CHUNK, *, on_bytes: Callable[[int], None] | None = None
+) -> tuple[str, int]:
     """Return ``(hex sha256, size in bytes)`` of a file, reading it in bounded chunks.
 
     hashlib releases the GIL on large buffers, so threads hashing different files run in parallel.
+    ``on_bytes(n)`` is called after each chunk, so a progress bar moves while a 2 GiB shard is hashed.
     """
     h = hashlib.sha256()
     size = 0
@@ -61,6 +64,8 @@ def sha256_file(path: str | os.PathLike, chunk: int = HASH_CHUNK) -> tuple[str, 
         while n := f.readinto(buf):
             h.update(view[:n])
             size += n
+            if on_bytes is not None:
+                on_bytes(n)
     return h.hexdigest(), size
 
 
