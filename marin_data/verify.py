@@ -1,0 +1,283 @@
+"""``verify``: prove that a local corpus holds exactly the bytes its manifest vouches for.
+
+The chain of trust (`marin_data.manifest`): the manifest's own sha256 (optionally pinned) vouches for
+``shards.parquet`` and the other metadata files; the index vouches for every shard by sha256 and size.
+`load_corpus` checks the first two links (a broken one is an invalid manifest: exit 2); this module
+re-hashes every listed file and walks the tree for files nobody listed (exit 1 on any finding).
+
+Speed: the work is one SHA-256 per file, so verify should run at the hashing floor. Files are hashed on a
+thread pool, largest first: `sha256_file` reads into one reused 8 MiB buffer, and both the read and
+``hashlib.update`` release the GIL, so threads scale like processes. *Measured* on 2 cores with 8 x 32 MiB
+files: 1 thread 1.44 GB/s, 2 threads 2.70 GB/s, 2 processes 2.69 GB/s (median of 5). Threads also share
+one progress bar without a queue. Memory is bounded: one 8 MiB buffer per worker, whatever the shard size.
+
+``deep=True`` also opens each shard whose bytes are right and reads its Parquet footer (`inspect_shard`):
+schema, token-value encodings (BYTE_STREAM_SPLIT, no dictionary), the tokenizer fingerprint in the file's
+key-value metadata, and document, token and row-group counts against the index. It does not decode the
+token data: the counts live in the footer, and a shard whose sha256 matches holds exactly the bytes the
+writer produced, so decoding (~124M tokens/s/core, far below the hashing rate) would only re-test pyarrow.
+A shard whose bytes are already wrong is not inspected: its footer says nothing about the listed shard.
+
+What counts as a finding, and why:
+
+- ``missing``, ``truncated`` (smaller than listed), ``oversized`` (larger than listed: bytes appended, or
+  another file put in its place), ``modified`` (same size, different sha256), ``unreadable`` (exists but
+  cannot be read, e.g. permissions or a directory);
+- ``unlisted``: a file under the corpus tree that neither the index nor ``manifest.json`` names. It fails
+  verification because tools that glob ``data/<subset>/*.parquet`` (Hugging Face ``datasets``, DuckDB)
+  would read it as data. With a subset filter only the selected subsets' ``data/<subset>/`` folders are
+  walked;
+- deep only: ``bad_format`` (unreadable footer, wrong schema or encodings), ``wrong_tokenizer``,
+  ``count_mismatch``.
+
+Not findings: the corpus write lock ``.marin.lock`` and the writers' staging folder ``.staging/`` are
+skipped. Leftover ``*.part`` files (an atomic write killed before its rename; see `marin_data.atomic`)
+are reported separately as ``partial_files`` and do not fail verification: no reader ever opens them,
+they appear legitimately while a writer is running, and they are safe to delete once none is.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from marin_data.atomic import sha256_file
+from marin_data.errors import ShardFormatError
+from marin_data.manifest import MANIFEST, Corpus, ShardRecord, load_corpus, select_subsets
+from marin_data.shards import inspect_shard
+from marin_data.ui import progress as progress_bar
+
+__all__ = ["IGNORED_NAMES", "ProblemKind", "Problem", "VerifyReport", "verify_corpus"]
+
+# Top-level names that belong to writers, not to the corpus: the write lock and the staging folder.
+IGNORED_NAMES = frozenset({".marin.lock", ".staging"})
+PARTIAL_SUFFIX = ".part"
+
+
+class ProblemKind(str, enum.Enum):
+    MISSING = "missing"
+    TRUNCATED = "truncated"
+    OVERSIZED = "oversized"
+    MODIFIED = "modified"
+    UNREADABLE = "unreadable"
+    UNLISTED = "unlisted"
+    BAD_FORMAT = "bad_format"
+    WRONG_TOKENIZER = "wrong_tokenizer"
+    COUNT_MISMATCH = "count_mismatch"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding, by path relative to the corpus root (POSIX separators)."""
+
+    path: str
+    kind: ProblemKind
+    message: str
+    expected: Any = None
+    actual: Any = None
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "kind": self.kind.value}
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What `verify_corpus` checked and found. ``ok`` is True when ``problems`` is empty."""
+
+    root: str
+    manifest_sha256: str
+    subsets: tuple[str, ...]
+    deep: bool
+    files_checked: int
+    bytes_checked: int
+    seconds: float  # wall time of the hashing (and deep) phase
+    workers: int
+    problems: tuple[Problem, ...]
+    partial_files: tuple[str, ...]  # leftover *.part files: reported, not failures
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bytes_checked / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "root": self.root, "manifest_sha256": self.manifest_sha256, "subsets": list(self.subsets),
+            "deep": self.deep, "ok": self.ok, "files_checked": self.files_checked,
+            "bytes_checked": self.bytes_checked, "seconds": self.seconds, "workers": self.workers,
+            "bytes_per_second": self.bytes_per_second,
+            "problems": [p.to_json() for p in self.problems], "partial_files": list(self.partial_files),
+        }
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A listed file to hash: a shard (``shard`` set) or a metadata file named by the manifest."""
+
+    path: str
+    bytes: int
+    sha256: str
+    shard: ShardRecord | None = None
+
+
+def verify_corpus(
+    root: str | os.PathLike,
+    *,
+    subsets: Iterable[str] | None = None,
+    workers: int | None = None,
+    deep: bool = False,
+    manifest_sha256: str | None = None,
+    progress: bool | None = None,
+) -> VerifyReport:
+    """Re-hash every listed file of a local corpus and look for files nobody listed.
+
+    Args:
+        root: the corpus directory.
+        subsets: ``--subset`` names or globs; None checks every subset and the metadata files.
+        workers: hashing threads; default one per available core.
+        deep: also read each shard's footer and check format, tokenizer and counts against the index.
+        manifest_sha256: the pinned sha256 of ``manifest.json`` (the root of trust).
+        progress: show a bytes/s progress bar; None shows it when stderr is a terminal.
+
+    Returns:
+        A `VerifyReport`; the caller decides what a finding means (the CLI exits 1).
+
+    Raises:
+        InvalidManifestError: (and subclasses) the manifest or index cannot be trusted, or ``subsets``
+            matches nothing. Nothing was checked.
+    """
+    corpus = load_corpus(root, manifest_sha256=manifest_sha256)
+    patterns = list(subsets or [])
+    chosen = select_subsets(corpus.manifest.subsets, patterns)
+    targets = [_Target(s.path, s.bytes, s.sha256, s) for s in corpus.shards_of(chosen)]
+    if not patterns:
+        targets += [_Target(p, r.bytes, r.sha256) for p, r in corpus.manifest.files.items()]
+    unlisted, partial = _scan_tree(corpus, chosen if patterns else None)
+    workers = max(1, min(workers or _cpu_count(), len(targets) or 1))
+
+    t0 = time.perf_counter()
+    problems, nbytes = _hash_all(corpus, targets, workers=workers, deep=deep, progress=progress)
+    seconds = time.perf_counter() - t0
+    problems += [Problem(p, ProblemKind.UNLISTED, "not listed in the shard index or manifest") for p in unlisted]
+    return VerifyReport(
+        root=str(corpus.root), manifest_sha256=corpus.manifest_sha256, subsets=tuple(chosen), deep=deep,
+        files_checked=len(targets), bytes_checked=nbytes, seconds=seconds, workers=workers,
+        problems=tuple(sorted(problems, key=lambda p: (p.path, p.kind.value))), partial_files=tuple(partial),
+    )
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _hash_all(
+    corpus: Corpus, targets: list[_Target], *, workers: int, deep: bool, progress: bool | None
+) -> tuple[list[Problem], int]:
+    """Check every target on a thread pool, largest first (so the last file to start is a small one)."""
+    lock = threading.Lock()
+    done = [0]
+    bar = progress_bar(sum(t.bytes for t in targets), "verify", unit="B", unit_scale=True,
+                       disable=None if progress is None else not progress)
+
+    def on_bytes(n: int) -> None:
+        with lock:
+            done[0] += n
+            bar.update(n)
+
+    problems: list[Problem] = []
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verify")
+    try:
+        futures = [pool.submit(_check, corpus, t, deep, on_bytes)
+                   for t in sorted(targets, key=lambda t: -t.bytes)]
+        for fut in as_completed(futures):
+            problems += fut.result()
+    finally:
+        # On Ctrl-C, drop the queued files; running ones finish their current file.
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+    return problems, done[0]
+
+
+def _check(corpus: Corpus, target: _Target, deep: bool, on_bytes) -> list[Problem]:
+    path = corpus.root / target.path
+    want = {"bytes": target.bytes, "sha256": target.sha256}
+    try:
+        digest, size = sha256_file(path, on_bytes=on_bytes)
+    except (FileNotFoundError, NotADirectoryError):
+        return [Problem(target.path, ProblemKind.MISSING, "listed but not on disk", expected=want)]
+    except OSError as e:
+        return [Problem(target.path, ProblemKind.UNREADABLE, f"cannot be read: {e.strerror or e}", expected=want,
+                        actual=str(e))]
+    got = {"bytes": size, "sha256": digest}
+    if size < target.bytes:
+        return [Problem(target.path, ProblemKind.TRUNCATED, f"{size} bytes, {target.bytes} listed", want, got)]
+    if size > target.bytes:
+        return [Problem(target.path, ProblemKind.OVERSIZED, f"{size} bytes, {target.bytes} listed", want, got)]
+    if digest != target.sha256:
+        return [Problem(target.path, ProblemKind.MODIFIED,
+                        f"sha256 {digest[:12]}… differs from the listed {target.sha256[:12]}… (same size)",
+                        want, got)]
+    if deep and target.shard is not None:
+        return _inspect(path, target.shard, corpus.manifest.tokenizer.sha256)
+    return []
+
+
+def _inspect(path: Path, shard: ShardRecord, tokenizer_sha256: str) -> list[Problem]:
+    """The deep checks of one shard whose bytes match the index: footer, tokenizer, counts."""
+    try:
+        found = inspect_shard(path)
+    except ShardFormatError as e:
+        return [Problem(shard.path, ProblemKind.BAD_FORMAT, e.message, expected=e.expected, actual=e.actual)]
+    problems = []
+    if found.tokenizer_sha256 != tokenizer_sha256:
+        problems.append(Problem(shard.path, ProblemKind.WRONG_TOKENIZER,
+                                f"tokenized with {found.tokenizer_sha256}, the corpus uses {tokenizer_sha256}",
+                                expected=tokenizer_sha256, actual=found.tokenizer_sha256))
+    fields = ("docs", "tokens", "row_groups")
+    bad = [f for f in fields if getattr(found, f) != getattr(shard, f)]
+    if bad:
+        expected = {f: getattr(shard, f) for f in bad}
+        actual = {f: getattr(found, f) for f in bad}
+        problems.append(Problem(shard.path, ProblemKind.COUNT_MISMATCH,
+                                "; ".join(f"{f} {actual[f]}, index says {expected[f]}" for f in bad),
+                                expected=expected, actual=actual))
+    return problems
+
+
+def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], list[str]]:
+    """Files under the tree that nothing lists (``unlisted``) and leftover ``*.part`` files (``partial``).
+
+    ``chosen=None`` walks the whole corpus; otherwise only ``data/<subset>/`` of the chosen subsets,
+    without descending into the folders of subsets that were not chosen (``data/a/b`` inside ``data/a``).
+    """
+    known = {MANIFEST, *corpus.manifest.files, *(s.path for s in corpus.shards)}
+    if chosen is None:
+        tops, skip = [""], set(IGNORED_NAMES)
+    else:
+        tops = [f"data/{s}" for s in chosen]
+        skip = {f"data/{s}" for s in corpus.manifest.subsets} - set(tops)
+    unlisted: set[str] = set()
+    partial: set[str] = set()
+    for top in tops:
+        for dirpath, dirnames, filenames in os.walk(corpus.root / top):
+            rel_dir = PurePosixPath(Path(dirpath).relative_to(corpus.root).as_posix())  # "." at the root
+            dirnames[:] = sorted(d for d in dirnames if str(rel_dir / d) not in skip)
+            for name in filenames:
+                rel = str(rel_dir / name)
+                if rel in IGNORED_NAMES or rel in known:
+                    continue
+                (partial if name.endswith(PARTIAL_SUFFIX) else unlisted).add(rel)
+    return sorted(unlisted), sorted(partial)
