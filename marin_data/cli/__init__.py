@@ -20,6 +20,7 @@ __all__ = ["main", "cli"]
 
 # command name -> module defining a click command named `command`
 COMMANDS = {
+    "verify": "marin_data.cli.verify",
 }
 
 
