@@ -30,6 +30,8 @@ __all__ = [
     "VerificationFailedError",
     "RemoteError",
     "RetryableRemoteError",
+    "ObjectTooLargeError",
+    "TransferFailedError",
 ]
 
 
@@ -125,8 +127,33 @@ class VerificationFailedError(MarinDataError):
 
 # --- remote stores ----------------------------------------------------------------------------------
 class RemoteError(OSError, MarinDataError):
-    """A remote store refused a request in a way retrying will not fix (403, 404, bad URL)."""
+    """A remote store refused a request in a way retrying will not fix (403, 404, bad URL).
+
+    ``status`` is the HTTP status when there was a response (None for a connection failure);
+    ``retry_after`` the seconds a server asked us to wait (``Retry-After``), read by `marin_data.retry`.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, expected: Any = None, actual: Any = None,
+                 status: int | None = None, retry_after: float | None = None) -> None:
+        MarinDataError.__init__(self, message, path=path, expected=expected, actual=actual)
+        self.status = status
+        self.retry_after = retry_after
 
 
 class RetryableRemoteError(RemoteError):
     """A transient remote failure (dropped connection, 429, 5xx, truncated body): retry, then fail over."""
+
+
+class ObjectTooLargeError(ValueError, MarinDataError):
+    """A file is larger than a store accepts in one request (S3: 5 GiB per PUT): re-shard it smaller."""
+
+
+class TransferFailedError(MarinDataError):
+    """Some files of a download or publish failed after every retry and mirror; the rest are done.
+
+    ``failures`` lists ``(path, reason)`` pairs; running the same command again resumes.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, failures: list | tuple = ()) -> None:
+        MarinDataError.__init__(self, message, path=path)
+        self.failures = list(failures)

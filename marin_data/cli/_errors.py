@@ -38,6 +38,10 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.ShardChecksumError, _with_fix("the file is corrupt: delete it and fetch it again"), 6),
     (E.ShardFormatError, _with_fix("the file is not a complete marin shard: delete it and re-create or "
                                    "re-fetch it"), 6),
+    (E.ObjectTooLargeError, _with_fix("re-shard with smaller shards (production shards are 256 MiB-2 GiB); "
+                                      "nothing was uploaded"), 10),
+    (E.TransferFailedError, _with_fix("finished files are kept: run the same command again to resume, or add "
+                                      "--mirror"), EXIT_PROBLEMS),
     (E.RetryableRemoteError, _with_fix("a transient network failure outlasted the retries: run the same "
                                        "command again to resume"), 7),
     (E.RemoteError, _with_fix("check the URL, credentials and endpoint"), 8),
