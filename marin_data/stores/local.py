@@ -1,0 +1,61 @@
+"""A corpus in a local directory, seen as a store: the download source for a copy on disk or a mounted share."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from marin_data.atomic import atomic_path
+from marin_data.errors import RemoteError, RetryableRemoteError
+from marin_data.manifest import safe_relpath
+from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store
+
+__all__ = ["LocalStore"]
+
+
+class LocalStore(Store):
+    """Files under ``root``. It keeps no checksums, so ``head`` reports sizes only."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.url = str(self.root)
+
+    def _file(self, path: str) -> Path:
+        return self.root / safe_relpath(path, where=self.url)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        top = self._file(prefix) if prefix else self.root
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames.sort()
+            for name in sorted(filenames):
+                p = Path(dirpath) / name
+                yield ObjectInfo(p.relative_to(self.root).as_posix(), p.stat().st_size)
+
+    def head(self, path: str) -> ObjectInfo | None:
+        try:
+            st = self._file(path).stat()
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(path, st.st_size)
+
+    def read(self, path: str, start: int = 0) -> ReadStream:
+        try:
+            f = open(self._file(path), "rb")
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+            raise RemoteError(f"cannot open: {e.strerror}", path=self.describe(path), status=404) from e
+        except OSError as e:
+            raise RetryableRemoteError(f"cannot open: {e}", path=self.describe(path)) from e
+        size = os.fstat(f.fileno()).st_size
+        f.seek(start)
+
+        def chunks() -> Iterator[bytes]:
+            while chunk := f.read(READ_CHUNK):
+                yield chunk
+
+        return ReadStream(chunks(), start=start, size=size, close=f.close)
+
+    def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
+        with atomic_path(self._file(path)) as tmp, open(src, "rb") as fin, open(tmp, "wb") as fout:
+            shutil.copyfileobj(fin, fout, READ_CHUNK)

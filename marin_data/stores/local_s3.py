@@ -1,0 +1,83 @@
+"""A throwaway S3 server on loopback (moto's ``moto_server``) for the quickstart, tests and benchmarks.
+
+It runs in its own process, so it neither competes with the client for the GIL nor outlives a crashed
+caller's ``with`` block: `local_s3_server` always terminates it, with bounded waits. moto is a development
+dependency (``pip install 'moto[server]'``); nothing else in marin_data imports this module.
+
+moto keeps objects in memory and stores what it is sent without checking ``ChecksumSHA256``: code tested
+against it must check what was stored, not rely on the server refusing bad bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+__all__ = ["LOCAL_S3_ENV", "free_port", "local_s3_server", "create_bucket"]
+
+# Dummy credentials and region: moto accepts any signature, but botocore refuses to sign without keys.
+LOCAL_S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_s3_server(host: str = "127.0.0.1", *, startup_timeout: float = 30.0) -> Iterator[str]:
+    """Start ``moto_server`` on ``host`` and a free port; yield its endpoint URL; always stop it.
+
+    Raises:
+        RuntimeError: the server did not answer within ``startup_timeout`` seconds (its output is included).
+    """
+    port = free_port(host)
+    cmd = [sys.executable, "-c", "import sys; from moto.server import main; sys.exit(main())",
+           "-H", host, "-p", str(port)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, **LOCAL_S3_ENV})
+    endpoint = f"http://{host}:{port}"
+    try:
+        _wait_ready(proc, endpoint, startup_timeout)
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def _wait_ready(proc: subprocess.Popen, endpoint: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"moto_server exited with {proc.returncode}: {err[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"moto_server did not answer on {endpoint} within {timeout:.0f}s")
+
+
+def create_bucket(endpoint: str, bucket: str) -> None:
+    """Create ``bucket`` on the local server (idempotent)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=bucket)

@@ -1,0 +1,198 @@
+"""A corpus under an S3 prefix (AWS or any S3-compatible store), through boto3 — imported only here.
+
+Content hashes (DESIGN.md "SHA-256 + size is the content hash"): every file is stored with ONE
+``put_object`` carrying ``ChecksumAlgorithm="SHA256"`` and ``ChecksumSHA256``, so S3 keeps a full-object
+SHA-256 that ``HeadObject(ChecksumMode="ENABLED")`` returns without reading data. A multipart upload would
+only ever get a composite ``<digest>-<parts>`` value, so `head` refuses those. The hex digest also goes into
+user metadata ``sha256``, the fallback for stores that drop or reject checksum headers (``s3_compat``).
+An ETag is never a content hash.
+
+botocore's own retries are off: `marin_data.retry` is the one retry loop, and it honours ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
+from marin_data.manifest import safe_relpath
+from marin_data.retry import parse_retry_after, status_error
+from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store
+
+__all__ = ["S3Store", "SINGLE_PUT_LIMIT", "parse_s3_url"]
+
+SINGLE_PUT_LIMIT = 5 << 30  # S3 refuses a single PUT over 5 GiB
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix/`` -> ``("bucket", "some/prefix")``; `RemoteError` if malformed."""
+    parts = urlsplit(url)
+    bucket, prefix = parts.netloc, parts.path.strip("/")
+    if parts.scheme != "s3" or not _BUCKET.match(bucket) or parts.query or parts.fragment:
+        raise RemoteError("not an S3 URL: expected s3://bucket/prefix with a valid bucket name", path=url)
+    if prefix:
+        safe_relpath(prefix, where=url)
+    return bucket, prefix
+
+
+class S3Store(Store):
+    """Files under ``s3://bucket/prefix``.
+
+    Args:
+        bucket, prefix: where the corpus root is.
+        endpoint_url: an S3-compatible endpoint (MinIO, R2, a local moto server); None for AWS.
+        profile: an AWS named profile; None uses the default credential chain.
+        anonymous: send unsigned requests (public buckets, no credentials needed).
+        requester_pays: send ``RequestPayer="requester"`` (the caller's account pays the transfer).
+        s3_compat: for stores that reject the newer checksum headers: botocore computes and validates
+            checksums only where an operation requires them, ``put`` sends no checksum headers, and the
+            SHA-256 lives in the ``sha256`` user metadata alone.
+        max_connections: size of the HTTP connection pool; at least the number of worker threads.
+    """
+
+    max_put_bytes = SINGLE_PUT_LIMIT
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 profile: str | None = None, anonymous: bool = False, requester_pays: bool = False,
+                 s3_compat: bool = False, max_connections: int = 16):
+        import boto3
+        import botocore
+        from botocore.config import Config
+
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self.endpoint_url = endpoint_url
+        self.s3_compat = s3_compat
+        self._payer = {"RequestPayer": "requester"} if requester_pays else {}
+        config = Config(
+            retries={"total_max_attempts": 1, "mode": "standard"},  # marin_data.retry retries, once
+            max_pool_connections=max(1, max_connections),
+            connect_timeout=10,
+            read_timeout=60,
+            signature_version=botocore.UNSIGNED if anonymous else None,
+            # We hash every byte ourselves; botocore validating too would hash downloads twice.
+            response_checksum_validation="when_required",
+            request_checksum_calculation="when_required" if s3_compat else "when_supported",
+            s3={"addressing_style": "path"} if endpoint_url else None,
+        )
+        with _mapped_errors(self.url):
+            session = boto3.session.Session(profile_name=profile)
+            region = session.region_name or os.environ.get("AWS_REGION") or "us-east-1"
+            self.client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+
+    @classmethod
+    def from_url(cls, url: str, **options) -> S3Store:
+        bucket, prefix = parse_s3_url(url)
+        return cls(bucket, prefix, **options)
+
+    def _key(self, path: str) -> str:
+        path = safe_relpath(path, where=self.url)
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    def mirror_record(self) -> dict:
+        return {"url": self.url, **({"endpoint_url": self.endpoint_url} if self.endpoint_url else {})}
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        root = f"{self.prefix}/" if self.prefix else ""
+        with _mapped_errors(self.describe(prefix)):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=root + (prefix.strip("/") + "/" if prefix else ""), **self._payer)
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    yield ObjectInfo(obj["Key"][len(root):], obj["Size"])
+
+    def head(self, path: str) -> ObjectInfo | None:
+        with _mapped_errors(self.describe(path)):
+            try:
+                r = self.client.head_object(Bucket=self.bucket, Key=self._key(path), ChecksumMode="ENABLED",
+                                            **self._payer)
+            except self.client.exceptions.ClientError as e:
+                if _status(e) == 404:
+                    return None
+                raise
+        sha, source = _full_object_sha256(r.get("ChecksumSHA256"), r.get("ChecksumType")), "checksum"
+        if sha is None:
+            meta = (r.get("Metadata") or {}).get("sha256", "").lower()
+            sha, source = (meta, "metadata") if _HEX64.match(meta) else (None, None)
+        return ObjectInfo(path, int(r["ContentLength"]), sha, source)
+
+    def read(self, path: str, start: int = 0) -> ReadStream:
+        where = self.describe(path)
+        with _mapped_errors(where):
+            r = self.client.get_object(Bucket=self.bucket, Key=self._key(path),
+                                       **({"Range": f"bytes={start}-"} if start else {}), **self._payer)
+        body = r["Body"]
+        status = r["ResponseMetadata"]["HTTPStatusCode"]
+        if status == 206:
+            m = re.match(r"bytes (\d+)-\d+/(\d+|\*)", r.get("ContentRange", ""))
+            if m is None:
+                body.close()
+                raise RetryableRemoteError(f"206 without a usable Content-Range {r.get('ContentRange')!r}",
+                                           path=where)
+            begin, size = int(m[1]), None if m[2] == "*" else int(m[2])
+        else:  # a 200: the whole object, whatever we asked for
+            begin, size = 0, int(r["ContentLength"])
+
+        def chunks() -> Iterator[bytes]:
+            with _mapped_errors(where):
+                yield from body.iter_chunks(READ_CHUNK)
+
+        return ReadStream(chunks(), start=begin, size=size, close=body.close)
+
+    def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
+        checksum = {} if self.s3_compat else {
+            "ChecksumAlgorithm": "SHA256",
+            "ChecksumSHA256": base64.b64encode(bytes.fromhex(sha256)).decode(),
+        }
+        with _mapped_errors(self.describe(path)), open(src, "rb") as body:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=body, ContentLength=size,
+                                   Metadata={"sha256": sha256}, **checksum, **self._payer)
+
+
+def _full_object_sha256(value: str | None, checksum_type: str | None) -> str | None:
+    """Hex SHA-256 from a ``ChecksumSHA256`` header, or None if absent or a multipart composite."""
+    if not value or "-" in value or checksum_type == "COMPOSITE":
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+def _status(e: Exception) -> int | None:
+    return getattr(e, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+
+@contextlib.contextmanager
+def _mapped_errors(where: str) -> Iterator[None]:
+    """Turn boto/urllib3/socket failures into `RemoteError` / `RetryableRemoteError` naming ``where``."""
+    import botocore.exceptions as bx
+    import urllib3.exceptions as ux
+
+    try:
+        yield
+    except MarinDataError:
+        raise
+    except bx.ClientError as e:
+        err = e.response.get("Error", {})
+        headers = e.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        raise status_error(f"{err.get('Code', 'error')}: {err.get('Message', '') or e}", status=_status(e),
+                           path=where, retry_after=parse_retry_after(headers.get("retry-after"))) from e
+    except (bx.NoCredentialsError, bx.PartialCredentialsError) as e:
+        raise RemoteError(f"{e}: configure AWS credentials or a --profile, or pass --anonymous for a public "
+                          "bucket", path=where) from e
+    except (bx.HTTPClientError, bx.ConnectionError, bx.IncompleteReadError, bx.ResponseStreamingError,
+            bx.ChecksumError, ux.HTTPError, OSError) as e:
+        raise RetryableRemoteError(f"{type(e).__name__}: {e}", path=where) from e
+    except bx.BotoCoreError as e:  # bad profile, bad parameter, bad endpoint: retrying will not help
+        raise RemoteError(f"{type(e).__name__}: {e}", path=where) from e
