@@ -25,6 +25,8 @@ __all__ = [
     "UnreadableInputError",
     "TokenizerMismatchError",
     "CorpusLockedError",
+    "InvalidMetadataError",
+    "DatasheetIncompleteError",
     "ShardFormatError",
     "ShardChecksumError",
     "VerificationFailedError",
@@ -86,6 +88,18 @@ class TokenizerMismatchError(ValueError, MarinDataError):
 
 class CorpusLockedError(RuntimeError, MarinDataError):
     """Another process is writing this corpus: retry when it has finished."""
+
+
+class InvalidMetadataError(ValueError, MarinDataError):
+    """The datasheet's metadata file is unreadable or malformed (unknown key, wrong kind of answer): abort."""
+
+
+class DatasheetIncompleteError(ValueError, MarinDataError):
+    """``datasheet --strict``: some questions have no answer; ``missing`` lists their ids. Nothing written."""
+
+    def __init__(self, message: str, *, path: str | None = None, missing: list | tuple = ()) -> None:
+        MarinDataError.__init__(self, message, path=path)
+        self.missing = list(missing)
 
 
 # --- fail the record / the input file -------------------------------------------------------------

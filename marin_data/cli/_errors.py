@@ -35,6 +35,10 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                          "corpus"), 4),
     (E.CorpusLockedError, _with_fix("another marin-data process is writing this corpus; wait for it "
                                     "(or remove a stale lock file if none is running)"), 5),
+    (E.InvalidMetadataError, _with_fix("fix the metadata file (the datasheet's answers); see "
+                                       "datasheets/sample-meta.yaml for its shape"), EXIT_USAGE),
+    (E.DatasheetIncompleteError, _with_fix("answer them in the --meta file, or drop --strict to mark them "
+                                           "'Not answered.'"), 11),
     (E.ShardChecksumError, _with_fix("the file is corrupt: delete it and fetch it again"), 6),
     (E.ShardFormatError, _with_fix("the file is not a complete marin shard: delete it and re-create or "
                                    "re-fetch it"), 6),
