@@ -25,6 +25,8 @@ __all__ = [
     "UnreadableInputError",
     "TokenizerMismatchError",
     "CorpusLockedError",
+    "CorpusConflictError",
+    "InvalidTokenizerError",
     "InvalidMetadataError",
     "DatasheetIncompleteError",
     "ShardFormatError",
@@ -59,6 +61,12 @@ class MarinDataError(Exception):
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
 
+    def __reduce__(self) -> tuple:
+        # Errors raised in worker processes (a process pool, Ray tasks) cross a pickle. The keyword fields
+        # are not in `args`, so the default reduce would call __init__ without them and fail; rebuild the
+        # instance from its attributes instead.
+        return _rebuild_error, (type(self), self.args, self.__dict__)
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # `class E(ValueError, MarinDataError)` would otherwise take ValueError's __init__ and __str__ (first
         # in the MRO), which refuse keyword arguments. Subclasses that define their own keep theirs.
@@ -67,6 +75,14 @@ class MarinDataError(Exception):
             if name not in cls.__dict__:
                 setattr(cls, name, next(getattr(k, name) for k in cls.__mro__ if name in k.__dict__
                                         and issubclass(k, MarinDataError)))
+
+
+def _rebuild_error(cls: type, args: tuple, state: dict) -> BaseException:
+    """Unpickle a `MarinDataError` without calling its ``__init__`` (see ``MarinDataError.__reduce__``)."""
+    err = cls.__new__(cls, *args)
+    BaseException.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
 
 
 # --- abort: the corpus description itself cannot be trusted --------------------------------------
@@ -88,6 +104,15 @@ class TokenizerMismatchError(ValueError, MarinDataError):
 
 class CorpusLockedError(RuntimeError, MarinDataError):
     """Another process is writing this corpus: retry when it has finished."""
+
+
+class CorpusConflictError(ValueError, MarinDataError):
+    """The run contradicts what the corpus already holds (a subset built from other inputs or settings,
+    another corpus name, a non-empty directory that is no corpus): abort, nothing was changed."""
+
+
+class InvalidTokenizerError(ValueError, MarinDataError):
+    """The tokenizer cannot be loaded, or has no EOS token to append (name one with ``--eos-token``): abort."""
 
 
 class InvalidMetadataError(ValueError, MarinDataError):

@@ -33,6 +33,10 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.UnreadableInputError, _with_fix("check that the file exists, is readable and is not truncated"), 3),
     (E.TokenizerMismatchError, _with_fix("shard this subset with the corpus's tokenizer, or into a new "
                                          "corpus"), 4),
+    (E.CorpusConflictError, _with_fix("nothing was changed; shard into a new subset name (a child such as "
+                                      "NAME/2025 is still selected by --subset NAME) or a new corpus"), 4),
+    (E.InvalidTokenizerError, _with_fix("pass a tokenizer.json path or a Hugging Face repo id; name the EOS "
+                                        "token with --eos-token if it has none marked special"), EXIT_USAGE),
     (E.CorpusLockedError, _with_fix("another marin-data process is writing this corpus; wait for it "
                                     "(or remove a stale lock file if none is running)"), 5),
     (E.InvalidMetadataError, _with_fix("fix the metadata file (the datasheet's answers); see "
