@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -84,7 +84,17 @@ class Problem:
     actual: Any = None
 
     def to_json(self) -> dict:
-        return {**asdict(self), "kind": self.kind.value}
+        return {"path": self.path, "kind": self.kind.value, "message": self.message,
+                "expected": _jsonable(self.expected), "actual": _jsonable(self.actual)}
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with anything JSON cannot hold (a pyarrow type in a schema finding) turned into its str."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
 @dataclass(frozen=True)

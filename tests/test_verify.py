@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -175,11 +176,17 @@ def _rewrite_tokens(path: Path, **write_table_kwargs) -> None:
     pq.write_table(pq.read_table(path), path, compression="zstd", **write_table_kwargs)
 
 
-@pytest.mark.parametrize("rewrite, encoding", [
+def _rewrite_tokens_as_int64(path: Path) -> None:
+    table = pq.read_table(path)
+    pq.write_table(table.set_column(1, "tokens", table.column("tokens").cast(pa.large_list(pa.int64()))), path)
+
+
+@pytest.mark.parametrize("rewrite, found", [
     (lambda p: _rewrite_tokens(p, use_dictionary=["id"]), "PLAIN"),
     (lambda p: _rewrite_tokens(p), "RLE_DICTIONARY"),
+    (_rewrite_tokens_as_int64, "int64"),
 ])
-def test_deep_finds_a_relisted_shard_with_the_wrong_token_encoding(make_corpus, capsys, rewrite, encoding):
+def test_deep_finds_a_relisted_shard_with_the_wrong_encoding_or_schema(make_corpus, capsys, rewrite, found):
     corpus = make_corpus(SUBSETS)
     victim = corpus.shards[0].path
     rewrite(corpus.root / victim)
@@ -187,7 +194,7 @@ def test_deep_finds_a_relisted_shard_with_the_wrong_token_encoding(make_corpus, 
     assert verify_cli(capsys, corpus.root)[0] == 0
     code, report = verify_json(capsys, corpus.root, "--deep")
     assert code == 1 and findings(report) == [(victim, "bad_format")]
-    assert encoding in report["problems"][0]["actual"]
+    assert found in json.dumps(report["problems"][0]["actual"])
 
 
 def test_deep_finds_counts_that_disagree_with_the_index(make_corpus, capsys):

@@ -45,7 +45,7 @@ def command(corpus: Path, subsets: tuple[str, ...], workers: int | None, deep: b
         raise click.UsageError(f"--manifest-sha256 must be 64 hex digits, got {manifest_sha256!r}")
     report = verify_corpus(corpus, subsets=subsets or None, workers=workers, deep=deep,
                            manifest_sha256=manifest_sha256)
-    click.echo(json.dumps(report.to_json(), indent=2, default=str) if as_json else _human(report))
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else _human(report))
     if not report.ok:
         n = len(report.problems)
         raise VerificationFailedError(f"{n} problem{'s' * (n != 1)} found in {corpus}", problems=list(report.problems))
