@@ -1,0 +1,224 @@
+"""The mixture-of-experts block: router -> route_topk -> permute -> experts (grouped) -> unpermute.
+
+Shape suffixes (STYLE rule 2):
+    T  tokens (batch x sequence, flattened)     D  d_model
+    L  width the routed experts act in: the latent width, or D without a latent projection
+    E  routed experts      K  experts per token (top-k)      F  hidden width of a routed expert
+    R  routed rows, the static bound T*K + E*(align-1) of ``permute`` (groups padded, tail zero)
+    E1 E+1 group offsets   B  histogram bins of the quantile balancing rule
+
+Balancing (DESIGN.md): experts are chosen on ``logits + bias_E``; the bias has no gradient and is moved
+between optimizer steps by ``MoE.update_bias`` from the load since the previous update, summed over all
+data-parallel ranks. Two rules: DeepSeek-V3's sign update, and Marin's quantile rule (bias = -beta_e, beta_e
+the (1 - k/E) quantile over tokens of the margin between expert e's logit and the token's (k+1)-th largest
+logit, read from a histogram so ranks can sum it): with that bias each expert would win about k/E of tokens.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from marin_model import ops
+from marin_model.config import ModelConfig, MoEConfig
+
+__all__ = ["MoE", "GroupedExperts", "SwiGLU", "Routing", "PermuteMeta", "RouterStats", "route", "permute_tokens",
+           "unpermute_tokens", "margin_histogram", "histogram_quantile", "swiglu_expert"]
+
+
+class Routing(NamedTuple):
+    expert_ids_TK: Tensor   # int32, best first
+    weights_TK: Tensor      # fp32 combine weights
+    counts_E: Tensor        # int32 token copies the router sent to each expert (before any dropping)
+    lse_T: Tensor           # fp32 logsumexp of each token's logits, for the z-loss
+
+
+@dataclass(frozen=True)
+class PermuteMeta:
+    """What ``unpermute`` needs to bring the routed rows back (STYLE rule 3)."""
+
+    row_of_TK: Tensor       # int32 row of each token copy in the routed rows, -1 if dropped
+    src_of_R: Tensor        # int32 flat source t*K+k of each routed row, -1 for padding
+    offsets_E1: Tensor      # int32 start row of each expert's group; offsets_E1[E] = rows in use
+
+
+class RouterStats(NamedTuple):
+    z_loss: Tensor          # scalar: mean over tokens of logsumexp(logits)**2 (times no coefficient)
+    counts_E: Tensor        # int32 token copies routed to each expert in this forward
+    dropped: Tensor         # scalar: fraction of token copies dropped by the capacity limit
+
+
+def route(logits_TE: Tensor, bias_E: Optional[Tensor], cfg: MoEConfig) -> Routing:
+    """Chooses cfg.top_k experts per token: ``marin::route_topk``."""
+    return Routing(*ops.route_topk(logits_TE, bias_E, cfg.top_k, cfg.routing, cfg.route_scale, cfg.renormalize,
+                                   cfg.n_group, cfg.topk_group))
+
+
+def permute_tokens(x_TL: Tensor, expert_ids_TK: Tensor, num_experts: int, align: int,
+                   capacity: int) -> tuple[Tensor, PermuteMeta]:
+    """Copies each token once per chosen expert into rows grouped by expert: ``marin::permute``."""
+    routed_RL, row_of_TK, src_of_R, offsets_E1 = ops.permute(x_TL, expert_ids_TK, num_experts, align, capacity)
+    return routed_RL, PermuteMeta(row_of_TK, src_of_R, offsets_E1)
+
+
+def unpermute_tokens(y_RL: Tensor, meta: PermuteMeta, weights_TK: Tensor) -> Tensor:
+    """Sums each token's expert outputs with its combine weights: ``marin::unpermute``."""
+    return ops.unpermute(y_RL, meta.row_of_TK, meta.src_of_R, weights_TK)
+
+
+def swiglu_expert(x_NL: Tensor, w13_L2F: Tensor, w2_FL: Tensor) -> Tensor:
+    """One expert's SwiGLU on its rows (gate and up projections fused in w13)."""
+    gate_NF, up_NF = (x_NL @ w13_L2F).chunk(2, dim=-1)
+    return (F.silu(gate_NF) * up_NF) @ w2_FL
+
+
+class SwiGLU(nn.Module):
+    """The dense SwiGLU MLP: the shared experts (several shared experts are one wider SwiGLU)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w13 = nn.Linear(dim, 2 * hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+def _grouped_mm_ok(x_RL: Tensor, hidden: int) -> bool:
+    """Whether ``torch._grouped_mm`` can run the experts: present, 16-byte-aligned strides, and the dtype works
+    on this device (probed once eagerly; under torch.compile only bf16 has a meta kernel, DESIGN.md)."""
+    if not hasattr(torch, "_grouped_mm") or any(d * x_RL.element_size() % 16 for d in (x_RL.shape[1], hidden)):
+        return False
+    if torch.compiler.is_compiling():
+        return x_RL.dtype == torch.bfloat16
+    return _probe_grouped_mm(x_RL.dtype, x_RL.device.type)
+
+
+_PROBED: dict[tuple[torch.dtype, str], bool] = {}
+
+
+def _probe_grouped_mm(dtype: torch.dtype, device_type: str) -> bool:
+    if (dtype, device_type) not in _PROBED:
+        try:
+            a_MK = torch.ones(16, 8, dtype=dtype, device=device_type)
+            b_EKN = torch.ones(2, 8, 8, dtype=dtype, device=device_type)
+            out = torch._grouped_mm(a_MK, b_EKN, offs=torch.tensor([8, 16], dtype=torch.int32, device=device_type))
+            _PROBED[dtype, device_type] = bool((out == 8).all())
+        except (RuntimeError, NotImplementedError):
+            _PROBED[dtype, device_type] = False
+    return _PROBED[dtype, device_type]
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts run as grouped GEMMs over the permuted rows, or a loop over non-empty experts."""
+
+    def __init__(self, num_experts: int, dim: int, hidden: int, init_std: float = 0.02):
+        super().__init__()
+        self.w13_EL2F = nn.Parameter(torch.randn(num_experts, dim, 2 * hidden) * init_std)
+        self.w2_EFL = nn.Parameter(torch.randn(num_experts, hidden, dim) * init_std)
+
+    def forward(self, x_RL: Tensor, offsets_E1: Tensor) -> Tensor:
+        if _grouped_mm_ok(x_RL, self.w2_EFL.shape[1]):
+            # The last group runs to row R, over the zero tail, so every output row is written (to zero).
+            ends_E = torch.cat([offsets_E1[1:-1], offsets_E1.new_full((1,), x_RL.shape[0])])
+            gate_RF, up_RF = torch._grouped_mm(x_RL, self.w13_EL2F, offs=ends_E).chunk(2, dim=-1)
+            return torch._grouped_mm(F.silu(gate_RF) * up_RF, self.w2_EFL, offs=ends_E)
+        bounds = offsets_E1.tolist()  # one host sync; the loop needs the group sizes
+        pieces = [swiglu_expert(x_RL[a:b], self.w13_EL2F[e], self.w2_EFL[e])
+                  for e, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a]
+        return torch.cat(pieces + [x_RL.new_zeros(x_RL.shape[0] - bounds[-1], x_RL.shape[1])])
+
+
+def margin_histogram(logits_TE: Tensor, k: int, bins: int, limit: float) -> Tensor:
+    """Histogram [E,B] (int64) of each logit's margin over its token's (k+1)-th largest logit, B bins over
+    [-limit, limit] (outliers in the end bins). Summing histograms over ranks gives the global one."""
+    T, E = logits_TE.shape
+    margins_TE = logits_TE - logits_TE.topk(k + 1, dim=-1).values[:, k:]
+    bin_TE = ((margins_TE + limit) * (bins / (2 * limit))).floor().long().clamp(0, bins - 1)
+    flat_N = (bin_TE + torch.arange(E, device=logits_TE.device) * bins).reshape(-1)
+    hist = torch.zeros(E * bins, dtype=torch.long, device=logits_TE.device)
+    return hist.scatter_add_(0, flat_N, torch.ones_like(flat_N)).view(E, bins)  # static shape, unlike bincount
+
+
+def histogram_quantile(hist_EB: Tensor, q: float, limit: float) -> Tensor:
+    """The q-quantile [E] (fp32) of each expert's histogram over [-limit, limit], linear within a bin."""
+    counts_EB = hist_EB.double()
+    B = counts_EB.shape[1]
+    cum_EB = counts_EB.cumsum(-1)
+    target_E1 = q * cum_EB[:, -1:]
+    idx_E1 = (cum_EB < target_E1).sum(-1, keepdim=True).clamp(max=B - 1)  # first bin reaching the target
+    in_bin_E1 = counts_EB.gather(1, idx_E1)
+    frac_E1 = ((target_E1 - (cum_EB.gather(1, idx_E1) - in_bin_E1)) / in_bin_E1.clamp(min=1)).clamp(0, 1)
+    return (-limit + (idx_E1 + frac_E1) * (2 * limit / B)).squeeze(1).float()
+
+
+class MoE(nn.Module):
+    """Router, top-k routing with a selection-only bias, latent routed experts plus shared experts."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        m, D = cfg.moe, cfg.d_model
+        self.cfg = m
+        width = m.latent_dim or D
+        self.router = nn.Linear(D, m.num_experts, bias=False)
+        self.down = nn.Linear(D, width, bias=False) if m.latent_dim else nn.Identity()
+        self.up = nn.Linear(width, D, bias=False) if m.latent_dim else nn.Identity()
+        self.experts = GroupedExperts(m.num_experts, width, m.expert_dim, cfg.init_std)
+        self.shared = SwiGLU(D, m.num_shared * m.shared_dim) if m.num_shared else None
+        # Balancing state: the bias (fp32, kept fp32 by _apply) and the load counted since the last update.
+        self.register_buffer("bias_E", torch.zeros(m.num_experts))
+        self.register_buffer("load_E", torch.zeros(m.num_experts, dtype=torch.long))
+        self.register_buffer("margin_hist_EB", torch.zeros(m.num_experts, m.hist_bins, dtype=torch.long))
+
+    def forward(self, x_TD: Tensor) -> tuple[Tensor, RouterStats]:
+        m, T = self.cfg, x_TD.shape[0]
+        logits_TE = F.linear(x_TD.float(), self.router.weight.float())  # router logits in fp32
+        routing = route(logits_TE, self.bias_E, m)
+        capacity = math.ceil(m.capacity_factor * T * m.top_k / m.num_experts) if m.capacity_factor > 0 else 0
+        routed_RL, meta = permute_tokens(self.down(x_TD), routing.expert_ids_TK, m.num_experts, m.align, capacity)
+        y_RL = self.experts(routed_RL, meta.offsets_E1)
+        out_TD = self.up(unpermute_tokens(y_RL, meta, routing.weights_TK))
+        if self.shared is not None:
+            out_TD = out_TD + self.shared(x_TD)
+        if self.training:
+            self._count_load(logits_TE.detach(), routing.counts_E)
+        stats = RouterStats(z_loss=routing.lse_T.pow(2).sum() / max(T, 1), counts_E=routing.counts_E,
+                            dropped=(meta.row_of_TK < 0).sum() / max(meta.row_of_TK.numel(), 1))
+        return out_TD, stats
+
+    @torch.no_grad()
+    def _count_load(self, logits_TE: Tensor, counts_E: Tensor) -> None:
+        self.load_E += counts_E
+        if self.cfg.bias_update == "quantile":
+            self.margin_hist_EB += margin_histogram(logits_TE, self.cfg.top_k, self.cfg.hist_bins, self.cfg.hist_range)
+
+    @torch.no_grad()
+    def update_bias(self) -> None:
+        """Moves the selection bias toward balance from the global load counted since the last call, then
+        resets the count. Call it between optimizer steps on every rank (it all-reduces when distributed)."""
+        load_E, hist_EB = self.load_E.clone(), self.margin_hist_EB.clone()
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(load_E)
+            dist.all_reduce(hist_EB)
+        m = self.cfg
+        if m.bias_update == "sign" and load_E.sum() > 0:  # DeepSeek-V3: overloaded down, underloaded up
+            self.bias_E += m.bias_rate * torch.sign(load_E.float().mean() - load_E.float())
+        elif m.bias_update == "quantile" and hist_EB.sum() > 0:  # Marin: each expert wins ~k/E of tokens
+            self.bias_E.copy_(-histogram_quantile(hist_EB, 1 - m.top_k / m.num_experts, m.hist_range))
+        self.load_E.zero_()
+        self.margin_hist_EB.zero_()
+
+    def _apply(self, fn, recurse=True):
+        """Keeps the balancing bias fp32 (and its exact value) when the module is cast, e.g. to bf16: its
+        sign-rule steps (1e-3) are below bf16's resolution."""
+        bias_E = self.bias_E
+        super()._apply(fn, recurse)
+        if self.bias_E.dtype != torch.float32:
+            source = self.bias_E if bias_E.device.type == "meta" else bias_E
+            self.bias_E = source.to(device=self.bias_E.device, dtype=torch.float32)
+        return self
