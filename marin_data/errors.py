@@ -29,6 +29,8 @@ __all__ = [
     "InvalidTokenizerError",
     "InvalidMetadataError",
     "DatasheetIncompleteError",
+    "LoaderConfigError",
+    "LoaderStateMismatchError",
     "ShardFormatError",
     "ShardChecksumError",
     "VerificationFailedError",
@@ -125,6 +127,15 @@ class DatasheetIncompleteError(ValueError, MarinDataError):
     def __init__(self, message: str, *, path: str | None = None, missing: list | tuple = ()) -> None:
         MarinDataError.__init__(self, message, path=path)
         self.missing = list(missing)
+
+
+class LoaderConfigError(ValueError, MarinDataError):
+    """Loader settings that cannot work (bad mixture weights, a subset shorter than one sequence): abort."""
+
+
+class LoaderStateMismatchError(ValueError, MarinDataError):
+    """A loader checkpoint was written for other data, mixture, seed or seq_len: resuming would not continue
+    the same stream. Abort, or pass ``strict=False`` to continue from its position anyway."""
 
 
 # --- fail the record / the input file -------------------------------------------------------------

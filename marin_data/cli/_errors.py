@@ -43,6 +43,9 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                        "datasheets/sample-meta.yaml for its shape"), EXIT_USAGE),
     (E.DatasheetIncompleteError, _with_fix("answer them in the --meta file, or drop --strict to mark them "
                                            "'Not answered.'"), 11),
+    (E.LoaderConfigError, _with_fix("fix the loader settings (mixture weights, --subset, seq_len)"), EXIT_USAGE),
+    (E.LoaderStateMismatchError, _with_fix("resume with the data, mixture, seed and seq_len the checkpoint was "
+                                           "written with, or load it with strict=False to continue anyway"), 12),
     (E.ShardChecksumError, _with_fix("the file is corrupt: delete it and fetch it again"), 6),
     (E.ShardFormatError, _with_fix("the file is not a complete marin shard: delete it and re-create or "
                                    "re-fetch it"), 6),
