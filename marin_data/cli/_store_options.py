@@ -1,0 +1,44 @@
+"""Command-line options shared by the commands that talk to a store (publish, download, verify --remote)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import click
+
+__all__ = ["store_options", "store_kwargs", "check_sha256", "show_retries"]
+
+
+def store_options(fn):
+    """Add ``--endpoint-url``, ``--profile``, ``--anonymous`` and ``--requester-pays`` to a command."""
+    for option in reversed([
+        click.option("--endpoint-url", metavar="URL",
+                     help="An S3-compatible endpoint (MinIO, R2, a local server). Default: AWS."),
+        click.option("--profile", metavar="NAME", help="AWS named profile for credentials and region."),
+        click.option("--anonymous", is_flag=True,
+                     help="Send unsigned requests: public buckets, no credentials needed."),
+        click.option("--requester-pays", is_flag=True,
+                     help="Accept the transfer charges of a requester-pays bucket."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def store_kwargs(endpoint_url: str | None, profile: str | None, anonymous: bool, requester_pays: bool) -> dict:
+    """The `open_store` keyword arguments for the options above (only those set)."""
+    if anonymous and profile:
+        raise click.UsageError("--anonymous sends unsigned requests; it cannot be combined with --profile")
+    options = {"endpoint_url": endpoint_url, "profile": profile, "anonymous": anonymous,
+               "requester_pays": requester_pays}
+    return {k: v for k, v in options.items() if v}
+
+
+def check_sha256(value: str | None, flag: str = "--manifest-sha256") -> None:
+    if value is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", value.strip()):
+        raise click.UsageError(f"{flag} must be 64 hex digits, got {value!r}")
+
+
+def show_retries() -> None:
+    """Print the retry helper's ``Retrying in Xs [n/N]`` lines on stderr."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")

@@ -1,0 +1,77 @@
+"""``marin-data download``: fetch chosen subsets, verified and resumable (library: `marin_data.download`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from marin_data.cli._store_options import check_sha256, show_retries, store_kwargs, store_options
+from marin_data.download import RECORD, DownloadReport, download
+from marin_data.ui import format_table, human_bytes, human_count
+
+__all__ = ["command"]
+
+
+@click.command("download")
+@click.argument("source", metavar="SOURCE")
+@click.option("--subset", "subsets", multiple=True, metavar="NAME_OR_GLOB",
+              help="Subsets to fetch (repeatable; names, globs or parent paths). Default: all.")
+@click.option("--to", "dest", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Local directory to download into (created if needed; re-running resumes).")
+@click.option("--mirror", "mirrors", multiple=True, metavar="URL",
+              help="A fallback copy (s3:// URL or local path), tried when SOURCE fails a file. Repeatable.")
+@click.option("--manifest-sha256", metavar="HEX",
+              help="Refuse any manifest.json but the one with this sha256 (the published root of trust).")
+@click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Files fetched in parallel.")
+@click.option("--dry-run", is_flag=True, help="Print the files, bytes and tokens it would fetch; fetch nothing.")
+@store_options
+def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[str, ...],
+            manifest_sha256: str | None, workers: int, dry_run: bool, endpoint_url: str | None,
+            profile: str | None, anonymous: bool, requester_pays: bool) -> None:
+    """Download subsets of the corpus at SOURCE (s3://bucket/prefix or a local corpus) into --to DIR.
+
+    Reads manifest.json first (checked against --manifest-sha256), resolves --subset from it, then fetches
+    the metadata files and the chosen subsets' shards in parallel, checking each file's size and SHA-256
+    before it gets its final name. Interrupted files resume where they stopped, also after a crash;
+    files already there and verified are not fetched again. Transient failures are retried with backoff,
+    then the next --mirror is tried. DIR keeps manifest.json verbatim and records the fetched subsets in
+    DIR/.marin-download.json, so `marin-data verify DIR` checks exactly what was fetched.
+    Exit status: 0 all fetched, 1 some files failed (each is listed), 2 an untrusted manifest.
+
+    \b
+    EXAMPLES
+      marin-data download s3://my-bucket/marin/sample --subset 'prose/*' --to data/sample
+      marin-data download s3://open-data/marin --anonymous --subset pretrain/code --to d --dry-run
+      marin-data download s3://bkt/c --manifest-sha256 3f5a...e9 --mirror /mnt/copy --to d --workers 16
+    """
+    check_sha256(manifest_sha256)
+    show_retries()
+    report = download(source, subsets=list(subsets) or None, dest=dest, mirrors=list(mirrors),
+                      manifest_sha256=manifest_sha256, workers=workers, dry_run=dry_run,
+                      **store_kwargs(endpoint_url, profile, anonymous, requester_pays))
+    click.echo(_dry_run(report) if dry_run else _summary(report))
+    if not report.ok:
+        raise report.error()
+
+
+def _dry_run(report: DownloadReport) -> str:
+    plan = report.plan
+    rows = [(f.path, human_bytes(f.bytes)) for f in plan.files]
+    return "\n".join([
+        format_table(["file", "bytes"], rows),
+        f"Would fetch {len(plan.files)} files, {human_bytes(plan.bytes)}, {human_count(plan.tokens)} tokens "
+        f"({len(plan.subsets)} subsets: {', '.join(plan.subsets)}) into {report.dest}; files already there "
+        f"and verified will be skipped.",
+        f"manifest sha256: {plan.manifest_sha256}",
+    ])
+
+
+def _summary(report: DownloadReport) -> str:
+    rate = report.bytes_fetched / report.seconds / 1e9 if report.seconds else 0.0
+    return (f"{'Downloaded' if report.ok else 'INCOMPLETE'}: {len(report.fetched)} files fetched "
+            f"({human_bytes(report.bytes_fetched)} in {report.seconds:.1f}s, {rate:.2f} GB/s), "
+            f"{len(report.skipped)} already present and verified, {len(report.failed)} failed; "
+            f"subsets {', '.join(report.plan.subsets)} in {report.dest} (recorded in {RECORD}).\n"
+            f"manifest sha256: {report.plan.manifest_sha256}")

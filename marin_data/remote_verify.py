@@ -1,0 +1,95 @@
+"""``verify --remote``: compare a local corpus's manifest with a store's own sizes and checksums.
+
+No data is downloaded: one ``head`` per file (for S3, ``HeadObject`` with ``ChecksumMode=ENABLED``, which
+returns the full-object SHA-256 the store computed at upload, or our ``sha256`` user metadata where a store
+keeps no checksum). It answers "does this mirror hold exactly the corpus I have?" for a published corpus,
+including ``manifest.json`` itself (the root of trust).
+
+The report is `marin_data.verify.VerifyReport`, so the CLI prints local and remote checks alike:
+``missing``, ``truncated``/``oversized`` (sizes differ), ``modified`` (same size, other SHA-256), and
+``unreadable`` for an object whose store reports no full-object SHA-256 (a multipart upload without our
+metadata): its content cannot be vouched for without downloading it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from marin_data.atomic import sha256_file
+from marin_data.manifest import MANIFEST, load_corpus, select_subsets
+from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
+from marin_data.stores import ObjectInfo, Store, open_store
+from marin_data.verify import Problem, ProblemKind, VerifyReport
+
+__all__ = ["verify_remote"]
+
+
+def verify_remote(
+    root: str | os.PathLike,
+    url: str,
+    *,
+    subsets: Iterable[str] | None = None,
+    manifest_sha256: str | None = None,
+    workers: int = 16,
+    policy: RetryPolicy = DEFAULT_POLICY,
+    **store_options,
+) -> VerifyReport:
+    """Check that the store at ``url`` holds the files the local corpus at ``root`` lists.
+
+    Args:
+        root: the local corpus whose manifest is the reference.
+        url: the published copy (``s3://bucket/prefix``).
+        subsets: names or globs; None checks every subset, the metadata files and ``manifest.json``.
+        manifest_sha256: the pinned sha256 of the local ``manifest.json``.
+        workers: parallel ``head`` requests.
+        policy: retry knobs.
+        **store_options: for `open_store` (``endpoint_url``, ``anonymous``, ``requester_pays``...).
+
+    Returns:
+        A `VerifyReport` (``bytes_checked`` counts the bytes the store vouched for, not bytes read).
+
+    Raises:
+        InvalidManifestError: the local manifest cannot be trusted.
+        RemoteError: the store cannot be reached or refuses us (after retries).
+    """
+    corpus = load_corpus(root, manifest_sha256=manifest_sha256)
+    patterns = list(subsets or [])
+    chosen = select_subsets(corpus.manifest.subsets, patterns)
+    targets = [(s.path, s.bytes, s.sha256) for s in corpus.shards_of(chosen)]
+    if not patterns:
+        targets += [(p, r.bytes, r.sha256) for p, r in sorted(corpus.manifest.files.items())]
+        targets.append((MANIFEST, *reversed(sha256_file(corpus.root / MANIFEST))))
+    store = open_store(url, max_connections=workers + 2, **store_options)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify-remote") as pool:
+        heads = list(pool.map(lambda t: retry_call(lambda: store.head(t[0]), policy=policy,
+                                                   what=store.describe(t[0])), targets))
+    problems = [p for t, h in zip(targets, heads) if (p := _compare(store, *t, h)) is not None]
+    return VerifyReport(
+        root=str(corpus.root), manifest_sha256=corpus.manifest_sha256, subsets=tuple(chosen), deep=False,
+        files_checked=len(targets), bytes_checked=sum(t[1] for t, h in zip(targets, heads) if h is not None),
+        seconds=time.perf_counter() - t0, workers=workers, problems=tuple(sorted(problems, key=lambda p: p.path)),
+        partial_files=(),
+    )
+
+
+def _compare(store: Store, path: str, size: int, sha256: str, have: ObjectInfo | None) -> Problem | None:
+    want = {"bytes": size, "sha256": sha256}
+    where = store.describe(path)
+    if have is None:
+        return Problem(path, ProblemKind.MISSING, f"not in {store.url}", expected=want)
+    got = {"bytes": have.size, "sha256": have.sha256}
+    if have.size != size:
+        kind = ProblemKind.TRUNCATED if have.size < size else ProblemKind.OVERSIZED
+        return Problem(path, kind, f"{where} is {have.size} bytes, {size} listed", want, got)
+    if have.sha256 is None:
+        return Problem(path, ProblemKind.UNREADABLE, f"{where} has no full-object SHA-256 in the store (uploaded "
+                       "multipart or without marin's metadata): republish it", want, got)
+    if have.sha256 != sha256:
+        return Problem(path, ProblemKind.MODIFIED, f"{where} has sha256 {have.sha256[:12]}…, "
+                       f"{sha256[:12]}… listed ({have.sha256_source})", want, got)
+    return None
