@@ -20,6 +20,8 @@ __all__ = ["main", "cli"]
 
 # command name -> module defining a click command named `command`
 COMMANDS = {
+    "publish": "marin_data.cli.publish",
+    "download": "marin_data.cli.download",
     "verify": "marin_data.cli.verify",
 }
 
