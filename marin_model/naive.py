@@ -1,0 +1,49 @@
+"""The MoE block written the obvious way: plain torch routing and a per-expert masking loop (no custom ops).
+
+It uses an ``MoE`` module's parameters and must give the same output, so tests check the op chain against it
+and ``benchmarks/bench_moe_cpu.py`` times the two side by side. Device-limited routing (n_group > 1) is not
+covered here; the ops tests check it against their own reference.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from marin_model.moe import MoE, swiglu_expert
+
+__all__ = ["naive_moe_forward"]
+
+
+def naive_moe_forward(moe: MoE, x_TD: Tensor) -> tuple[Tensor, Tensor]:
+    """Returns (out [T,D], z-loss) of `moe` on x [T,D], computed expert by expert."""
+    m, (T, _) = moe.cfg, x_TD.shape
+    if m.n_group > 1:
+        raise ValueError("naive_moe_forward does not implement device-limited routing (n_group > 1)")
+    fp32 = torch.promote_types(x_TD.dtype, torch.float32)
+    logits_TE = F.linear(x_TD.to(fp32), moe.router.weight.to(fp32))
+    probs_TE = torch.softmax(logits_TE, dim=-1)
+    score_TE = (probs_TE if m.routing == "softmax_topk" else logits_TE) + moe.bias_E
+    expert_ids_TK = torch.sort(-score_TE, dim=-1, stable=True).indices[:, :m.top_k]  # ties: lower id first
+    if m.routing == "topk_softmax":
+        weights_TK = torch.softmax(logits_TE.gather(1, expert_ids_TK), dim=-1)
+    else:
+        gate_TE = torch.sigmoid(logits_TE) if m.routing == "sigmoid" else probs_TE
+        weights_TK = gate_TE.gather(1, expert_ids_TK)
+        if m.renormalize:
+            weights_TK = weights_TK / weights_TK.sum(-1, keepdim=True)
+    weights_TK = weights_TK * m.route_scale
+    capacity = math.ceil(m.capacity_factor * T * m.top_k / m.num_experts) if m.capacity_factor > 0 else T * m.top_k
+    latent_TL = moe.down(x_TD)
+    y_TL = torch.zeros(latent_TL.shape, dtype=torch.promote_types(latent_TL.dtype, torch.float32))
+    for e in range(m.num_experts):
+        token_N, slot_N = torch.nonzero(expert_ids_TK == e, as_tuple=True)  # in flat order t*K+k
+        token_N, slot_N = token_N[:capacity], slot_N[:capacity]  # the first `capacity` copies stay
+        if token_N.numel():
+            out_NL = swiglu_expert(latent_TL[token_N], moe.experts.w13_EL2F[e], moe.experts.w2_EFL[e])
+            y_TL = y_TL.index_add(0, token_N, weights_TK[token_N, slot_N, None] * out_NL)
+    out_TD = moe.up(y_TL.to(x_TD.dtype))
+    if moe.shared is not None:
+        out_TD = out_TD + moe.shared(x_TD)
+    return out_TD, torch.logsumexp(logits_TE, dim=-1).pow(2).mean()
