@@ -33,6 +33,7 @@ __all__ = [
     "LoaderStateMismatchError",
     "ShardFormatError",
     "ShardChecksumError",
+    "ShardMissingError",
     "VerificationFailedError",
     "RemoteError",
     "RetryableRemoteError",
@@ -165,6 +166,10 @@ class ShardFormatError(ValueError, MarinDataError):
 
 class ShardChecksumError(ValueError, MarinDataError):
     """A file's sha256 or size differs from the manifest's: re-fetch it or fail it."""
+
+
+class ShardMissingError(FileNotFoundError, MarinDataError):
+    """A shard the manifest lists is not on local disk (a partial download): fetch it, or select less."""
 
 
 class VerificationFailedError(MarinDataError):

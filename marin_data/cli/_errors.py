@@ -47,6 +47,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.LoaderStateMismatchError, _with_fix("resume with the data, mixture, seed and seq_len the checkpoint was "
                                            "written with, or load it with strict=False to continue anyway"), 12),
     (E.ShardChecksumError, _with_fix("the file is corrupt: delete it and fetch it again"), 6),
+    (E.ShardMissingError, _with_fix("download it (`marin-data download --subset NAME`) or select fewer "
+                                    "subsets"), 6),
     (E.ShardFormatError, _with_fix("the file is not a complete marin shard: delete it and re-create or "
                                    "re-fetch it"), 6),
     (E.ObjectTooLargeError, _with_fix("re-shard with smaller shards (production shards are 256 MiB-2 GiB); "
