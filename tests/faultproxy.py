@@ -1,0 +1,199 @@
+"""A fault-injecting HTTP proxy on loopback, for tests only.
+
+It sits between a client (boto3 pointed at ``proxy.endpoint``) and a real server (moto), forwards every
+request, and on demand breaks responses the ways networks and stores do: a connection dropped mid-body, an
+error status with ``Retry-After``, a 200 where a 206 was asked, a body truncated under a consistent
+``Content-Length``, a corrupted body, or a slow body. It counts the body bytes it sends per object, so tests
+can prove that finished files are never fetched again, and logs each request (method, path, Range, status,
+headers) so tests can see what the client asked for.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+__all__ = ["Fault", "Logged", "FaultProxy"]
+
+_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
+_CHUNK = 64 << 10
+
+
+@dataclass
+class Fault:
+    """One kind of breakage for requests whose path contains ``match`` (``times`` requests, then gone).
+
+    kind: ``drop`` (close the connection after ``fraction`` of the body), ``status`` (answer ``status`` with
+    ``retry_after``), ``ignore_range`` (drop the Range header: a 200 with the whole object), ``truncate``
+    (send ``fraction`` of the body with a Content-Length that agrees), ``corrupt`` (flip one byte),
+    ``slow`` (sleep ``delay`` seconds per 64 KiB).
+    """
+
+    kind: str
+    match: str = ""
+    times: int = 1
+    method: str = "GET"
+    status: int = 503
+    retry_after: str | None = None
+    fraction: float = 0.5
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Logged:
+    method: str
+    path: str
+    range: str | None
+    status: int
+    headers: dict = field(default_factory=dict)
+    fault: str | None = None
+
+
+class FaultProxy:
+    """``with FaultProxy("http://127.0.0.1:5000") as proxy: ... proxy.endpoint ...``"""
+
+    def __init__(self, upstream: str):
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname, parts.port)
+        self.faults: list[Fault] = []
+        self.served: Counter[str] = Counter()  # body bytes sent for GETs, by path
+        self.log: list[Logged] = []
+        self.lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def add(self, fault: Fault) -> None:
+        with self.lock:
+            self.faults.append(fault)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.faults.clear()
+
+    def reset_counts(self) -> None:
+        with self.lock:
+            self.served.clear()
+            self.log.clear()
+
+    def requests(self, path_part: str, method: str = "GET") -> list[Logged]:
+        with self.lock:
+            return [r for r in self.log if path_part in r.path and r.method == method]
+
+    def _take(self, method: str, path: str) -> Fault | None:
+        with self.lock:
+            for f in self.faults:
+                if f.times > 0 and f.method == method and f.match in path:
+                    f.times -= 1
+                    return f
+        return None
+
+    def _record(self, entry: Logged) -> None:
+        with self.lock:
+            self.log.append(entry)
+
+    def _count(self, path: str, n: int) -> None:
+        with self.lock:
+            self.served[path] += n
+
+
+def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:  # keep test output quiet
+            pass
+
+        def do_GET(self) -> None:
+            self._forward()
+
+        def do_HEAD(self) -> None:
+            self._forward()
+
+        def do_PUT(self) -> None:
+            self._forward()
+
+        def do_POST(self) -> None:
+            self._forward()
+
+        def do_DELETE(self) -> None:
+            self._forward()
+
+        def _forward(self) -> None:
+            path = urlsplit(self.path).path
+            fault = proxy._take(self.command, path)
+            kind = fault.kind if fault else None
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            if kind == "status":
+                self._error(fault, path, headers)
+                return
+            if kind == "ignore_range":
+                headers = {k: v for k, v in headers.items() if k.lower() != "range"}
+            conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+            try:
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            finally:
+                conn.close()
+            proxy._record(Logged(self.command, path, self.headers.get("Range"), resp.status, dict(self.headers),
+                                 kind))
+            out = data
+            if kind == "truncate":
+                out = data[: int(len(data) * fault.fraction)]
+            elif kind == "corrupt" and data:
+                i = len(data) // 2
+                out = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
+            self.send_response(resp.status)
+            for k, v in resp.getheaders():
+                if k.lower() not in _HOP and k.lower() != "content-length":
+                    self.send_header(k, v)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            if self.command == "HEAD":
+                return
+            stop = int(len(out) * fault.fraction) if kind == "drop" else len(out)
+            for i in range(0, stop, _CHUNK):
+                piece = out[i:min(i + _CHUNK, stop)]
+                self.wfile.write(piece)
+                if self.command == "GET":
+                    proxy._count(path, len(piece))
+                if kind == "slow":
+                    self.wfile.flush()
+                    time.sleep(fault.delay)
+            if kind == "drop":
+                self.wfile.flush()
+                self.close_connection = True
+
+        def _error(self, fault: Fault, path: str, headers: dict) -> None:
+            proxy._record(Logged(self.command, path, self.headers.get("Range"), fault.status, headers, "status"))
+            body = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+                    f"<Message>injected {fault.status}</Message></Error>").encode()
+            self.send_response(fault.status)
+            if fault.retry_after is not None:
+                self.send_header("Retry-After", fault.retry_after)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+    return Handler

@@ -1,0 +1,85 @@
+"""Fixtures for the S3 tests: a real moto server on loopback, fresh buckets, corpora, the fault proxy.
+
+Test modules import the fixtures they use (``from s3_env import moto, bucket_url, ...``). The server runs
+in its own process for the whole session and is always stopped (`local_s3_server`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import build_corpus
+from faultproxy import FaultProxy
+
+from marin_data.download import DOWNLOAD_POLICY
+from marin_data.stores.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
+
+__all__ = ["moto", "bucket_url", "proxy", "fault_corpus", "copy_corpus", "s3_client", "run_cli", "FAST",
+           "file_sha256"]
+
+ROOT = Path(__file__).resolve().parent.parent
+# Tiny waits, few retries: the fault tests exercise the retry paths without sleeping.
+FAST = replace(DOWNLOAD_POLICY, max_retries=3, base_wait=0.01, max_wait=0.02, max_retry_after=0.5)
+
+
+@pytest.fixture(scope="session")
+def moto():
+    """The endpoint URL of a moto S3 server on 127.0.0.1, with dummy credentials in the environment."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in LOCAL_S3_ENV.items():
+            mp.setenv(k, v)
+        mp.delenv("AWS_PROFILE", raising=False)
+        with local_s3_server() as endpoint:
+            yield endpoint
+
+
+@pytest.fixture
+def bucket_url(moto) -> str:
+    """``s3://<fresh bucket>/corpus``."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    create_bucket(moto, name)
+    return f"s3://{name}/corpus"
+
+
+@pytest.fixture
+def proxy(moto):
+    with FaultProxy(moto) as p:
+        yield p
+
+
+@pytest.fixture(scope="session")
+def fault_corpus(tmp_path_factory):
+    """A corpus with four shards of ~1.3-2.7 MB in two subsets, built once."""
+    return build_corpus(tmp_path_factory.mktemp("fault") / "corpus", {"a": [2000, 3000], "b": [1500, 4000]},
+                        doc_tokens=(400, 600), seed=3)
+
+
+def copy_corpus(corpus, dest: Path) -> Path:
+    """A private copy of a session corpus (publish records mirrors in the manifest)."""
+    shutil.copytree(corpus.root, dest)
+    return dest
+
+
+def s3_client(endpoint: str):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``marin-data ARGS`` in a subprocess (the real entry point: error table, exit codes)."""
+    env = {**os.environ, **LOCAL_S3_ENV}
+    return subprocess.run([sys.executable, "-m", "marin_data", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=timeout)
