@@ -23,6 +23,7 @@ COMMANDS = {
     "publish": "marin_data.cli.publish",
     "download": "marin_data.cli.download",
     "verify": "marin_data.cli.verify",
+    "datasheet": "marin_data.cli.datasheet",
 }
 
 

@@ -1,0 +1,14 @@
+"""Documentation generated from the data (issue 5): datasheet, dataset card, Croissant and figures.
+
+One module per output, each a pure function of the corpus, its statistics and the curated metadata:
+
+- `questions`: the datasheet's questions (ids + text, defined once) and the metadata file that answers them;
+- `stats`: per-subset totals (from the manifest) and document-length percentiles (streamed from shards);
+- `datasheet`: the Markdown datasheet in the seven sections of *Datasheets for Datasets* (Gebru et al.);
+- `card`: the Hugging Face dataset card (``README.md``);
+- `croissant`: MLCommons Croissant 1.1 JSON-LD (``croissant.json``);
+- `figures`: PNG figures with byte-identical output for identical input;
+- `distribution`: mirrors, download and verification commands (shared by the datasheet and the card).
+
+`marin_data.datasheet.write_datasheet` composes them and decides where the files go.
+"""

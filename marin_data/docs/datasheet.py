@@ -1,0 +1,175 @@
+"""The datasheet: Markdown in the seven sections of *Datasheets for Datasets* (Gebru et al., 2021).
+
+Each section interleaves computed facts (tables built from the manifest and the length statistics) with
+curated answers to the questions of `marin_data.docs.questions`, quoted as written in the metadata file.
+No number is typed in and no answer is made up: a missing answer prints **Not answered.** with its id.
+The text holds no timestamp and no tool version, so the same corpus and metadata give the same bytes.
+"""
+
+from __future__ import annotations
+
+from marin_data.docs import markdown as md
+from marin_data.docs.distribution import SOURCE_PLACEHOLDER, download_command, mirrors, mirrors_of, verify_commands
+from marin_data.docs.figures import COMPOSITION_PNG, LENGTHS_PNG
+from marin_data.docs.questions import QUESTIONS, SECTIONS, SUBSET_QUESTIONS, Metadata
+from marin_data.docs.stats import PERCENTILES, CorpusStats
+from marin_data.manifest import Manifest
+from marin_data.ui import human_bytes
+
+__all__ = ["DATASHEET", "render_datasheet"]
+
+DATASHEET = "datasheets/datasheet.md"  # relative to the corpus (or --out) root; the figures sit beside it
+
+SUBSET_HEADERS = ("Subset", "Documents", "Tokens", "Bytes", "Shards", "Token share", "License")
+LENGTH_HEADERS = ("Subset", "Documents scanned", *(f"p{p}" for p in PERCENTILES), "max", "mean", "Scope")
+
+
+def _questions(meta: Metadata, section: str) -> list[str]:
+    out = []
+    for q in QUESTIONS:
+        if q.section == section:
+            out += [f"**{q.text}**", "", md.answer(meta, q.id), ""]
+    return out
+
+
+def _subset_table(stats: CorpusStats) -> str:
+    rows = [(f"`{s.name}`", md.count(s.docs), md.count(s.tokens), md.count(s.bytes), md.count(s.shards),
+             md.share(s.token_share), s.license) for s in stats.subsets]
+    licenses = ", ".join(sorted({s.license for s in stats.subsets}))
+    rows.append(("**Total**", md.count(stats.docs), md.count(stats.tokens), md.count(stats.bytes),
+                 md.count(stats.shards), md.share(1.0 if stats.tokens else 0.0), licenses))
+    return md.table(SUBSET_HEADERS, rows, "lrrrrrl")
+
+
+def _length_table(stats: CorpusStats) -> str:
+    rows = []
+    for s in stats.subsets:
+        ls = s.lengths
+        scope = f"sample: {ls.shards_scanned} of {s.shards} shards" if ls.sampled else "all shards"
+        mean = f"{s.tokens / s.docs:,.1f}" if s.docs else "0.0"
+        rows.append((f"`{s.name}`", md.count(ls.docs), *(md.count(ls.percentile(p)) for p in PERCENTILES),
+                     md.count(ls.max), mean, scope))
+    return md.table(LENGTH_HEADERS, rows, "l" + "r" * (len(LENGTH_HEADERS) - 2) + "l")
+
+
+def _composition(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> list[str]:
+    sampled = any(s.lengths.sampled for s in stats.subsets)
+    out = [
+        "### Subsets (computed)", "",
+        "Every number below is read from `manifest.json`, whose totals `marin-data` checks against "
+        "`shards.parquet` (one row per shard) before writing this page. Token counts include the EOS token "
+        "appended after every document" + (" and the BOS token before it" if manifest.tokenizer.add_bos else "")
+        + "; bytes are the sizes of the Parquet shards.", "",
+        _subset_table(stats), "",
+        f"![Token composition by subset]({COMPOSITION_PNG})", "",
+        "### Document lengths (computed)", "",
+        "Tokens per document, streamed from the shards' `tokens` column one row group at a time. Percentiles "
+        "are nearest-rank: p90 is the smallest length that at least 90% of documents do not exceed. The mean "
+        "is the subset's tokens divided by its documents.", "",
+    ]
+    if sampled:
+        out += ["Subsets too large to decode in full were measured on whole shards spread evenly over the "
+                "subset (see *Scope*): their percentiles are estimates from the documents scanned, and *max* "
+                "is the longest document seen.", ""]
+    out += [_length_table(stats), "", f"![Document-length distribution by subset]({LENGTHS_PNG})", "",
+            "### Questions", "", *_questions(meta, "composition"), "### Subsets in detail", ""]
+    for s in stats.subsets:
+        out += [f"#### `{s.name}`", ""]
+        for q in SUBSET_QUESTIONS:
+            out += [f"**{q.text}**", "", md.answer(meta, f"subsets.{s.name}.{q.leaf}"), ""]
+    return out
+
+
+def _preprocessing(manifest: Manifest, meta: Metadata) -> list[str]:
+    tok = manifest.tokenizer
+    bos = f"`{tok.bos_id}`, prepended to every document" if tok.add_bos else "not added"
+    rows = [("Name", f"`{tok.name}`"), ("Fingerprint (sha256 of `tokenizer.json`)", f"`{tok.sha256}`"),
+            ("Vocabulary size", md.count(tok.vocab_size)), ("EOS id (appended to every document)", f"`{tok.eos_id}`"),
+            ("BOS", bos)]
+    return ["### Tokenization (computed)", "",
+            "Documents are stored tokenized, one row per document: columns `id` (string) and `tokens` "
+            "(`large_list<uint32>`), zstd-compressed Parquet. The tokenizer is shipped as `tokenizer.json`; "
+            "its fingerprint is also written in every shard's key-value metadata.", "",
+            md.table(("Tokenizer", "Value"), rows, "ll"), "",
+            "### Questions", "", *_questions(meta, "preprocessing")]
+
+
+def _distribution(manifest: Manifest, stats: CorpusStats, meta: Metadata, manifest_sha256: str,
+                  listed: bool) -> list[str]:
+    dest = f"./{manifest.name}"
+    recorded = mirrors(manifest)
+    out = ["### Licenses (computed)", "",
+           md.table(("Subset", "License (SPDX)"), [(f"`{s.name}`", s.license) for s in stats.subsets], "ll"),
+           "",
+           "### Root of trust", "",
+           f"`manifest.json` has sha256 **`{manifest_sha256}`**. It lists the sha256 and size of every "
+           "other metadata file, and `shards.parquet` lists those of every shard, so this one digest vouches "
+           "for every byte. Pin it when downloading or verifying, so that a tampered mirror cannot vouch for "
+           "itself:", "",
+           md.code(verify_commands(dest, manifest_sha256)), ""]
+    if listed:
+        out += ["The dataset card (`README.md`), `croissant.json` and the figures are listed in `manifest.json` "
+                "and `SHA256SUMS`. This datasheet is the one file they do not list: it states the manifest's "
+                "digest, and no file can hold the digest of a manifest that holds the file's own digest. "
+                "Obtain the digest from a source you trust (the publisher's announcement) rather than from a "
+                "mirror's copy of this page.", ""]
+    else:
+        out += ["This datasheet and the files beside it were generated outside the corpus (`--out`): the "
+                "manifest does not list them.", ""]
+    out += ["### Mirrors (from the manifest)", ""]
+    if recorded:
+        rows = [(f"`{m.url}`", f"`{m.endpoint_url}`" if m.endpoint_url else "default",
+                 "all" if m.subsets is None else ", ".join(f"`{s}`" for s in m.subsets)) for m in recorded]
+        out += [md.table(("URL", "Endpoint", "Subsets"), rows, "lll"), ""]
+    else:
+        out += [f"No mirror is recorded in the manifest (`marin-data publish` records them). The commands "
+                f"below show the form, with `{SOURCE_PLACEHOLDER}` standing for an `s3://bucket/prefix` URL or "
+                f"a local copy of the corpus.", ""]
+    out += ["### Download one subset", ""]
+    for s in stats.subsets:
+        found = mirrors_of(manifest, s.name)
+        lines = [download_command(m, s.name, dest, manifest_sha256) for m in found] or [
+            download_command(None, s.name, dest, manifest_sha256)]
+        out += [f"`{s.name}`" + ("" if found or not recorded else " (no recorded mirror holds it)") + ":", "",
+                md.code(lines), ""]
+    return out + ["### Questions", "", *_questions(meta, "distribution")]
+
+
+def render_datasheet(manifest: Manifest, stats: CorpusStats, meta: Metadata, *, manifest_sha256: str,
+                     listed: bool) -> str:
+    """The datasheet's Markdown.
+
+    Args:
+        manifest: the corpus manifest, as it stands once the generated files are committed.
+        stats: `marin_data.docs.stats.corpus_stats` of the same corpus.
+        meta: curated answers.
+        manifest_sha256: sha256 of that manifest's bytes.
+        listed: whether the card, Croissant file and figures are listed in the manifest (False with --out).
+    """
+    title = meta.pretty_name or manifest.name
+    unanswered = meta.unanswered(s.name for s in stats.subsets)
+    out = [
+        f"# Datasheet: {title}", "",
+        "<!-- Generated by `marin-data datasheet` from manifest.json, shards.parquet and the shards"
+        + (f", with answers from {meta.source}" if meta.source else "")
+        + ". Edit the metadata file and regenerate; do not edit this file. -->", "",
+        f"Corpus `{manifest.name}` version `{manifest.version}`: {md.count(len(stats.subsets))} subsets, "
+        f"{md.count(stats.docs)} documents, {md.count(stats.tokens)} tokens, {md.count(stats.bytes)} bytes "
+        f"({human_bytes(stats.bytes)}) in {md.count(stats.shards)} shards. Manifest sha256 `{manifest_sha256}`.",
+        "",
+        "Numbers marked *computed* come from the corpus itself; every other answer is quoted from the "
+        "dataset's metadata file, and a question nobody answered says so.", "",
+    ]
+    for n, (key, name) in enumerate(SECTIONS, 1):
+        out += [f"## {n}. {name}", ""]
+        if key == "composition":
+            out += _composition(manifest, stats, meta)
+        elif key == "preprocessing":
+            out += _preprocessing(manifest, meta)
+        elif key == "distribution":
+            out += _distribution(manifest, stats, meta, manifest_sha256, listed)
+        else:
+            out += _questions(meta, key)
+    out += ["## Unanswered questions", ""]
+    out += [f"- `{qid}`" for qid in unanswered] if unanswered else ["Every question is answered."]
+    return "\n".join(out).rstrip("\n") + "\n"

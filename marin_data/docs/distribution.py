@@ -1,0 +1,65 @@
+"""How to get and check the corpus: mirrors, ``marin-data download`` and verification commands.
+
+Every command is built from the manifest (mirror URLs, subset names) and the manifest's sha256, so a reader
+can paste it. The mirrors are those recorded by publish in ``manifest["mirrors"]``
+(``{"url": "s3://bucket/prefix", "endpoint_url": ..., "subsets": [...]}``); a mirror without a
+``subsets`` list holds every subset. When none is recorded the commands show a placeholder source, and the
+documents say that no mirror is recorded.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from marin_data.manifest import Manifest
+
+__all__ = ["SOURCE_PLACEHOLDER", "Mirror", "mirrors", "mirrors_of", "download_command", "verify_commands"]
+
+SOURCE_PLACEHOLDER = "SOURCE"  # shown when no mirror is recorded: an s3:// URL or a local copy
+
+
+@dataclass(frozen=True)
+class Mirror:
+    url: str
+    endpoint_url: str | None
+    subsets: tuple[str, ...] | None  # None: every subset
+
+    def holds(self, subset: str) -> bool:
+        return self.subsets is None or subset in self.subsets
+
+
+def mirrors(manifest: Manifest) -> list[Mirror]:
+    """The manifest's mirrors, in the order recorded (publish appends; the first is the primary)."""
+    out = []
+    for entry in manifest.mirrors:
+        if not isinstance(entry, dict) or not isinstance(entry.get("url"), str):
+            continue  # an unknown mirror kind: nothing trustworthy to show
+        subsets = entry.get("subsets")
+        out.append(Mirror(url=entry["url"], endpoint_url=entry.get("endpoint_url") or None,
+                          subsets=tuple(sorted(subsets)) if subsets else None))
+    return out
+
+
+def mirrors_of(manifest: Manifest, subset: str) -> list[Mirror]:
+    return [m for m in mirrors(manifest) if m.holds(subset)]
+
+
+def download_command(mirror: Mirror | None, subset: str, dest: str, manifest_sha256: str) -> str:
+    """The exact ``marin-data download`` line for one subset from one mirror (or the placeholder)."""
+    args = ["marin-data", "download", mirror.url if mirror else SOURCE_PLACEHOLDER]
+    if mirror and mirror.endpoint_url:
+        args += ["--endpoint-url", mirror.endpoint_url]
+    args += ["--subset", subset, "--to", dest, "--manifest-sha256", manifest_sha256]
+    return " ".join(shlex.quote(a) if a != SOURCE_PLACEHOLDER else a for a in args)
+
+
+def verify_commands(dest: str, manifest_sha256: str) -> list[str]:
+    """Check a local copy against the pinned manifest digest, with marin-data and with coreutils alone."""
+    d = shlex.quote(dest)
+    return [
+        f"marin-data verify {d} --manifest-sha256 {manifest_sha256}",
+        f"(cd {d} && sha256sum manifest.json)   # must print {manifest_sha256}",
+        f"(cd {d} && sha256sum -c SHA256SUMS)   # the whole corpus: every shard and metadata file",
+        f"(cd {d} && sha256sum -c --ignore-missing SHA256SUMS)   # after downloading some subsets",
+    ]

@@ -1,0 +1,107 @@
+"""Figures for the datasheet, as PNG bytes: token composition and document lengths by subset.
+
+Rendered with matplotlib's Agg canvas directly (no pyplot, no display, no global backend switch) under the
+library's default style with a fixed font (DejaVu Sans, shipped inside matplotlib), fixed sizes and DPI, so
+the bytes depend only on the statistics and the matplotlib version. The PNG's only text chunk names that
+version (``Software: matplotlib 3.x.y``): PNG output is reproducible for one matplotlib release, and the
+repository's datasheet test reads it to know whether byte equality can be expected.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from marin_data.docs.stats import CorpusStats
+from marin_data.ui import human_count
+
+__all__ = ["COMPOSITION_PNG", "LENGTHS_PNG", "png_software", "composition_png", "lengths_png"]
+
+COMPOSITION_PNG = "token-composition.png"
+LENGTHS_PNG = "document-lengths.png"
+_WIDTH_IN = 8.0
+_ROW_IN = 0.32  # figure height grows with the number of subsets so labels never overlap
+_DPI = 100
+_LENGTH_BINS = 48
+
+
+def png_software() -> str:
+    import matplotlib
+
+    return f"matplotlib {matplotlib.__version__}"
+
+
+def _render(draw, rows: int) -> bytes:
+    """Run ``draw(fig)`` on a fresh figure under fixed settings and return the PNG bytes."""
+    import matplotlib
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rc = {"font.family": "DejaVu Sans", "font.size": 9, "svg.hashsalt": "marin", "path.simplify": False}
+    # The default style, not the user's matplotlibrc; rc_context restores the caller's settings afterwards.
+    with matplotlib.style.context("default"), matplotlib.rc_context(rc):
+        fig = Figure(figsize=(_WIDTH_IN, 1.6 + _ROW_IN * max(rows, 1)), dpi=_DPI, layout="constrained")
+        FigureCanvasAgg(fig)
+        draw(fig)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=_DPI, metadata={"Software": png_software()})
+    return buf.getvalue()
+
+
+def composition_png(stats: CorpusStats) -> bytes:
+    """Horizontal bars: each subset's share of the corpus's tokens, labelled with its token count."""
+    names = [s.name for s in stats.subsets]
+
+    def draw(fig) -> None:
+        ax = fig.add_subplot()
+        y = np.arange(len(names))
+        shares = [100 * s.token_share for s in stats.subsets]
+        ax.barh(y, shares, color="#4C72B0")
+        for yi, s in zip(y, stats.subsets):
+            label = f" {100 * s.token_share:.2f}% ({human_count(s.tokens)} tokens) "
+            inside = s.token_share > 0.5  # long bars carry their label inside, so it never leaves the axes
+            ax.text(100 * s.token_share, yi, label, va="center", ha="right" if inside else "left", fontsize=8,
+                    color="white" if inside else "black")
+        ax.set_yticks(y, names)
+        ax.invert_yaxis()  # first subset (alphabetically) on top, as in the datasheet's tables
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("share of the corpus's tokens (%)")
+        ax.set_title(f"Token composition: {human_count(stats.tokens)} tokens in {len(names)} subsets")
+
+    return _render(draw, len(names))
+
+
+def _bin_edges(stats: CorpusStats) -> np.ndarray:
+    longest = max((s.lengths.max for s in stats.subsets), default=1)
+    return np.unique(np.round(np.logspace(0, np.log10(max(longest, 2) + 1), _LENGTH_BINS + 1)))
+
+
+def lengths_png(stats: CorpusStats) -> bytes:
+    """One row per subset: the share of its documents in each log-spaced length bin, p50 and p99 marked."""
+    names = [s.name for s in stats.subsets]
+    edges = _bin_edges(stats)
+    grid = np.zeros((len(names), len(edges) - 1))
+    for i, s in enumerate(stats.subsets):
+        ls = s.lengths
+        if ls.docs:
+            hist, _ = np.histogram(ls.lengths_L, bins=edges, weights=ls.counts_L)
+            grid[i] = hist / ls.docs
+
+    def draw(fig) -> None:
+        ax = fig.add_subplot()
+        mesh = ax.pcolormesh(edges, np.arange(len(names) + 1), grid, cmap="viridis", vmin=0,
+                             vmax=max(grid.max(), 1e-9))
+        for i, s in enumerate(stats.subsets):
+            for p, marker in ((50, "|"), (99, "x")):
+                ax.plot([max(s.lengths.percentile(p), 1)], [i + 0.5], marker=marker, color="white", ms=9, mew=2,
+                        clip_on=False)
+        ax.set_xscale("log")
+        ax.set_yticks(np.arange(len(names)) + 0.5, names)
+        ax.invert_yaxis()
+        ax.set_xlabel("tokens per document (log scale)")
+        ax.set_title("Document-length distribution by subset (white: | p50, x p99)")
+        fig.colorbar(mesh, ax=ax, label="share of the subset's documents")
+
+    return _render(draw, len(names))
