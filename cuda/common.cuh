@@ -1,0 +1,40 @@
+// Shared definitions of the marin CUDA kernels (issue 7).
+//
+// Everything in the *.cuh headers is plain C++ that also compiles WITHOUT nvcc: per-element logic lives in
+// MARIN_HD functions (__host__ __device__ under nvcc, plain inline functions under g++), so that
+// tests/test_cuda_host.py can compile the same code for the CPU and check it against the reference ops on a
+// machine with no GPU. Device-only helpers (warp shuffles, vector loads) live in the .cu files.
+// No torch headers anywhere: see docs/cuda.md.
+#pragma once
+
+#include <stdint.h>
+#include <math.h>
+
+#ifdef __CUDACC__
+#define MARIN_HD __host__ __device__ __forceinline__
+#define MARIN_UNROLL _Pragma("unroll")
+#else
+#define MARIN_HD inline
+#define MARIN_UNROLL
+#endif
+
+namespace marin {
+
+// Element types understood by the launchers (the Python side passes these codes).
+enum DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+constexpr int kWarpSize = 32;
+constexpr int kMaxExperts = 512;  // route_topk keeps a token's scores in registers: 16 per lane
+constexpr int kMaxTopK = 16;      // k of route_topk, K of permute / unpermute
+
+MARIN_HD int popcount32(uint32_t mask) {
+#ifdef __CUDA_ARCH__
+  return __popc(mask);
+#else
+  return __builtin_popcount(mask);
+#endif
+}
+
+MARIN_HD bool is_nan(float v) { return v != v; }
+
+}  // namespace marin

@@ -1,0 +1,92 @@
+// Device-only helpers shared by the .cu files (nvcc only; the host harness never includes this).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+
+namespace marin {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// Butterfly reductions: every lane ends with the same, bitwise identical, value.
+__device__ __forceinline__ float warp_sum(float v) {
+  MARIN_UNROLL
+  for (int m = kWarpSize / 2; m > 0; m /= 2) v += __shfl_xor_sync(kFullMask, v, m);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  MARIN_UNROLL
+  for (int m = kWarpSize / 2; m > 0; m /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
+  return v;
+}
+
+// VEC elements moved as one access of sizeof(T)*VEC bytes (16 for the fast path).
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T v[VEC];
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_floats(const T* __restrict__ src, float (&out)[VEC]) {
+  const Pack<T, VEC> pack = *reinterpret_cast<const Pack<T, VEC>*>(src);
+  MARIN_UNROLL
+  for (int i = 0; i < VEC; ++i) out[i] = to_float(pack.v[i]);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_floats(T* __restrict__ dst, const float (&in)[VEC]) {
+  Pack<T, VEC> pack;
+  MARIN_UNROLL
+  for (int i = 0; i < VEC; ++i) pack.v[i] = from_float<T>(in[i]);
+  *reinterpret_cast<Pack<T, VEC>*>(dst) = pack;
+}
+
+// Row kernels (permute's copy, unpermute and its backward) run one block of kRowThreads per token, plus
+// blocks that zero unused output rows, kRowThreads rows each (one warp per 32 rows).
+constexpr int kRowThreads = 128;
+
+// Zeroes the rows first_row + [0, kRowThreads) of out (row r at out + r*row_vecs) for which is_unused(r)
+// holds; is_unused is called once per row by the thread that owns it.
+template <typename V, typename Pred>
+__device__ __forceinline__ void zero_unused_rows(V* __restrict__ out, int64_t row_vecs, int64_t rows,
+                                                 int64_t first_row, Pred is_unused) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warp_first = first_row + (threadIdx.x / kWarpSize) * kWarpSize;
+  const int64_t row = warp_first + lane;
+  unsigned pending = __ballot_sync(kFullMask, row < rows && is_unused(row));
+  while (pending) {
+    const int bit = __ffs(pending) - 1;
+    pending &= pending - 1;
+    V* dst = out + (warp_first + bit) * row_vecs;
+    for (int64_t i = lane; i < row_vecs; i += kWarpSize) dst[i] = V{};
+  }
+}
+
+// Device properties a launcher sizes its grid from, cached per device.
+inline int multiprocessor_count() {
+  static int cached[64] = {0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 132;
+  if (cached[device] == 0) {
+    int count = 0;
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0)
+      count = 132;
+    cached[device] = count;
+  }
+  return cached[device];
+}
+
+}  // namespace marin

@@ -1,0 +1,189 @@
+// unpermute (pull-based weighted combine) and its backward (push of the weighted gradient to each routed row,
+// fused with the combine-weight gradient). One block per token, fp32 math, fixed summation orders, so every
+// run gives the same bits. Products and sums are rounded separately (__fmul_rn, __fadd_rn: no FMA
+// contraction), in the order of the CPU reference, so the forward output equals the reference bitwise.
+#include "device.cuh"
+#include "marin_kernels.h"
+
+namespace marin {
+namespace {
+
+constexpr int kRowWarps = kRowThreads / kWarpSize;
+constexpr int kPullBatch = 4;      // routed rows a thread of unpermute loads before summing
+constexpr int kRowMinBlocks = 8;   // blocks per multiprocessor the row kernels are compiled for (<= 64 regs)
+
+// Token t's kept rows and weights, staged in shared memory by the first top_k threads.
+__device__ __forceinline__ void stage_token(const int* __restrict__ row_of, const float* __restrict__ weights,
+                                            int64_t t, int top_k, int* rows, float* w) {
+  if (threadIdx.x < top_k) {
+    rows[threadIdx.x] = row_of[t * top_k + threadIdx.x];
+    w[threadIdx.x] = weights != nullptr ? weights[t * top_k + threadIdx.x] : 1.f;
+  }
+  __syncthreads();
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
+unpermute_kernel(const T* __restrict__ routed, int64_t hidden, const int* __restrict__ row_of, int top_k,
+                 const float* __restrict__ weights, T* __restrict__ out) {
+  __shared__ int rows[kMaxTopK];
+  __shared__ float w[kMaxTopK];
+  const int64_t t = blockIdx.x;
+  stage_token(row_of, weights, t, top_k, rows, w);
+  const bool weighted = weights != nullptr;
+  for (int64_t i = threadIdx.x * VEC; i < hidden; i += kRowThreads * VEC) {
+    float acc[VEC];
+    MARIN_UNROLL
+    for (int q = 0; q < VEC; ++q) acc[q] = 0.f;
+    for (int k0 = 0; k0 < top_k; k0 += kPullBatch) {
+      float v[kPullBatch][VEC];  // kPullBatch loads in flight, then the sums in k order
+      MARIN_UNROLL
+      for (int u = 0; u < kPullBatch; ++u) {
+        const int64_t row = k0 + u < top_k ? rows[k0 + u] : -1;
+        if (row >= 0) load_floats<T, VEC>(routed + row * hidden + i, v[u]);
+      }
+      MARIN_UNROLL
+      for (int u = 0; u < kPullBatch; ++u) {
+        if (k0 + u >= top_k || rows[k0 + u] < 0) continue;
+        MARIN_UNROLL
+        for (int q = 0; q < VEC; ++q)
+          acc[q] = __fadd_rn(acc[q], weighted ? __fmul_rn(v[u][q], w[k0 + u]) : v[u][q]);
+      }
+    }
+    store_floats<T, VEC>(out + t * hidden + i, acc);
+  }
+}
+
+// Blocks [0, T): token t writes w[t,k] * grad_out[t] to each kept row and, when grad_weights is set, the dot
+// products <grad_out[t], routed[row]>. Blocks [T, ...): zero the rows whose src_of is -1.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
+unpermute_backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ routed, int64_t hidden,
+                          const int* __restrict__ row_of, const int* __restrict__ src_of, int64_t tokens,
+                          int top_k, int64_t rows_total, const float* __restrict__ weights,
+                          T* __restrict__ grad_routed, float* __restrict__ grad_weights) {
+  if (blockIdx.x >= tokens) {
+    using Zero = Pack<T, VEC>;
+    zero_unused_rows(reinterpret_cast<Zero*>(grad_routed), hidden / VEC, rows_total,
+                     (blockIdx.x - tokens) * static_cast<int64_t>(kRowThreads),
+                     [&](int64_t row) { return src_of[row] < 0; });
+    return;
+  }
+  __shared__ int rows[kMaxTopK];
+  __shared__ float w[kMaxTopK];
+  __shared__ float partial[kRowWarps][kMaxTopK];
+  const int64_t t = blockIdx.x;
+  stage_token(row_of, weights, t, top_k, rows, w);
+  const bool dots = grad_weights != nullptr;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  // k outer: grad_out[t] is re-read from L1/L2 per destination, which keeps one dot accumulator per thread
+  for (int k = 0; k < top_k; ++k) {
+    const int64_t row = rows[k];
+    if (row < 0) continue;  // uniform across the block
+    float dot = 0.f;
+    for (int64_t i = threadIdx.x * VEC; i < hidden; i += kRowThreads * VEC) {
+      float g[VEC], scaled[VEC];
+      load_floats<T, VEC>(grad_out + t * hidden + i, g);
+      MARIN_UNROLL
+      for (int q = 0; q < VEC; ++q) scaled[q] = __fmul_rn(g[q], w[k]);
+      store_floats<T, VEC>(grad_routed + row * hidden + i, scaled);
+      if (dots) {
+        float v[VEC];
+        load_floats<T, VEC>(routed + row * hidden + i, v);
+        MARIN_UNROLL
+        for (int q = 0; q < VEC; ++q) dot = fmaf(g[q], v[q], dot);
+      }
+    }
+    if (dots) {
+      dot = warp_sum(dot);
+      if (lane == 0) partial[warp][k] = dot;
+    }
+  }
+  if (!dots) return;
+  __syncthreads();
+  if (threadIdx.x < top_k) {
+    float sum = 0.f;
+    for (int w_ = 0; w_ < kRowWarps; ++w_) sum += partial[w_][threadIdx.x];  // fixed order: deterministic
+    grad_weights[t * top_k + threadIdx.x] = rows[threadIdx.x] >= 0 ? sum : 0.f;
+  }
+}
+
+// 16-byte accesses when the row size and the base addresses allow, else one element at a time.
+template <typename T>
+bool vectorizable(int64_t hidden, const void* a, const void* b, const void* c) {
+  constexpr int64_t kVec = 16 / sizeof(T);
+  return hidden % kVec == 0 && reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(c) % 16 == 0;
+}
+
+template <typename T>
+cudaError_t launch_unpermute(const void* routed, int64_t hidden, const int* row_of, int64_t tokens, int top_k,
+                             const float* weights, void* out, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const auto* in = static_cast<const T*>(routed);
+  auto* dst = static_cast<T*>(out);
+  if (vectorizable<T>(hidden, routed, out, routed))
+    unpermute_kernel<T, kVec><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(in, hidden, row_of, top_k,
+                                                                                       weights, dst);
+  else
+    unpermute_kernel<T, 1><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(in, hidden, row_of, top_k,
+                                                                                    weights, dst);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_unpermute_backward(const void* grad_out, const void* routed, int64_t rows, int64_t hidden,
+                                      const int* row_of, const int* src_of, int64_t tokens, int top_k,
+                                      const float* weights, void* grad_routed, float* grad_weights,
+                                      cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t blocks = tokens + (rows + kRowThreads - 1) / kRowThreads;
+  if (blocks == 0) return cudaSuccess;
+  const auto* g = static_cast<const T*>(grad_out);
+  const auto* r = static_cast<const T*>(routed);
+  auto* dst = static_cast<T*>(grad_routed);
+  if (vectorizable<T>(hidden, grad_out, routed, grad_routed))
+    unpermute_backward_kernel<T, kVec><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
+        g, r, hidden, row_of, src_of, tokens, top_k, rows, weights, dst, grad_weights);
+  else
+    unpermute_backward_kernel<T, 1><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
+        g, r, hidden, row_of, src_of, tokens, top_k, rows, weights, dst, grad_weights);
+  return cudaGetLastError();
+}
+
+}  // namespace
+}  // namespace marin
+
+using namespace marin;
+
+extern "C" int marin_unpermute(const void* routed, int dtype, int64_t hidden, const int* row_of, int64_t tokens,
+                               int top_k, const float* weights, void* out, cudaStream_t stream) {
+  if (hidden < 0 || tokens < 0 || top_k < 0 || top_k > kMaxTopK) return cudaErrorInvalidValue;
+  if (tokens == 0) return cudaSuccess;
+  switch (dtype) {
+    case kFloat32: return launch_unpermute<float>(routed, hidden, row_of, tokens, top_k, weights, out, stream);
+    case kBFloat16:
+      return launch_unpermute<__nv_bfloat16>(routed, hidden, row_of, tokens, top_k, weights, out, stream);
+    case kFloat16: return launch_unpermute<__half>(routed, hidden, row_of, tokens, top_k, weights, out, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" int marin_unpermute_backward(const void* grad_out, const void* routed, int dtype, int64_t rows,
+                                        int64_t hidden, const int* row_of, const int* src_of, int64_t tokens,
+                                        int top_k, const float* weights, void* grad_routed, float* grad_weights,
+                                        cudaStream_t stream) {
+  if (rows < 0 || hidden < 0 || tokens < 0 || top_k < 0 || top_k > kMaxTopK) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case kFloat32:
+      return launch_unpermute_backward<float>(grad_out, routed, rows, hidden, row_of, src_of, tokens, top_k,
+                                              weights, grad_routed, grad_weights, stream);
+    case kBFloat16:
+      return launch_unpermute_backward<__nv_bfloat16>(grad_out, routed, rows, hidden, row_of, src_of, tokens,
+                                                      top_k, weights, grad_routed, grad_weights, stream);
+    case kFloat16:
+      return launch_unpermute_backward<__half>(grad_out, routed, rows, hidden, row_of, src_of, tokens, top_k,
+                                               weights, grad_routed, grad_weights, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
