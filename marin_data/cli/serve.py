@@ -1,0 +1,62 @@
+"""``marin-data serve``: a Hugging Face Hub-compatible mirror of the corpora under a folder
+(library: `marin_data.mirror`)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+__all__ = ["command"]
+
+
+@click.command("serve")
+@click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to listen on (0.0.0.0 serves the network; put TLS in front for that).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="TCP port; 0 picks a free one.")
+@click.option("--writable", is_flag=True, help="Accept uploads (HfApi.create_repo / upload_folder / create_commit) "
+                                               "from clients holding --token.")
+@click.option("--token", envvar="MARIN_MIRROR_TOKEN", metavar="T",
+              help="Bearer token every write must carry (env MARIN_MIRROR_TOKEN keeps it out of `ps`).")
+@click.option("--threads", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Requests served at once.")
+@click.option("--quiet", is_flag=True, help="Do not log each request.")
+def command(root: Path, host: str, port: int, writable: bool, token: str | None, threads: int, quiet: bool) -> None:
+    """Serve every ROOT/org/name folder as the Hub dataset repo org/name.
+
+    Unmodified huggingface_hub clients (snapshot_download, hf_hub_download, HfFileSystem, `hf download`,
+    datasets) work against it with HF_ENDPOINT set to the printed URL. Files are served over plain HTTP
+    with their LFS sha256 / git SHA-1, so clients verify what they get. Read-only unless --writable.
+
+    \b
+    EXAMPLES
+      marin-data serve /data/mirror                       # /data/mirror/marin/sample -> marin/sample
+      HF_ENDPOINT=http://127.0.0.1:8080 hf download --repo-type dataset marin/sample --local-dir sample
+      MARIN_MIRROR_TOKEN=s3cret marin-data serve /data/mirror --writable --host 0.0.0.0
+      HF_HUB_DISABLE_XET=1 HF_ENDPOINT=http://host:8080 hf upload --repo-type dataset \\
+          --token s3cret team/corpus ./corpus .
+    """
+    if writable and not token:
+        raise click.UsageError("--writable needs --token T (or MARIN_MIRROR_TOKEN): writes are never anonymous")
+    if token and not writable:
+        raise click.UsageError("--token only applies with --writable")
+    from marin_data.mirror import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if quiet:
+        logging.getLogger("marin_data.mirror.access").setLevel(logging.WARNING)
+
+    def ready(mirror) -> None:
+        repos = mirror.app.repos.repo_ids()
+        mode = "read-write (token required)" if writable else "read-only"
+        click.echo(f"Serving {len(repos)} repo{'s' * (len(repos) != 1)} from {root} at {mirror.url} ({mode}); "
+                   f"Ctrl-C stops.\n  export HF_ENDPOINT={mirror.url}", err=True)
+        for repo_id in repos[:20]:
+            click.echo(f"  {repo_id}", err=True)
+        if len(repos) > 20:
+            click.echo(f"  ... and {len(repos) - 20} more", err=True)
+
+    serve(root, host=host, port=port, token=token, writable=writable, threads=threads, on_ready=ready)
