@@ -24,6 +24,7 @@ COMMANDS = {
     "download": "marin_data.cli.download",
     "verify": "marin_data.cli.verify",
     "datasheet": "marin_data.cli.datasheet",
+    "serve": "marin_data.cli.serve",
 }
 
 
