@@ -1,0 +1,322 @@
+"""Read raw documents from the input formats ``marin-data shard`` accepts.
+
+JSON Lines (``.jsonl``, ``.ndjson``, ``.json`` — Dolma names its JSON Lines ``*.json.gz``), plain or
+compressed with gzip (``.gz``) or zstd (``.zst``/``.zstd``), and Parquet. Each record becomes a `Document`
+carrying where it came from, so every error can name the file and the line (for Parquet: the 1-based row).
+
+Two kinds of failure, as `marin_data.errors` names them:
+
+- a bad *record* (malformed JSON, a missing or non-string text field, bytes that are not UTF-8) raises
+  `BadRecordError` with a ``reason`` key — or, when the caller passes ``on_bad``, is handed to it and
+  skipped, which is how ``--skip-bad`` counts skips by reason;
+- a bad *file* (missing, unreadable, a truncated or corrupt gzip/zstd/Parquet stream) raises
+  `UnreadableInputError` naming the file and the last good line. ``--skip-bad`` does not skip these: a
+  truncated archive loses an unknown number of documents, which no count of skipped records can report.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import os
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+
+from marin_data.errors import BadRecordError, UnreadableInputError
+
+__all__ = [
+    "Document",
+    "BAD_JSON",
+    "MISSING_TEXT",
+    "UNDECODABLE",
+    "input_format",
+    "expand_inputs",
+    "source_names",
+    "read_documents",
+]
+
+# Reasons a record is bad: the keys of the skip counts that --skip-bad reports.
+BAD_JSON = "bad_json"
+MISSING_TEXT = "missing_text"
+UNDECODABLE = "undecodable"
+
+_JSONL = (".jsonl", ".ndjson", ".json")
+_COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+_PARQUET_BATCH = 1024
+_READ = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    id: str
+    text: str
+    path: str  # the input file it came from
+    line: int  # 1-based line (JSON Lines) or row (Parquet)
+
+
+def input_format(path: str | os.PathLike) -> str:
+    """``"jsonl"``, ``"jsonl.gzip"``, ``"jsonl.zstd"`` or ``"parquet"``, from the file name.
+
+    Raises:
+        UnreadableInputError: the name has none of the supported suffixes.
+    """
+    suffixes = [s.lower() for s in PurePath(path).suffixes[-2:]]
+    if suffixes and suffixes[-1] == ".parquet":
+        return "parquet"
+    compression = _COMPRESSION.get(suffixes[-1]) if suffixes else None
+    base = suffixes[-2] if compression and len(suffixes) == 2 else (suffixes[-1] if suffixes else "")
+    if base in _JSONL:
+        return f"jsonl.{compression}" if compression else "jsonl"
+    raise UnreadableInputError(
+        "unsupported input format: expected .jsonl/.ndjson/.json (optionally .gz, .zst or .zstd) or .parquet",
+        path=str(path),
+    )
+
+
+def expand_inputs(patterns: Sequence[str | os.PathLike]) -> list[Path]:
+    """Expand files, directories (every supported file below, recursively) and globs (``**`` recurses).
+
+    Returns absolute paths, sorted and de-duplicated, so a run's work is planned the same way whatever
+    order the shell listed the files in.
+
+    Raises:
+        UnreadableInputError: a path that does not exist, a glob that matches nothing, a directory with no
+            supported file, or a file of an unsupported format.
+    """
+    found: set[Path] = set()
+    for pattern in patterns:
+        pattern = os.fspath(pattern)
+        if glob.has_magic(pattern):
+            hits = [Path(p) for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+            if not hits:
+                raise UnreadableInputError("no input file matches this pattern", path=pattern)
+        elif os.path.isdir(pattern):
+            hits = [p for p in Path(pattern).rglob("*") if p.is_file() and not p.name.startswith(".")
+                    and _supported(p)]
+            if not hits:
+                raise UnreadableInputError("directory holds no .jsonl/.json(.gz/.zst) or .parquet file",
+                                           path=pattern)
+        elif os.path.isfile(pattern):
+            hits = [Path(pattern)]
+        else:
+            raise UnreadableInputError("no such input file", path=pattern)
+        for p in hits:
+            input_format(p)
+            found.add(Path(os.path.abspath(p)))
+    return sorted(found)
+
+
+def source_names(paths: Sequence[Path]) -> list[str]:
+    """Each path relative to the inputs' common directory, as POSIX paths.
+
+    These names (not absolute paths) go into default document ids and the subset's record of its inputs,
+    so the same files sharded from another directory or machine give the same bytes.
+    """
+    if not paths:
+        return []
+    base = os.path.commonpath([os.path.dirname(p) for p in paths])
+    return [Path(os.path.relpath(p, base)).as_posix() for p in paths]
+
+
+OnBad = Callable[[BadRecordError], None]
+
+
+def read_documents(
+    path: str | os.PathLike,
+    *,
+    source: str | None = None,
+    text_field: str = "text",
+    id_field: str = "id",
+    on_bad: OnBad | None = None,
+) -> Iterator[Document]:
+    """Yield the documents of one input file in file order.
+
+    Args:
+        path: a file in one of the supported formats.
+        source: the name used in default ids (``"<source>:<line>"``, for records without an id); defaults
+            to the file name.
+        text_field: the field (JSON) or column (Parquet) holding the text.
+        id_field: the field or column holding the id; records without one get a default id.
+        on_bad: called with each `BadRecordError` instead of raising it; the record is then skipped.
+
+    Raises:
+        BadRecordError: a malformed record, when ``on_bad`` is None.
+        UnreadableInputError: the file cannot be opened, or its stream is corrupt or truncated.
+    """
+    path = Path(path)
+    fmt = input_format(path)
+    source = path.name if source is None else source
+    if fmt == "parquet":
+        yield from _read_parquet(path, source, text_field, id_field, on_bad)
+    else:
+        yield from _read_jsonl(path, fmt, source, text_field, id_field, on_bad)
+
+
+def _reject(on_bad: OnBad | None, path: Path, line: int, reason: str, message: str) -> None:
+    err = BadRecordError(message, path=str(path), line=line, reason=reason)
+    if on_bad is None:
+        raise err
+    on_bad(err)
+
+
+def _chunks(path: Path, fmt: str) -> Iterator[bytes]:
+    """The decompressed bytes of a JSON Lines file, in 1 MiB reads."""
+    with open(path, "rb") as raw:
+        if fmt == "jsonl.gzip":
+            with gzip.GzipFile(fileobj=raw, mode="rb") as gz:  # multi-member; EOFError when truncated
+                while chunk := gz.read(_READ):
+                    yield chunk
+        elif fmt == "jsonl.zstd":
+            yield from _zstd_chunks(raw)
+        else:
+            while chunk := raw.read(_READ):
+                yield chunk
+
+
+def _zstd_chunks(raw: io.BufferedIOBase) -> Iterator[bytes]:
+    """Decompress concatenated zstd frames, raising `EOFError` if the file ends inside a frame.
+
+    zstandard's ``stream_reader`` treats a truncated file as a clean end of stream, which would silently
+    drop the documents after the cut; this loop notices the unfinished frame.
+    """
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor()
+    dobj, inside = dctx.decompressobj(), False
+    while chunk := raw.read(_READ):
+        while chunk:
+            yield dobj.decompress(chunk)
+            inside = True
+            chunk = b""
+            if dobj.eof:  # a frame ended: the rest of this read starts the next one
+                chunk = dobj.unused_data
+                dobj, inside = dctx.decompressobj(), False
+    if inside:
+        raise EOFError("the file ends inside a zstd frame (truncated)")
+
+
+def _stream_errors() -> tuple[type[BaseException], ...]:
+    import zstandard
+
+    return (OSError, EOFError, zlib.error, zstandard.ZstdError)
+
+
+def _read_jsonl(path: Path, fmt: str, source: str, text_field: str, id_field: str,
+                on_bad: OnBad | None) -> Iterator[Document]:
+    line = 0
+    tail = b""
+    chunks = _chunks(path, fmt)
+    while True:
+        try:
+            chunk = next(chunks, None)
+        except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+            raise UnreadableInputError(f"cannot open: {e.strerror}", path=str(path)) from e
+        except _stream_errors() as e:
+            raise UnreadableInputError(f"corrupt or truncated {fmt} data after line {line}: {e}",
+                                       path=str(path)) from e
+        if chunk is None:
+            lines = [tail] if tail else []
+        else:
+            lines = (tail + chunk).split(b"\n")
+            tail = lines.pop()
+        for raw in lines:
+            line += 1
+            if raw.strip():  # blank lines (a trailing newline, hand-edited files) are not records
+                doc = _parse_json_record(raw, path, line, source, text_field, id_field, on_bad)
+                if doc is not None:
+                    yield doc
+        if chunk is None:
+            return
+
+
+def _parse_json_record(raw: bytes, path: Path, line: int, source: str, text_field: str, id_field: str,
+                       on_bad: OnBad | None) -> Document | None:
+    try:
+        obj = json.loads(raw)
+    except UnicodeDecodeError as e:
+        _reject(on_bad, path, line, UNDECODABLE, f"line is not UTF-8 ({e.reason} at byte {e.start})")
+        return None
+    except ValueError as e:
+        _reject(on_bad, path, line, BAD_JSON, f"malformed JSON: {e}")
+        return None
+    if not isinstance(obj, dict):
+        _reject(on_bad, path, line, BAD_JSON, f"a JSON {type(obj).__name__}, not an object")
+        return None
+    text = obj.get(text_field)
+    if not isinstance(text, str):
+        what = "no" if text is None else f"a {type(text).__name__}, not a string, in"
+        _reject(on_bad, path, line, MISSING_TEXT, f"{what} text field {text_field!r}")
+        return None
+    if not _is_unicode(text):
+        _reject(on_bad, path, line, UNDECODABLE, "text holds lone surrogates (\\ud800-\\udfff): not valid Unicode")
+        return None
+    doc_id = obj.get(id_field)
+    return Document(id=f"{source}:{line}" if doc_id is None else str(doc_id), text=text, path=str(path), line=line)
+
+
+def _is_unicode(text: str) -> bool:
+    """False for text holding surrogates (JSON ``\\ud800`` escapes), which no tokenizer can encode."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _read_parquet(path: Path, source: str, text_field: str, id_field: str,
+                  on_bad: OnBad | None) -> Iterator[Document]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        raise UnreadableInputError(f"not a readable Parquet file: {e}", path=str(path)) from e
+    names = pf.schema_arrow.names
+    if text_field not in names:
+        for row in range(1, pf.metadata.num_rows + 1):
+            _reject(on_bad, path, row, MISSING_TEXT, f"no column {text_field!r} (columns: {', '.join(names)})")
+        return
+    text_type = pf.schema_arrow.field(text_field).type
+    textual = pa.types.is_string(text_type) or pa.types.is_large_string(text_type) or \
+        pa.types.is_binary(text_type) or pa.types.is_large_binary(text_type)
+    columns = [text_field] + ([id_field] if id_field in names and id_field != text_field else [])
+    row = 0
+    batches = pf.iter_batches(batch_size=_PARQUET_BATCH, columns=columns)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (OSError, pa.ArrowException) as e:
+            raise UnreadableInputError(f"corrupt Parquet data after row {row}: {e}", path=str(path)) from e
+        if batch is None:
+            return
+        # Binary view: decode each value ourselves, so one bad value is one bad record, not a failed batch.
+        texts = batch.column(0).cast(pa.large_binary()).to_pylist() if textual else [None] * batch.num_rows
+        ids = batch.column(1).to_pylist() if len(columns) == 2 else [None] * batch.num_rows
+        for raw, doc_id in zip(texts, ids):
+            row += 1
+            if raw is None:
+                what = "null" if textual else f"of type {text_type}, not text"
+                _reject(on_bad, path, row, MISSING_TEXT, f"column {text_field!r} is {what}")
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                _reject(on_bad, path, row, UNDECODABLE, f"text is not UTF-8 ({e.reason} at byte {e.start})")
+                continue
+            yield Document(id=f"{source}:{row}" if doc_id is None else str(doc_id), text=text, path=str(path),
+                           line=row)
+
+
+def _supported(path: Path) -> bool:
+    try:
+        input_format(path)
+    except UnreadableInputError:
+        return False
+    return True
