@@ -443,8 +443,9 @@ def _unchanged(root: Path, existing: Corpus, subset: str, recipe: dict) -> Shard
     differ = [k for k in recipe if recorded.get(k) != recipe[k]]
     if differ:
         raise CorpusConflictError(
-            f"the corpus already holds subset {subset!r}, made from other {' and '.join(differ)} (see "
-            f"{sources_path(subset)}); a subset is only ever the output of one set of inputs", path=str(root))
+            f"the corpus already holds subset {subset!r}, made with different {' and '.join(differ)} (see "
+            f"{sources_path(subset)}); a subset is only ever the output of one set of inputs and settings",
+            path=str(root))
     _remove_staging(root, root / STAGING / urllib.parse.quote(subset, safe=""))  # left by a crash after commit
     info = existing.manifest.subsets[subset]
     return ShardReport(corpus=str(root), subset=subset, docs=info.docs, tokens=info.tokens, shards=info.shards,

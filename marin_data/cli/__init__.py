@@ -25,6 +25,8 @@ COMMANDS = {
     "verify": "marin_data.cli.verify",
     "datasheet": "marin_data.cli.datasheet",
     "serve": "marin_data.cli.serve",
+    "shard": "marin_data.cli.shard",
+    "info": "marin_data.cli.info",
 }
 
 
