@@ -102,13 +102,11 @@ def tokenizer_floor(tokenizer: Path, files: list[Path], workers: int) -> tuple[f
     return tokens / (max(t1 for _, _, t1 in out) - min(t0 for _, t0, _ in out)), tokens
 
 
-# ------------------------------------------------------------------------------------------------------
-# HOOK: the sharding pipeline (issue 2) is being written concurrently. This function must call its public
-# library function with the same inputs, tokenizer and worker count and return the number of tokens written
-# (documents' tokens + one EOS each). Until it exists, the script measures the floor only.
-# ------------------------------------------------------------------------------------------------------
 def run_pipeline(files: list[Path], tokenizer: Path, out: Path, workers: int) -> int:
-    raise NotImplementedError("the sharding library function has not landed yet")
+    """`marin_data.sharding.shard_subset` (what ``marin-data shard`` calls); returns the tokens written."""
+    from marin_data.sharding import shard_subset
+
+    return shard_subset(files, subset="bench", tokenizer=str(tokenizer), out=out, workers=workers).tokens
 
 
 def pipeline_rate(files: list[Path], tokenizer: Path, scratch: Path, workers: int) -> tuple[float, int]:
@@ -140,19 +138,11 @@ def main() -> None:
               f"prepared in {time.perf_counter() - t0:.1f}s; {len(os.sched_getaffinity(0))} cores available")
         floor: dict[int, list[float]] = {w: [] for w in args.workers}
         pipe: dict[int, list[float]] = {w: [] for w in args.workers}
-        have_pipeline = True
         for _ in range(args.repeats):
             for w in args.workers:
                 rate, floor_tokens = tokenizer_floor(tokenizer, files, w)
                 floor[w].append(rate)
-                if not have_pipeline:
-                    continue
-                try:
-                    rate, tokens = pipeline_rate(files, tokenizer, scratch, w)
-                except NotImplementedError as e:
-                    print(f"pipeline: not measured ({e}); see the HOOK in {Path(__file__).name}")
-                    have_pipeline = False
-                    continue
+                rate, tokens = pipeline_rate(files, tokenizer, scratch, w)
                 if tokens != floor_tokens:
                     raise RuntimeError(f"pipeline wrote {tokens} tokens, the floor encoded {floor_tokens}")
                 pipe[w].append(rate)
@@ -160,18 +150,13 @@ def main() -> None:
         print("| workers | floor M tokens/s | pipeline M tokens/s | pipeline / floor |")
         print("|---:|---:|---:|---:|")
         for w in args.workers:
-            f = statistics.median(floor[w])
-            if pipe[w]:
-                ratios = [p / fl for p, fl in zip(pipe[w], floor[w])]
-                print(f"| {w} | {f / 1e6:.3f} | {statistics.median(pipe[w]) / 1e6:.3f} | "
-                      f"{statistics.median(ratios):.2f} |")
-            else:
-                print(f"| {w} | {f / 1e6:.3f} | pending | pending |")
+            ratios = [p / fl for p, fl in zip(pipe[w], floor[w])]  # side by side, within each repeat
+            print(f"| {w} | {statistics.median(floor[w]) / 1e6:.3f} | {statistics.median(pipe[w]) / 1e6:.3f} | "
+                  f"{statistics.median(ratios):.2f} |")
         lo, hi = min(args.workers), max(args.workers)
         if lo != hi:
             scale = lambda d: statistics.median(d[hi]) / statistics.median(d[lo])  # noqa: E731
-            pipe_scale = f"{scale(pipe):.2f}x" if pipe[hi] and pipe[lo] else "pending"
-            print(f"\nscaling {lo} -> {hi} workers: floor {scale(floor):.2f}x, pipeline {pipe_scale} "
+            print(f"\nscaling {lo} -> {hi} workers: floor {scale(floor):.2f}x, pipeline {scale(pipe):.2f}x "
                   f"(ideal {hi / lo:.0f}x; goal: pipeline >= 0.85 of floor, near-linear scaling)")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -50,14 +50,16 @@ from typing import Any
 
 from marin_data.atomic import sha256_file
 from marin_data.errors import ShardFormatError
+from marin_data.lock import LOCK_NAME
 from marin_data.manifest import MANIFEST, Corpus, ShardRecord, load_corpus, select_subsets
+from marin_data.sharding import STAGING
 from marin_data.shards import inspect_shard
 from marin_data.ui import progress as progress_bar
 
 __all__ = ["IGNORED_NAMES", "ProblemKind", "Problem", "VerifyReport", "verify_corpus"]
 
 # Top-level names that belong to writers, not to the corpus: the write lock and the staging folder.
-IGNORED_NAMES = frozenset({".marin.lock", ".staging"})
+IGNORED_NAMES = frozenset({LOCK_NAME, STAGING})
 PARTIAL_SUFFIX = ".part"
 
 

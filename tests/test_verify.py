@@ -15,7 +15,9 @@ import pytest
 
 from marin_data.atomic import sha256_file
 from marin_data.cli import main
+from marin_data.lock import LOCK_NAME
 from marin_data.manifest import MANIFEST, SHARDS_INDEX, TOKENIZER, commit_corpus
+from marin_data.sharding import STAGING
 from marin_data.shards import read_shard, write_shard
 from marin_data.verify import ProblemKind, verify_corpus
 
@@ -100,9 +102,9 @@ def test_each_corrupted_shard_is_reported_by_path_and_kind(make_corpus, capsys, 
 def test_unlisted_files_fail_while_partial_files_lock_and_staging_do_not(make_corpus, capsys):
     corpus = make_corpus(SUBSETS)
     root = corpus.root
-    (root / ".marin.lock").write_text("")
-    (root / ".staging" / "a").mkdir(parents=True)
-    (root / ".staging" / "a" / "part-00002.parquet").write_bytes(b"staged")
+    (root / LOCK_NAME).write_text("")
+    (root / STAGING / "a").mkdir(parents=True)
+    (root / STAGING / "a" / "part-00002.parquet").write_bytes(b"staged")
     (root / "data/a/part-00002.parquet.1a2b3c4d.part").write_bytes(b"half")
     code, report = verify_json(capsys, root)
     assert code == 0 and report["partial_files"] == ["data/a/part-00002.parquet.1a2b3c4d.part"]
