@@ -140,6 +140,8 @@ def write_datasheet(
     """
     root = Path(corpus)
     loaded = load_corpus(root)  # fails cleanly on a non-corpus before any lock file is created
+    if strict:  # refuse before touching anything (the lock file included); checked again under the lock
+        require_complete(load_metadata(meta, subsets=loaded.manifest.subsets), loaded.manifest.subsets)
     if out is not None and Path(out).resolve() != loaded.root.resolve():
         return _generate(loaded, Path(out), meta, strict, scan_tokens)
     with corpus_lock(root):  # the manifest is re-committed: no other writer may change the corpus meanwhile

@@ -2,7 +2,11 @@
 
 The header has one ``configs`` entry per subset, whose ``data_files`` glob is the subset's shard folder
 (``data/<subset>/*.parquet``; ``*`` does not cross ``/``, so a subset never picks up its children's shards),
-and ``dataset_info`` with each subset's features, document count and Parquet bytes. Config names cannot
+and ``dataset_info`` with each subset's features, document count and Parquet bytes. ``datasets`` ignores
+a split without ``num_bytes`` (its in-memory Arrow size), and that needs the ids' total length, which no
+metadata records; the card gives the exact Arrow size of the ``tokens`` column from the manifest's counts
+(4 bytes per token + 8 per document offset). Ids, a few dozen bytes per document, are left out rather than
+estimated. Config names cannot
 contain ``/`` (``datasets`` refuses ``<>:/\\|?*`` in them), so ``pretrain/dclm`` becomes ``pretrain--dclm``;
 two subsets that would collide are an error rather than a silently merged config.
 
@@ -57,6 +61,11 @@ def size_category(docs: int) -> str:
     return next((name for limit, name in _SIZES if docs < limit), "n>1T")
 
 
+def _arrow_bytes(docs: int, tokens: int) -> int:
+    """In-memory Arrow size of a subset's ``tokens`` column: uint32 values plus int64 list offsets."""
+    return 4 * tokens + 8 * (docs + 1)
+
+
 def card_header(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> dict:
     """The card's YAML header as a dict (kept separate so tests can compare it with the corpus)."""
     names = [s.name for s in stats.subsets]
@@ -81,8 +90,8 @@ def card_header(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> dict:
     header["dataset_info"] = [
         {"config_name": config_name(s.name),
          "features": [{"name": "id", "dtype": "string"}, {"name": "tokens", "large_list": "uint32"}],
-         "splits": [{"name": "train", "num_examples": s.docs}],
-         "download_size": s.bytes}
+         "splits": [{"name": "train", "num_bytes": _arrow_bytes(s.docs, s.tokens), "num_examples": s.docs}],
+         "download_size": s.bytes, "dataset_size": _arrow_bytes(s.docs, s.tokens)}
         for s in stats.subsets
     ]
     return header

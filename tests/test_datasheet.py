@@ -1,0 +1,386 @@
+"""`marin-data datasheet`: every number is the corpus's, answers are never invented, outputs are stable.
+
+The corpora are real (written by `make_corpus` with the shard and manifest code); the checks read the
+outputs back with the tools users will use: Markdown tables parsed back, `huggingface_hub.DatasetCard`,
+`datasets`, `mlcroissant`, Pillow, `sha256sum`, and the commands the datasheet prints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from marin_data.cli import main
+from marin_data.datasheet import CARD, FIGURES, LISTED, UNLISTED, write_datasheet
+from marin_data.docs.croissant import CROISSANT
+from marin_data.docs.datasheet import DATASHEET
+from marin_data.docs.questions import QUESTIONS, SUBSET_QUESTIONS, not_answered
+from marin_data.docs.stats import PERCENTILES, nearest_rank
+from marin_data.errors import DatasheetIncompleteError, InvalidMetadataError, ShardFormatError
+from marin_data.manifest import MANIFEST, commit_corpus, load_corpus
+from marin_data.shards import read_shard
+
+SUBSETS = {"a": [20, 10], "b/c": [5], "web/en": [40, 25, 30]}
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+def answers_for(subsets, *, skip: tuple[str, ...] = ()) -> dict:
+    """A metadata document answering every question (each answer names its id, so tests can find it)."""
+    doc: dict = {"pretty_name": "Test corpus", "subsets": {}}
+    for q in QUESTIONS:
+        value = {"url": "https://example.org/corpus", "date": "2025-01-31"}.get(q.kind, f"Answer to {q.id}.")
+        if q.id not in skip:
+            doc.setdefault(q.section, {})[q.leaf] = value
+    for s in subsets:
+        doc["subsets"][s] = {q.leaf: f"Answer to subsets.{s}.{q.leaf}." for q in SUBSET_QUESTIONS
+                             if f"subsets.{s}.{q.leaf}" not in skip}
+    return doc
+
+
+def write_meta(path: Path, doc: dict) -> Path:
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def md_tables(text: str) -> dict[tuple[str, ...], list[list[str]]]:
+    """Markdown tables by header row -> body rows of cells."""
+    tables, block = {}, []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            block.append([c.strip() for c in line.strip("|").split(" | ")])
+        elif block:
+            tables[tuple(block[0])] = block[2:]
+            block = []
+    return tables
+
+
+def num(cell: str) -> int:
+    return int(cell.replace(",", ""))
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def stated_digest(text: str) -> str:
+    return re.search(r"`manifest.json` has sha256 \*\*`([0-9a-f]{64})`\*\*", text).group(1)
+
+
+def doc_lengths(root: Path, shards) -> np.ndarray:
+    return np.concatenate([np.diff(read_shard(root / s.path)[2]) for s in shards])
+
+
+@pytest.fixture
+def documented(make_corpus, tmp_path):
+    """A corpus documented in place with every question answered: (corpus, result, datasheet text)."""
+    corpus = make_corpus(SUBSETS)
+    meta = write_meta(tmp_path / "meta.yaml", answers_for(SUBSETS))
+    result = write_datasheet(corpus.root, meta=meta)
+    return load_corpus(corpus.root), result, (corpus.root / DATASHEET).read_text()
+
+
+# --- the datasheet: numbers ---------------------------------------------------------------------------
+def test_every_number_in_the_subset_table_equals_the_manifest(documented):
+    corpus, _, text = documented
+    rows = md_tables(text)[("Subset", "Documents", "Tokens", "Bytes", "Shards", "Token share", "License")]
+    total_tokens = sum(i.tokens for i in corpus.manifest.subsets.values())
+    body, total = rows[:-1], rows[-1]
+    assert [r[0].strip("`") for r in body] == sorted(corpus.manifest.subsets)
+    for name, docs, tokens, nbytes, shards, share, license_ in body:
+        info = corpus.manifest.subsets[name.strip("`")]
+        assert (num(docs), num(tokens), num(nbytes), num(shards)) == (info.docs, info.tokens, info.bytes, info.shards)
+        assert share == f"{100 * info.tokens / total_tokens:.2f}%" and license_ == info.license
+    assert total[0] == "**Total**"
+    assert [num(c) for c in total[1:5]] == [sum(getattr(i, f) for i in corpus.manifest.subsets.values())
+                                            for f in ("docs", "tokens", "bytes", "shards")]
+
+
+def test_document_length_percentiles_equal_numpy_over_the_shards(documented):
+    corpus, _, text = documented
+    rows = md_tables(text)[("Subset", "Documents scanned", *(f"p{p}" for p in PERCENTILES), "max", "mean", "Scope")]
+    assert len(rows) == len(SUBSETS)
+    for row in rows:
+        name = row[0].strip("`")
+        info = corpus.manifest.subsets[name]
+        lengths = doc_lengths(corpus.root, corpus.shards_of([name]))
+        assert num(row[1]) == len(lengths) == info.docs and lengths.sum() == info.tokens
+        for p, cell in zip(PERCENTILES, row[2:5]):
+            assert num(cell) == int(np.percentile(lengths, p, method="inverted_cdf")), (name, p)
+        assert num(row[5]) == lengths.max()
+        assert row[6] == f"{info.tokens / info.docs:,.1f}" and row[7] == "all shards"
+
+
+@pytest.mark.parametrize("p", [0.1, 1, 50, 90, 99, 99.9, 100])
+def test_nearest_rank_matches_numpy_inverted_cdf(p):
+    values = np.random.default_rng(7).integers(1, 50, size=999)
+    lengths, counts = np.unique(values, return_counts=True)
+    assert nearest_rank(lengths, counts, p) == int(np.percentile(values, p, method="inverted_cdf"))
+
+
+def test_large_subsets_are_measured_on_spread_shards_and_labelled(make_corpus, tmp_path):
+    corpus = make_corpus({"big": [30] * 8, "small": [10]})
+    budget = corpus.manifest.subsets["big"].tokens // 3
+    write_datasheet(corpus.root, out=tmp_path / "out", scan_tokens=budget)
+    text = (tmp_path / "out" / DATASHEET).read_text()
+    rows = {r[0].strip("`"): r for r in md_tables(text)[("Subset", "Documents scanned", *(f"p{p}" for p in PERCENTILES),
+                                                            "max", "mean", "Scope")]}
+    scope = re.fullmatch(r"sample: (\d+) of 8 shards", rows["big"][7])
+    assert scope and 1 < int(scope.group(1)) < 8 and rows["small"][7] == "all shards"
+    assert "estimates from the documents scanned" in text
+    # the stated figures are exactly those of the shards scanned (whole shards, spread over the subset)
+    assert num(rows["big"][1]) == 30 * int(scope.group(1))
+
+
+# --- the datasheet: answers and --strict ----------------------------------------------------------
+def test_every_question_appears_once_with_its_answer(documented):
+    _, result, text = documented
+    assert result.unanswered == () and "Every question is answered." in text
+    for qid in [q.id for q in QUESTIONS if q.kind == "text"] + [f"subsets.{s}.{q.leaf}" for s in SUBSETS
+                                                                  for q in SUBSET_QUESTIONS]:
+        assert text.count(f"Answer to {qid}.") == 1, qid
+    assert "Not answered" not in text
+    assert [line for line in text.splitlines() if line.startswith("## ")] == [
+        "## 1. Motivation", "## 2. Composition", "## 3. Collection process",
+        "## 4. Preprocessing, cleaning and labeling", "## 5. Uses", "## 6. Distribution", "## 7. Maintenance",
+        "## Unanswered questions"]
+
+
+def test_a_missing_answer_is_shown_not_invented(make_corpus, tmp_path):
+    corpus = make_corpus(SUBSETS)
+    meta = write_meta(tmp_path / "meta.yaml", answers_for(SUBSETS, skip=("uses.out_of_scope", "subsets.b/c.sources")))
+    result = write_datasheet(corpus.root, meta=meta, out=tmp_path / "out")
+    text = (tmp_path / "out" / DATASHEET).read_text()
+    assert result.unanswered == ("uses.out_of_scope", "subsets.b/c.sources")
+    assert not_answered("uses.out_of_scope") == "**Not answered.** (question id `uses.out_of_scope`)"
+    for qid in result.unanswered:
+        assert text.count(not_answered(qid)) == 1 and f"- `{qid}`" in text
+
+
+def test_strict_fails_listing_the_unanswered_questions_and_writes_nothing(make_corpus, tmp_path, capsys):
+    corpus = make_corpus(SUBSETS)
+    meta = write_meta(tmp_path / "meta.yaml", answers_for(SUBSETS, skip=("uses.out_of_scope",)))
+    before = snapshot(corpus.root)
+    with pytest.raises(SystemExit) as e:
+        main(["datasheet", str(corpus.root), "--meta", str(meta), "--strict"])
+    assert e.value.code == 11
+    err = capsys.readouterr().err
+    assert "1 datasheet question(s) unanswered: uses.out_of_scope" in err
+    assert snapshot(corpus.root) == before
+    with pytest.raises(DatasheetIncompleteError) as info:
+        write_datasheet(corpus.root, strict=True)  # no metadata at all: every question is missing
+    assert len(info.value.missing) == len(QUESTIONS) + len(SUBSET_QUESTIONS) * len(SUBSETS)
+    write_meta(meta, answers_for(SUBSETS))
+    with pytest.raises(SystemExit) as e:
+        main(["datasheet", str(corpus.root), "--meta", str(meta), "--strict"])
+    assert e.value.code == 0
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["uses"].update(intendd="x"), "unknown key(s) intendd in uses"),
+    (lambda d: d.update(motivaton={}), "unknown key(s) motivaton"),
+    (lambda d: d["subsets"].update({"nope": {}}), "unknown key(s) nope in subsets"),
+    (lambda d: d["distribution"].update(date_published="last year"), "expected a date YYYY-MM-DD"),
+    (lambda d: d["distribution"].update(homepage="example.org"), "expected one http(s) URL"),
+    (lambda d: d["uses"].update(intended={"a": 1}), "expected text or a list of text"),
+])
+def test_metadata_mistakes_are_errors_naming_the_key(make_corpus, tmp_path, capsys, edit, message):
+    corpus = make_corpus({"a": [3], "b/c": [2], "web/en": [2]})
+    doc = answers_for(SUBSETS)
+    edit(doc)
+    meta = write_meta(tmp_path / "meta.yaml", doc)
+    with pytest.raises(InvalidMetadataError, match=re.escape(message)):
+        write_datasheet(corpus.root, meta=meta)
+    with pytest.raises(SystemExit) as e:
+        main(["datasheet", str(corpus.root), "--meta", str(meta)])
+    assert e.value.code == 2 and "meta.yaml" in capsys.readouterr().err
+
+
+# --- the root of trust and the files the manifest lists -----------------------------------------------
+def test_the_stated_digest_is_the_manifest_on_disk_and_covers_the_generated_files(documented):
+    corpus, result, text = documented
+    digest = stated_digest(text)
+    assert digest == result.manifest_sha256 == hashlib.sha256((corpus.root / MANIFEST).read_bytes()).hexdigest()
+    assert f"Manifest sha256 `{digest}`" in text
+    load_corpus(corpus.root, manifest_sha256=digest)  # the pinned digest opens the corpus
+    assert set(LISTED) <= set(corpus.manifest.files) and not set(UNLISTED) & set(corpus.manifest.files)
+    sums = (corpus.root / "SHA256SUMS").read_text()
+    assert all(f"  {rel}\n" in sums for rel in LISTED) and DATASHEET not in sums
+    out = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=corpus.root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{CARD}: OK" in out.stdout and f"{FIGURES[0]}: OK" in out.stdout
+
+
+def test_the_printed_download_and_verify_commands_work(documented, tmp_path, capsys):
+    corpus, _, text = documented
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    downloads = [shlex.split(line) for b in blocks for line in b.splitlines() if line.startswith("marin-data download")]
+    assert [d[d.index("--subset") + 1] for d in downloads] == sorted(SUBSETS)
+    argv = downloads[1][1:]  # b/c, from "SOURCE": no mirror is recorded
+    assert argv[1] == "SOURCE" and "No mirror is recorded in the manifest" in text
+    dest = tmp_path / "copy"
+    argv[1], argv[argv.index("--to") + 1] = str(corpus.root), str(dest)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 0, capsys.readouterr()
+    verify = next(shlex.split(line) for b in blocks for line in b.splitlines() if line.startswith("marin-data verify"))
+    verify[2] = str(dest)
+    with pytest.raises(SystemExit) as e:
+        main(["verify", *verify[2:], "--subset", "b/c"])
+    assert e.value.code == 0, capsys.readouterr()
+
+
+def test_mirrors_from_the_manifest_are_shown_with_their_commands(make_corpus, tmp_path):
+    corpus = make_corpus(SUBSETS)
+    mirrored = replace(corpus.manifest, mirrors=[
+        {"url": "s3://bucket/marin", "endpoint_url": "http://127.0.0.1:9000", "subsets": ["a", "web/en"]},
+        {"url": "s3://other/marin"},  # no subsets list: holds every subset
+    ])
+    digest = commit_corpus(corpus.root, mirrored, corpus.shards)
+    write_datasheet(corpus.root, out=tmp_path / "out")
+    text = (tmp_path / "out" / DATASHEET).read_text()
+    assert md_tables(text)[("URL", "Endpoint", "Subsets")] == [
+        ["`s3://bucket/marin`", "`http://127.0.0.1:9000`", "`a`, `web/en`"], ["`s3://other/marin`", "default", "all"]]
+    assert (f"marin-data download s3://bucket/marin --endpoint-url http://127.0.0.1:9000 --subset a "
+            f"--to ./synthetic --manifest-sha256 {digest}") in text
+    assert f"marin-data download s3://other/marin --subset b/c --to ./synthetic --manifest-sha256 {digest}" in text
+    assert "s3://bucket/marin --endpoint-url http://127.0.0.1:9000 --subset b/c" not in text
+    assert "SOURCE" not in text
+
+
+@pytest.mark.xfail("datasheets/datasheet.md" not in __import__("marin_data.verify").verify.IGNORED_NAMES,
+                   reason="verify must skip the one unlisted file, datasheets/datasheet.md (lead: add it to "
+                          "marin_data.verify.IGNORED_NAMES)", strict=True)
+def test_verify_passes_on_a_documented_corpus(documented):
+    from marin_data.verify import verify_corpus
+
+    corpus, result, _ = documented
+    report = verify_corpus(corpus.root, manifest_sha256=result.manifest_sha256)
+    assert report.ok, report.problems
+
+
+# --- determinism ------------------------------------------------------------------------------------
+def test_rerunning_changes_nothing(documented, tmp_path):
+    corpus, result, _ = documented
+    before = snapshot(corpus.root)
+    again = write_datasheet(corpus.root, meta=tmp_path / "meta.yaml")
+    assert again.written == () and set(again.unchanged) == {*LISTED, DATASHEET}
+    assert again.manifest_sha256 == result.manifest_sha256
+    assert snapshot(corpus.root) == before  # bytes and mtimes
+
+
+def test_the_same_corpus_gives_byte_identical_outputs_from_a_fresh_process(make_corpus, tmp_path):
+    one, two = make_corpus(SUBSETS, seed=3), make_corpus(SUBSETS, seed=3)
+    meta = write_meta(tmp_path / "meta.yaml", answers_for(SUBSETS))
+    write_datasheet(one.root, meta=meta)
+    subprocess.run([sys.executable, "-m", "marin_data", "datasheet", str(two.root), "--meta", str(meta)], check=True,
+                   capture_output=True)
+    for rel in (*LISTED, DATASHEET, MANIFEST, "SHA256SUMS"):
+        assert (one.root / rel).read_bytes() == (two.root / rel).read_bytes(), rel
+
+
+def test_out_dir_leaves_the_corpus_untouched_and_states_its_current_digest(make_corpus, tmp_path):
+    corpus = make_corpus(SUBSETS)
+    before = snapshot(corpus.root)
+    result = write_datasheet(corpus.root, out=tmp_path / "out")
+    assert snapshot(corpus.root) == before and not result.in_corpus
+    text = (tmp_path / "out" / DATASHEET).read_text()
+    assert stated_digest(text) == corpus.manifest_sha256
+    assert "generated outside the corpus (`--out`)" in text
+    assert sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file()) == \
+        sorted([*LISTED, DATASHEET])
+
+
+# --- the dataset card -------------------------------------------------------------------------------
+def test_card_parses_and_has_one_config_per_subset(documented):
+    from huggingface_hub import DatasetCard
+
+    corpus, _, _ = documented
+    card = DatasetCard.load(corpus.root / CARD)
+    data = card.data.to_dict()
+    assert data["license"] == "cc0-1.0" and data["pretty_name"] == "Test corpus"
+    assert data["size_categories"] == ["n<1K"]
+    configs = {c["config_name"]: c["data_files"] for c in data["configs"]}
+    assert configs == {n.replace("/", "--"): [{"split": "train", "path": f"data/{n}/*.parquet"}] for n in SUBSETS}
+    for name, files in configs.items():  # each glob selects exactly that subset's shards
+        subset = name.replace("--", "/")
+        globbed = sorted(str(p.relative_to(corpus.root)) for p in corpus.root.glob(files[0]["path"]))
+        assert globbed == sorted(s.path for s in corpus.shards_of([subset]))
+    info = {i["config_name"]: i for i in data["dataset_info"]}
+    for name, subset in corpus.manifest.subsets.items():
+        entry = info[name.replace("/", "--")]
+        assert entry["splits"][0]["num_examples"] == subset.docs and entry["download_size"] == subset.bytes
+    assert "Answer to motivation.summary." in card.text
+
+
+def test_datasets_reads_a_subset_through_the_card(documented, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    corpus, _, _ = documented
+    ds = datasets.load_dataset(str(corpus.root), "b--c", split="train", cache_dir=str(tmp_path / "hf"))
+    ids, tokens, _ = read_shard(corpus.root / corpus.shards_of(["b/c"])[0].path)
+    assert ds["id"] == ids and np.concatenate([np.asarray(t) for t in ds["tokens"]]).tolist() == tokens.tolist()
+    builder = datasets.load_dataset_builder(str(corpus.root), "web--en", cache_dir=str(tmp_path / "hf"))
+    assert builder.info.splits["train"].num_examples == corpus.manifest.subsets["web/en"].docs
+
+
+@pytest.mark.parametrize("spdx, hub", [("CC-BY-4.0", "cc-by-4.0"), ("ODC-By-1.0", "odc-by"), ("PSF-2.0", "other")])
+def test_card_license_uses_hub_ids(spdx, hub):
+    from marin_data.docs.card import hub_license
+
+    assert hub_license(spdx) == hub
+
+
+# --- Croissant -------------------------------------------------------------------------------------
+def test_croissant_validates_and_its_sha256_values_match_the_shards(documented):
+    mlc = pytest.importorskip("mlcroissant")
+    corpus, _, _ = documented
+    path = corpus.root / CROISSANT
+    dataset = mlc.Dataset(jsonld=str(path))  # raises ValidationError on any error
+    assert dataset.metadata.ctx.issues.warnings == set()
+    doc = json.loads(path.read_text())
+    files = {d["contentUrl"]: d for d in doc["distribution"] if d["@type"] == "cr:FileObject"}
+    assert sorted(files) == sorted(s.path for s in corpus.shards)
+    for rel, entry in files.items():
+        data = (corpus.root / rel).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest() and entry["contentSize"] == f"{len(data)} B"
+    sets = {d["includes"] for d in doc["distribution"] if d["@type"] == "cr:FileSet"}
+    assert sets == {f"data/{n}/*.parquet" for n in SUBSETS}
+    assert [r["name"] for r in doc["recordSet"]] == sorted(SUBSETS)
+    records = list(dataset.records("b/c"))  # mlcroissant reads the shards through the description
+    ids, tokens, offsets = read_shard(corpus.root / corpus.shards_of(["b/c"])[0].path)
+    assert [r["b/c/id"].decode() for r in records] == ids
+    assert [len(r["b/c/tokens"]) for r in records] == np.diff(offsets).tolist()
+
+
+# --- figures and robustness -------------------------------------------------------------------------
+def test_figures_are_valid_pngs_named_by_the_datasheet(documented):
+    from PIL import Image
+
+    corpus, _, text = documented
+    for rel in FIGURES:
+        path = corpus.root / rel
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        with Image.open(path) as img:
+            img.verify()
+        with Image.open(path) as img:
+            assert img.format == "PNG" and img.width == 800 and img.height > 200
+            assert img.text == {"Software": f"matplotlib {__import__('matplotlib').__version__}"}
+        assert f"]({Path(rel).name})" in text
+
+
+def test_a_shard_that_disagrees_with_the_index_is_refused(make_corpus, tmp_path):
+    corpus = make_corpus({"a": [5, 7]})
+    first, second = (corpus.root / s.path for s in corpus.shards)
+    first.write_bytes(second.read_bytes())  # 7 documents where the index says 5
+    with pytest.raises(ShardFormatError, match="holds 7 documents"):
+        write_datasheet(corpus.root, out=tmp_path / "out")
