@@ -49,6 +49,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from marin_data.atomic import sha256_file
+from marin_data.engine import default_workers
 from marin_data.errors import ShardFormatError
 from marin_data.lock import LOCK_NAME
 from marin_data.manifest import MANIFEST, Corpus, ShardRecord, load_corpus, select_subsets
@@ -175,7 +176,7 @@ def verify_corpus(
     if not patterns:
         targets += [_Target(p, r.bytes, r.sha256) for p, r in corpus.manifest.files.items()]
     unlisted, partial = _scan_tree(corpus, chosen if patterns else None)
-    workers = max(1, min(workers or _cpu_count(), len(targets) or 1))
+    workers = max(1, min(workers or default_workers(), len(targets) or 1))
 
     t0 = time.perf_counter()
     problems, nbytes = _hash_all(corpus, targets, workers=workers, deep=deep, progress=progress)
@@ -186,13 +187,6 @@ def verify_corpus(
         files_checked=len(targets), bytes_checked=nbytes, seconds=seconds, workers=workers,
         problems=tuple(sorted(problems, key=lambda p: (p.path, p.kind.value))), partial_files=tuple(partial),
     )
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _hash_all(
