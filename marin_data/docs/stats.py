@@ -75,22 +75,15 @@ class SubsetStats:
 @dataclass(frozen=True)
 class CorpusStats:
     subsets: tuple[SubsetStats, ...]  # sorted by name
+    docs: int  # corpus totals: sums over the subsets
+    tokens: int
+    bytes: int
+    shards: int
 
-    @property
-    def docs(self) -> int:
-        return sum(s.docs for s in self.subsets)
-
-    @property
-    def tokens(self) -> int:
-        return sum(s.tokens for s in self.subsets)
-
-    @property
-    def bytes(self) -> int:
-        return sum(s.bytes for s in self.subsets)
-
-    @property
-    def shards(self) -> int:
-        return sum(s.shards for s in self.subsets)
+    @classmethod
+    def of(cls, subsets: Sequence[SubsetStats]) -> CorpusStats:
+        totals = {f: sum(getattr(s, f) for s in subsets) for f in ("docs", "tokens", "bytes", "shards")}
+        return cls(subsets=tuple(subsets), **totals)
 
 
 def nearest_rank(lengths_L: np.ndarray, counts_L: np.ndarray, p: float) -> int:
@@ -184,4 +177,4 @@ def corpus_stats(corpus: Corpus, *, scan_tokens: int = SCAN_TOKENS) -> CorpusSta
                 license=info.license, token_share=info.tokens / total_tokens if total_tokens else 0.0,
                 lengths=lengths,
             ))
-    return CorpusStats(subsets=tuple(subsets))
+    return CorpusStats.of(subsets)
