@@ -64,7 +64,7 @@ class FaultProxy:
         self.served: Counter[str] = Counter()  # body bytes sent for GETs, by path
         self.log: list[Logged] = []
         self.lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -111,6 +111,11 @@ class FaultProxy:
     def _count(self, path: str, n: int) -> None:
         with self.lock:
             self.served[path] += n
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:  # clients hang up mid-response on purpose
+        pass
 
 
 def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:

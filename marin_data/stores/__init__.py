@@ -43,14 +43,12 @@ class ReadStream:
     connection is released even when the reader stops early.
 
     ``start`` is where the body really begins: a server that ignores ``Range`` answers 200 with the whole
-    object, and the reader must notice (issue 3: "a 200 where a 206 was asked"). ``size`` is the whole
-    object's size when the server said it.
+    object, and the reader must notice (issue 3: "a 200 where a 206 was asked").
     """
 
-    def __init__(self, chunks: Iterator[bytes], *, start: int, size: int | None, close: Callable[[], None]):
+    def __init__(self, chunks: Iterator[bytes], *, start: int, close: Callable[[], None]):
         self._chunks = chunks
         self.start = start
-        self.size = size
         self._close = close
 
     def __iter__(self) -> Iterator[bytes]:

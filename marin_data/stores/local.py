@@ -47,14 +47,13 @@ class LocalStore(Store):
             raise RemoteError(f"cannot open: {e.strerror}", path=self.describe(path), status=404) from e
         except OSError as e:
             raise RetryableRemoteError(f"cannot open: {e}", path=self.describe(path)) from e
-        size = os.fstat(f.fileno()).st_size
         f.seek(start)
 
         def chunks() -> Iterator[bytes]:
             while chunk := f.read(READ_CHUNK):
                 yield chunk
 
-        return ReadStream(chunks(), start=start, size=size, close=f.close)
+        return ReadStream(chunks(), start=start, close=f.close)
 
     def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
         with atomic_path(self._file(path)) as tmp, open(src, "rb") as fin, open(tmp, "wb") as fout:

@@ -132,21 +132,20 @@ class S3Store(Store):
                                        **({"Range": f"bytes={start}-"} if start else {}), **self._payer)
         body = r["Body"]
         status = r["ResponseMetadata"]["HTTPStatusCode"]
+        begin = 0  # a 200: the whole object, whatever we asked for
         if status == 206:
-            m = re.match(r"bytes (\d+)-\d+/(\d+|\*)", r.get("ContentRange", ""))
+            m = re.match(r"bytes (\d+)-", r.get("ContentRange", ""))
             if m is None:
                 body.close()
                 raise RetryableRemoteError(f"206 without a usable Content-Range {r.get('ContentRange')!r}",
                                            path=where)
-            begin, size = int(m[1]), None if m[2] == "*" else int(m[2])
-        else:  # a 200: the whole object, whatever we asked for
-            begin, size = 0, int(r["ContentLength"])
+            begin = int(m[1])
 
         def chunks() -> Iterator[bytes]:
             with _mapped_errors(where):
                 yield from body.iter_chunks(READ_CHUNK)
 
-        return ReadStream(chunks(), start=begin, size=size, close=body.close)
+        return ReadStream(chunks(), start=begin, close=body.close)
 
     def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
         checksum = {} if self.s3_compat else {
