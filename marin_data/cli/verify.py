@@ -59,7 +59,7 @@ def _human(report: VerifyReport) -> str:
     deep = " deep," if report.deep else ""
     lines.append(
         f"{'OK' if report.ok else 'FAILED'}:{deep} {report.files_checked} files, {human_bytes(report.bytes_checked)} "
-        f"in {report.seconds:.2f}s ({report.bytes_per_second / 1e9:.2f} GB/s, {report.workers} workers), "
-        f"{len(report.subsets)} subsets; manifest sha256 {report.manifest_sha256}"
+        f"in {report.seconds:.2f}s ({human_bytes(report.bytes_per_second)}/s, {report.workers} workers), "
+        f"{len(report.subsets)} subset{'s' * (len(report.subsets) != 1)}; manifest sha256 {report.manifest_sha256}"
     )
     return "\n".join(lines)
