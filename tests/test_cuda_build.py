@@ -1,0 +1,153 @@
+"""cuda/ builds and links with nvcc on a machine without a GPU, and the result is what the kernels need.
+
+Checked here, without a GPU: the library builds for sm_90 plus compute_90 PTX; ptxas reports no spills and
+no stack frame (local memory) in any kernel; the row kernels move 16-byte vectors (read off the embedded
+PTX); the library exports the C ABI of cuda/marin_kernels.h and dlopens without a driver; builds are cached
+by content; dispatch falls back to the reference, silently, when there is no GPU.
+"""
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from marin_model import kernels, ops  # noqa: F401 - ops defines torch.ops.marin
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_nvcc = pytest.mark.skipif(kernels.find_nvcc() is None,
+                                reason="nvcc not found (set MARIN_NVCC or CUDA_HOME): cannot build cuda/")
+
+# Kernel families and how many instantiations each must have (dtypes x scores-per-lane, vector widths).
+KERNELS = {"route_topk_kernel": 15, "route_topk_backward_kernel": 15, "permute_rank_kernel": 1,
+           "permute_scan_kernel": 1, "permute_scatter_kernel": 5, "unpermute_kernel": 6,
+           "unpermute_backward_kernel": 6}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    if kernels.find_nvcc() is None:
+        pytest.skip("nvcc not found (set MARIN_NVCC or CUDA_HOME): cannot build cuda/")
+    return kernels.build_library(out_dir=tmp_path_factory.mktemp("cuda-build"), archs=["90"])
+
+
+def family(mangled):
+    return next((name for name in sorted(KERNELS, key=len, reverse=True) if f"{len(name)}{name}" in mangled), None)
+
+
+def embedded_ptx(library: Path) -> str:
+    """The PTX inside the library's fatbin: via cuobjdump when installed, else by unpacking its zstd frames."""
+    cuobjdump = shutil.which("cuobjdump") or (Path(kernels.find_nvcc()).parent / "cuobjdump")
+    if cuobjdump and os.access(cuobjdump, os.X_OK):
+        return subprocess.run([str(cuobjdump), "--dump-ptx", str(library)], capture_output=True, text=True,
+                              check=True).stdout
+    zstandard = pytest.importorskip("zstandard", reason="neither cuobjdump nor zstandard to read the fatbin")
+    data, texts = library.read_bytes(), []
+    for frame in re.finditer(rb"\x28\xb5\x2f\xfd", data):  # zstd frame magic
+        try:
+            text = zstandard.ZstdDecompressor().decompressobj().decompress(data[frame.start():])
+        except zstandard.ZstdError:
+            continue
+        if b".version" in text[:4096]:
+            texts.append(text.decode(errors="replace"))
+    return "".join(texts)
+
+
+@needs_nvcc
+def test_every_kernel_compiles_for_sm90_without_spills_or_stack_frames(built):
+    report = kernels.parse_ptxas_report(built.log)
+    seen = {name: 0 for name in KERNELS}
+    for kernel in report:
+        assert kernel.arch == "sm_90"
+        assert (kernel.spill_stores, kernel.spill_loads, kernel.stack_frame) == (0, 0, 0), kernel
+        assert kernel.registers <= 128, kernel  # occupancy: the row kernels are bounded to 64 by launch bounds
+        seen[family(kernel.name)] += 1
+    assert seen == KERNELS
+
+
+@needs_nvcc
+def test_library_embeds_ptx_and_moves_rows_in_16_byte_vectors(built):
+    ptx = embedded_ptx(built.library)
+    bodies = dict(re.findall(r"\.entry (\S+)\((.*?)\n}", ptx, flags=re.S))
+    assert len(bodies) == sum(KERNELS.values())
+    vector_kernels = [name for name in bodies
+                      if re.search(r"permute_scatter_kernelI5uint4|unpermute(_backward)?_kernelI\w+Li[48]E", name)]
+    assert len(vector_kernels) == 7  # the 16-byte paths: permute's copy, unpermute and its backward x 3 dtypes
+    for name in vector_kernels:
+        assert re.search(r"ld\.global\.nc\.v4\.\w32", bodies[name]), name  # 4 x 32 bits = 16 bytes per access
+        assert re.search(r"st\.global\.v4\.\w32", bodies[name]), name
+
+
+@needs_nvcc
+def test_library_exports_the_c_abi_and_loads_without_a_driver(built):
+    nm = shutil.which("nm")
+    if nm:
+        symbols = subprocess.run([nm, "-D", "--defined-only", str(built.library)], capture_output=True, text=True,
+                                 check=True).stdout
+        exported = set(re.findall(r" T (marin_\w+)", symbols))
+        assert exported == set(kernels._SIGNATURES)  # noqa: SLF001 - the table that mirrors the header
+    lib = kernels.open_library(built.library)  # dlopen + ABI version check
+    assert lib.marin_kernels_abi_version() == kernels.ABI_VERSION
+    assert lib.marin_cuda_error_string(0) == b"no error"
+    # the scratch of permute: a [tile][expert] histogram of 1024-entry tiles plus one count per expert
+    assert lib.marin_permute_workspace_bytes(4096, 8, 384) == 4 * (32 + 1) * 384
+    assert lib.marin_permute_workspace_bytes(1, 1, 7) == 4 * (1 + 1) * 7
+
+
+@needs_nvcc
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-driver path; a GPU is present")
+def test_launcher_without_a_gpu_returns_an_error_instead_of_crashing(built):
+    lib = kernels.open_library(built.library)
+    err = lib.marin_route_topk(None, 0, None, 1, 8, 2, 0, 1.0, 1, 1, 1, None, None, None, None, None)
+    assert err != 0
+    assert lib.marin_cuda_error_string(err).decode()  # e.g. "CUDA driver version is insufficient ..."
+    invalid = lib.marin_route_topk(None, 0, None, 1, 513, 2, 0, 1.0, 1, 1, 1, None, None, None, None, None)
+    assert invalid == 1  # cudaErrorInvalidValue: E > 512 is refused before touching the device
+
+
+@needs_nvcc
+def test_builds_are_cached_by_content(built, tmp_path):
+    again = kernels.build_library(out_dir=built.library.parent, archs=["90"])
+    assert again.cached and again.library == built.library and again.log == built.log
+    assert (built.library.parent / "libmarin_kernels.so").resolve() == built.library
+    copy = tmp_path / "cuda"
+    shutil.copytree(kernels.cuda_dir(), copy, ignore=shutil.ignore_patterns("build"))
+    flags, version = kernels.nvcc_flags(["90"]), "nvcc 13"
+    before = kernels._source_hash(copy, flags, version)  # noqa: SLF001
+    (copy / "permute.cuh").write_text((copy / "permute.cuh").read_text() + "\n// edited\n")
+    assert kernels._source_hash(copy, flags, version) != before  # noqa: SLF001
+    assert kernels._source_hash(copy, kernels.nvcc_flags(["80", "90"]), version) != before  # noqa: SLF001
+
+
+@needs_nvcc
+def test_make_cuda_command_builds_into_the_build_dir(built):
+    env = dict(os.environ, MARIN_CUDA_BUILD_DIR=str(built.library.parent), MARIN_CUDA_ARCHS="90")
+    done = subprocess.run([sys.executable, "-m", "marin_model.kernels", "--build"], capture_output=True, text=True,
+                          env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert f"cached: {built.library}" in done.stdout
+    assert "0 bytes of spills/stack frames" in done.stdout
+
+
+def test_missing_nvcc_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(kernels, "find_nvcc", lambda: None)
+    with pytest.raises(kernels.KernelBuildError, match="nvcc not found"):
+        kernels.build_library()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback on a machine without a GPU")
+def test_without_a_gpu_dispatch_keeps_the_reference(monkeypatch):
+    assert kernels.register_cuda_kernels() is False
+    assert "no CUDA device" in kernels.status()["reason"]
+    monkeypatch.setenv("MARIN_CUDA_KERNELS", "require")
+    with pytest.raises(kernels.KernelBuildError, match="no CUDA device"):
+        kernels.register_cuda_kernels()
+    monkeypatch.setenv("MARIN_CUDA_KERNELS", "off")
+    assert kernels.register_cuda_kernels() is False and kernels.status()["reason"] == "MARIN_CUDA_KERNELS=off"
+    ids, *_ = torch.ops.marin.route_topk(torch.tensor([[0.0, 2.0, 1.0]]), None, 2, "sigmoid", 1.0, True, 1, 1)
+    assert ids.tolist() == [[1, 2]]
