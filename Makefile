@@ -31,7 +31,8 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-quickstart: $(VENV)/.installed
+# The quickstart's S3 step runs a local moto server, a dev dependency.
+quickstart: $(VENV)/.installed-dev
 	$(BIN)/python scripts/quickstart.py
 
 test: $(VENV)/.installed-dev

@@ -6,7 +6,9 @@ they will see.
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +31,38 @@ def main() -> None:
     step("Build the sample corpus offline from the Python standard library", "sample", str(corpus))
     step("What is in it", "info", str(corpus))
     step("Prove every byte is right", "verify", str(corpus))
+    publish_and_download(corpus)
     print(f"\nDone. The sample corpus is in {corpus.relative_to(ROOT)}.")
+
+
+def publish_and_download(corpus: Path) -> None:
+    """Publish to a throwaway S3 server on loopback (moto), download one subset back, verify it.
+
+    A copy is published because publish records the bucket in the manifest's mirrors, and the local server's
+    port changes every run: the sample corpus itself stays as built. The server is always stopped.
+    """
+    from marin_data.stores.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
+
+    copy, fetched = OUT / "to-publish", OUT / "downloaded"
+    for old in (copy, fetched):
+        shutil.rmtree(old, ignore_errors=True)
+    shutil.copytree(corpus, copy)
+    os.environ.update(LOCAL_S3_ENV)  # dummy credentials for the local server, inherited by each step
+    os.environ.pop("AWS_PROFILE", None)
+    subset = "prose/docstrings"
+    print("\n== Start a local S3 server (moto) on 127.0.0.1", flush=True)
+    with local_s3_server() as endpoint:
+        create_bucket(endpoint, "marin-quickstart")
+        url = "s3://marin-quickstart/sample"
+        print(f"   {endpoint}", flush=True)
+        step("Publish it: one PUT per file with its SHA-256, manifest last", "publish", str(copy), "--to", url,
+             "--endpoint-url", endpoint)
+        step("Download one subset, verified as it streams", "download", url, "--subset", subset, "--to",
+             str(fetched), "--endpoint-url", endpoint)
+        step("Run it again: every file is already there and verified, nothing is fetched", "download", url,
+             "--subset", subset, "--to", str(fetched), "--endpoint-url", endpoint)
+    print("   (local S3 server stopped)", flush=True)
+    step("Verify the downloaded subset", "verify", str(fetched), "--subset", subset)
 
 
 if __name__ == "__main__":

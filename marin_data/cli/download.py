@@ -69,9 +69,9 @@ def _dry_run(report: DownloadReport) -> str:
 
 
 def _summary(report: DownloadReport) -> str:
-    rate = report.bytes_fetched / report.seconds / 1e9 if report.seconds else 0.0
+    rate = report.bytes_fetched / report.seconds if report.seconds else 0.0
     return (f"{'Downloaded' if report.ok else 'INCOMPLETE'}: {len(report.fetched)} files fetched "
-            f"({human_bytes(report.bytes_fetched)} in {report.seconds:.1f}s, {rate:.2f} GB/s), "
+            f"({human_bytes(report.bytes_fetched)} in {report.seconds:.1f}s, {human_bytes(rate)}/s), "
             f"{len(report.skipped)} already present and verified, {len(report.failed)} failed; "
             f"subsets {', '.join(report.plan.subsets)} in {report.dest} (recorded in {RECORD}).\n"
             f"manifest sha256: {report.plan.manifest_sha256}")

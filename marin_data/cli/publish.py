@@ -43,7 +43,8 @@ def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None
     show_retries()
     report = publish(corpus, to=to, workers=workers, s3_compat=s3_compat,
                      **store_kwargs(endpoint_url, profile, anonymous, requester_pays))
-    rate = report.bytes_uploaded / report.seconds / 1e9 if report.seconds else 0.0
+    rate = report.bytes_uploaded / report.seconds if report.seconds else 0.0
     click.echo(f"Published {corpus} to {report.url}: {len(report.uploaded)} files uploaded "
-               f"({human_bytes(report.bytes_uploaded)}, {rate:.2f} GB/s), {len(report.skipped)} already there.")
+               f"({human_bytes(report.bytes_uploaded)} in {report.seconds:.1f}s, {human_bytes(rate)}/s), "
+               f"{len(report.skipped)} already there.")
     click.echo(f"manifest sha256: {report.manifest_sha256}")
