@@ -1,0 +1,264 @@
+"""Torch glue: ranks, DataLoader workers, prefetch and resume state over a `TokenStream`.
+
+This module only composes: positions come from arithmetic, sequences from the stream.
+
+- **Global batches are slices of positions.** With per-rank batch ``b`` and ``W`` ranks, the global batch
+  that starts at position ``P`` is ``[P, P + W·b)`` and rank ``r`` takes ``[P + r·b, P + (r+1)·b)``.
+- **Workers split arithmetically.** DataLoader worker ``w`` of ``n`` builds global batches ``w, w+n, ...``
+  and torch's in-order DataLoader hands them over in step order.
+- **State is the position the trainer has reached**, i.e. the start of the next global batch it has not
+  been given, plus the stream fingerprint. It is advanced in the *main* process as each batch is handed
+  to the trainer — never where batches are produced, since prefetch threads and worker processes run ahead
+  — from the batch itself: every batch carries the global position of each row (``index``). A checkpoint
+  taken after step ``k`` therefore resumes at step ``k + 1`` exactly, with any world size, worker count or
+  batch size, because none of them is part of the stream.
+- A bounded stream ends with the last *whole* global batch (the tail is dropped, so every rank makes the
+  same number of steps and collectives never hang).
+
+The fast path is in-process (``num_workers=0``): a background thread builds batches ahead while the
+trainer computes; the index math and the copies run in numba code that releases the GIL. Worker
+processes are optional: torch's worker-to-main transport tops out near 30–60M tokens/s on a small box
+(DESIGN.md), below what one process gathers from memory maps.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from marin_data.errors import LoaderStateMismatchError
+from marin_data.loader.packing import Batch, new_batch
+from marin_data.loader.stream import SPLITS, STREAM_FORMAT, LoaderConfig, TokenStream
+from marin_data.manifest import Corpus
+
+__all__ = ["TokenDataset", "TokenLoader", "make_loader", "to_tensors", "distributed_rank"]
+
+_END = object()
+
+
+def distributed_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """``(rank, world_size)``: the arguments when given, else ``torch.distributed`` when initialised, else (0, 1)."""
+    if rank is None or world_size is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank = torch.distributed.get_rank() if rank is None else rank
+            world_size = torch.distributed.get_world_size() if world_size is None else world_size
+        rank = 0 if rank is None else rank
+        world_size = 1 if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    return rank, world_size
+
+
+def to_tensors(batch: Batch) -> dict[str, torch.Tensor]:
+    """The batch contract of `packing` as torch tensors sharing the numpy buffers (no copy)."""
+    window = torch.from_numpy(batch.window)
+    return {
+        "input_ids": window[:, :-1],
+        "labels": window[:, 1:],
+        "segment_ids": torch.from_numpy(batch.segment_ids),
+        "positions": torch.from_numpy(batch.positions),
+        "subset": torch.from_numpy(batch.subset),
+        "index": torch.from_numpy(batch.index),
+    }
+
+
+class TokenDataset(IterableDataset):
+    """This rank's batches of a `TokenStream`, from `position` on.
+
+    Args:
+        stream: what to serve (`LoaderConfig.batch_size` sequences per rank per batch).
+        rank, world_size: default to `torch.distributed` when initialised, else 0 and 1.
+        split: ``"train"`` or ``"validation"`` (the held-out stream, finite).
+        position: the global stream position to start from (or use `load_state_dict`).
+        prefetch: batches built ahead by a background thread when iterated in-process (0: none).
+    """
+
+    def __init__(self, stream: TokenStream, *, rank: int | None = None, world_size: int | None = None,
+                 split: str = "train", position: int = 0, prefetch: int = 2) -> None:
+        super().__init__()
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        self.stream = stream
+        self.rank, self.world_size = distributed_rank(rank, world_size)
+        self.split = split
+        self.batch_size = stream.config.batch_size
+        self.global_batch = self.batch_size * self.world_size
+        self.position = int(position)
+        self.prefetch = prefetch
+
+    @property
+    def subsets(self) -> tuple[str, ...]:
+        return self.stream.subsets
+
+    def batch_at(self, start: int) -> dict[str, torch.Tensor]:
+        """This rank's part of the global batch that starts at stream position ``start``."""
+        first = start + self.rank * self.batch_size
+        out = new_batch(self.batch_size, self.stream.seq_len)
+        return to_tensors(self.stream.fill(np.arange(first, first + self.batch_size), out, self.split))
+
+    def _starts(self, worker: int, workers: int) -> Iterator[int]:
+        stop = self.stream.stop(self.split)
+        start = self.position + worker * self.global_batch
+        while stop is None or start + self.global_batch <= stop:
+            yield start
+            start += workers * self.global_batch
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        if info is not None:  # a DataLoader worker: produce only; the main process tracks consumption
+            return (self.batch_at(s) for s in self._starts(info.id, info.num_workers))
+        return self._deliver(self._starts(0, 1))
+
+    def _deliver(self, starts: Iterator[int]) -> Iterator[dict[str, torch.Tensor]]:
+        produced = ((s, self.batch_at(s)) for s in starts)
+        for start, batch in _ahead(produced, self.prefetch) if self.prefetch else produced:
+            self.position = start + self.global_batch  # handed to the trainer: consumed
+            yield batch
+
+    def consumed(self, batch: dict[str, torch.Tensor]) -> None:
+        """Record that ``batch`` was handed to the trainer (`TokenLoader` calls this for worker batches)."""
+        self.position = int(batch["index"][0]) - self.rank * self.batch_size + self.global_batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: the next global position and what stream it belongs to."""
+        return {"format": STREAM_FORMAT, "split": self.split, "position": self.position,
+                "fingerprint": self.stream.fingerprint, "components": dict(self.stream.components)}
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Continue from ``state``; refuse a state of another stream unless ``strict=False``.
+
+        Raises:
+            LoaderStateMismatchError: the state's fingerprint (or split) differs and ``strict`` is set.
+        """
+        ours = {**self.stream.components, "split/name": self.split}
+        theirs = {**state.get("components", {}), "split/name": state.get("split")}
+        if state.get("fingerprint") != self.stream.fingerprint or theirs["split/name"] != self.split:
+            differ = sorted(k for k in ours if theirs.get(k) != ours[k]) or ["fingerprint"]
+            message = (f"loader state was saved for another stream (differs in: {', '.join(differ)}); resuming "
+                       "would not continue the same sequence order")
+            if strict:
+                raise LoaderStateMismatchError(message, expected=state.get("fingerprint"),
+                                               actual=self.stream.fingerprint)
+            warnings.warn(message + f"; continuing from position {state['position']} as asked (strict=False)",
+                          stacklevel=2)
+        self.position = int(state["position"])
+
+    def passes(self) -> dict[str, float]:
+        """Passes (epochs) each subset has made by the current position (training stream)."""
+        return self.stream.passes(self.position)
+
+
+def _ahead(items: Iterator[Any], depth: int) -> Iterator[Any]:
+    """Run ``items`` on a background thread, ``depth`` ahead; errors are re-raised here, in order."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, who re-raises it
+            put(e)
+
+    thread = threading.Thread(target=work, name="marin-loader-prefetch", daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+class TokenLoader:
+    """Iterate a `TokenDataset` in-process or through DataLoader workers, tracking what the trainer got.
+
+    ``state_dict()`` after receiving batch ``k`` resumes at batch ``k + 1``. `load_state_dict` takes effect
+    at the next ``iter()``.
+    """
+
+    def __init__(self, dataset: TokenDataset, *, num_workers: int = 0, pin_memory: bool = False,
+                 prefetch_factor: int = 2, multiprocessing_context: str | None = None) -> None:
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.prefetch_factor = prefetch_factor
+        self.multiprocessing_context = multiprocessing_context
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if self.num_workers == 0 and not self.pin_memory:
+            yield from self.dataset
+            return
+        loader = DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                            prefetch_factor=self.prefetch_factor if self.num_workers else None,
+                            multiprocessing_context=self.multiprocessing_context if self.num_workers else None)
+        for batch in loader:
+            self.dataset.consumed(batch)
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
+        self.dataset.load_state_dict(state, strict=strict)
+
+    @property
+    def position(self) -> int:
+        return self.dataset.position
+
+
+def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = LoaderConfig(), *,
+                rank: int | None = None, world_size: int | None = None, split: str = "train",
+                num_workers: int = 0, pin_memory: bool = False, prefetch: int = 2,
+                cache_dir: str | os.PathLike | None = None, state: dict[str, Any] | None = None,
+                strict: bool = True) -> TokenLoader:
+    """A ready loader over a local corpus: the one call a training loop needs.
+
+    Args:
+        corpus: a `Corpus` or a local corpus directory.
+        config: what to serve (`LoaderConfig`).
+        rank, world_size: default to `torch.distributed` when initialised.
+        split: ``"train"`` or ``"validation"``.
+        num_workers: DataLoader worker processes (0: in-process, the fast path).
+        pin_memory: pin batches for faster host-to-GPU copies.
+        prefetch: batches built ahead (a thread in-process; DataLoader's prefetch factor with workers).
+        cache_dir: where decoded shards are kept (`cache.default_cache_dir`).
+        state: a `state_dict()` to resume from; ``strict=False`` accepts one of another stream.
+
+    Example::
+
+        loader = make_loader("corpus/", LoaderConfig(seq_len=4096, batch_size=8,
+                             mixture={"pretrain/*": 0.8, "midtrain/math": 0.2}))
+        for step, batch in enumerate(loader):
+            loss = model(batch["input_ids"], segment_ids=batch["segment_ids"], ...)
+            if step % 1000 == 0:
+                save({"model": ..., "loader": loader.state_dict()})
+    """
+    stream = TokenStream(corpus, config, cache_dir=cache_dir)
+    dataset = TokenDataset(stream, rank=rank, world_size=world_size, split=split,
+                           prefetch=prefetch if num_workers == 0 else 0)
+    if state is not None:
+        dataset.load_state_dict(state, strict=strict)
+    return TokenLoader(dataset, num_workers=num_workers, pin_memory=pin_memory,
+                       prefetch_factor=max(1, prefetch))

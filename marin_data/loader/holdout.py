@@ -1,0 +1,80 @@
+"""Held-out sequences: which windows of a subset form the validation stream, and never the training one.
+
+A fraction ``f`` is realised as *one held-out window in every run of* ``every = round(1/f)`` *consecutive
+windows*, at a keyed offset inside the run. Why this and not "hash each window and keep those below f":
+
+- the map between a training index and its window is O(1) arithmetic both ways, so the training stream
+  stays a pure function with no per-window table, and the counts are exact (``n_val`` is known up front);
+- held-out windows are spread evenly through every shard, so validation samples the whole subset and
+  reading them keeps the shuffle's locality;
+- the offsets are keyed by the subset name only, not by the training seed: the held-out set is a property
+  of the data, so runs with different seeds are evaluated on the same sequences and never train on
+  each other's validation data.
+
+The trailing partial run (fewer than ``every`` windows) holds nothing out. A held-out window shares one
+token with each neighbour (windows overlap by one token, see `packing`), so a training sequence may have
+the first token of a validation sequence as its last label: 1 token in ``seq_len + 1``, by design.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from marin_data.loader.permutation import sub_key
+
+__all__ = ["holdout_every", "split_sizes", "train_windows", "val_windows"]
+
+
+def holdout_every(val_fraction: float) -> int:
+    """``every`` for a validation fraction: one window in ``every`` is held out; 0 means none."""
+    if not 0 <= val_fraction <= 0.5:
+        raise ValueError(f"val_fraction must lie in [0, 0.5], got {val_fraction}")
+    return 0 if val_fraction == 0 else max(2, round(1 / val_fraction))
+
+
+def split_sizes(windows: int, every: int) -> tuple[int, int]:
+    """``(training windows, held-out windows)`` of a subset with ``windows`` windows."""
+    held = windows // every if every else 0
+    return windows - held, held
+
+
+@numba.njit(cache=True, inline="always")
+def _offset(key, run, every):
+    return np.int64(sub_key(key, np.uint64(run)) % np.uint64(every))
+
+
+@numba.njit(cache=True, nogil=True)
+def _train(u, windows, every, key):
+    out = np.empty(u.shape[0], np.int64)
+    if every == 0:
+        out[:] = u
+        return out
+    full = windows // every  # runs that hold one window out
+    for k in range(u.shape[0]):
+        run, o = divmod(u[k], every - 1)
+        if run < full:
+            out[k] = run * every + o + (1 if o >= _offset(key, run, every) else 0)
+        else:  # the trailing partial run holds nothing out
+            out[k] = full * every + (u[k] - full * (every - 1))
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _val(v, every, key):
+    out = np.empty(v.shape[0], np.int64)
+    for k in range(v.shape[0]):
+        out[k] = v[k] * every + _offset(key, v[k], every)
+    return out
+
+
+def train_windows(u: np.ndarray, windows: int, every: int, key: int) -> np.ndarray:
+    """Window ids of training indices ``u`` (``[k]`` int64 in ``[0, n_train)``) of a subset."""
+    return _train(np.ascontiguousarray(u, dtype=np.int64), int(windows), int(every), np.uint64(key))
+
+
+def val_windows(v: np.ndarray, every: int, key: int) -> np.ndarray:
+    """Window ids of held-out indices ``v`` (``[k]`` int64 in ``[0, n_val)``) of a subset."""
+    if not every:
+        raise ValueError("no windows are held out (val_fraction=0)")
+    return _val(np.ascontiguousarray(v, dtype=np.int64), int(every), np.uint64(key))

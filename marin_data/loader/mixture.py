@@ -1,0 +1,284 @@
+"""Which subset, and which of its sequences, the stream serves at global position ``i`` (issue 8).
+
+The stream is cut into *blocks* of ``B`` consecutive positions. At every block boundary ``n`` the number of
+positions each subset has received is the largest-remainder (Hamilton) apportionment of ``n`` seats among
+the quotas ``w_s·n``: the *cumulative* target, so every subset is within one sequence of ``w_s·n`` at every
+boundary, forever. Apportioning each block on its own (what Levanter did) is biased: 0.5/0.3/0.2 with
+blocks of 8 gives 4/2/2 in every block, so the 0.3 subset gets 0.25 for the whole run, and a weight under
+``1/B`` never gets a slot at all (DESIGN.md).
+
+Why blocks of at least ``1/w_min`` positions: Hamilton's method is not house-monotone (the Alabama
+paradox) — the apportionment of ``n + B`` seats can give a subset fewer seats than that of ``n`` — and a
+block cannot hand back a slot. Each subset gets ``floor(w·n)`` or ``floor(w·n) + 1`` seats, so when
+``w·B >= 1``, ``floor(w·(n+B)) >= floor(w·n) + 1`` and the count never goes down. The block is therefore
+``max(block, ceil(1/w_min))`` positions: a weight of 0.001 gets blocks of 1,000 and exactly one slot in
+each. Inside a block the slots of the subsets are permuted by a keyed Feistel permutation, so the
+block's composition is exact while the order is random.
+
+Weights are exact rationals (``Fraction(float)`` is exact), so the arithmetic is integer arithmetic: every
+rank, machine and restart computes the same counts, with no floating-point ties.
+
+A *schedule* is a sequence of `Phase` s. Each subset's counter carries over a phase change: phase ``p``
+starts each subset at the number of sequences it was served by phases ``< p``, so a change loses and
+repeats nothing. A bounded phase is rounded to a whole number of its blocks (the proof above holds at
+block boundaries), except when its end quotas are whole numbers: then ``c_s(kB) <= ceil(w_s·kB) <=
+w_s·end`` and the short final block is monotone too (the validation stream relies on this to serve each
+held-out sequence exactly once).
+
+Locating position ``i`` costs one Hamilton apportionment of ``O(S log S)`` for its block (cached) and one
+Feistel evaluation: resuming at step 1,000,000 replays nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from marin_data.errors import LoaderConfigError
+from marin_data.loader.permutation import derive_key, feistel, sub_key
+from marin_data.manifest import select_subsets
+
+__all__ = ["Phase", "MixturePhase", "Mixture", "phases_by_fraction", "resolve_weights", "apportion"]
+
+DEFAULT_BLOCK = 1024  # positions per block when every weight is >= 1/1024
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One weight set of a mixture schedule.
+
+    ``weights`` maps subset names, parent paths (``pretrain``) or globs (``pretrain/*``) to relative
+    weights; a pattern matching several subsets splits its weight among them in proportion to their
+    tokens. A subset may be named by one pattern only.
+    """
+
+    weights: Mapping[str, float]
+    sequences: int | None = None  # length in sequences; None: until the stream ends (last phase only)
+
+
+def phases_by_fraction(
+    parts: Sequence[tuple[float, Mapping[str, float]]], *, total_tokens: int, seq_len: int
+) -> tuple[Phase, ...]:
+    """A schedule given as fractions of a token budget, e.g. ``[(0.8, pretrain), (0.2, midtrain)]``.
+
+    Every sequence carries ``seq_len`` new tokens, so a token fraction is a sequence fraction. Phase ends are
+    rounded on the cumulative fractions, so the lengths add up to exactly ``total_tokens // seq_len``; the
+    last phase is bounded too, so the stream ends when the budget is spent.
+    """
+    total = sum(f for f, _ in parts)
+    if not parts or any(f <= 0 for f, _ in parts) or not math.isclose(total, 1.0, rel_tol=1e-9):
+        raise LoaderConfigError(f"phase fractions must be positive and sum to 1, got {[f for f, _ in parts]}")
+    sequences = total_tokens // seq_len
+    ends, acc = [], 0.0
+    for f, _ in parts:
+        acc += f
+        ends.append(round(sequences * acc / total))
+    starts = [0, *ends[:-1]]
+    return tuple(Phase(dict(w), e - s) for (_, w), s, e in zip(parts, starts, ends))
+
+
+def resolve_weights(weights: Mapping[str, float], subsets: Sequence[str], tokens: Sequence[int]) -> list[Fraction]:
+    """Exact per-subset weights (not normalised) from pattern weights; see `Phase`.
+
+    A subset matched by several patterns takes the weight of the one that names it exactly
+    (``{"pretrain": 0.7, "pretrain/code": 0.1}`` gives ``pretrain/code`` 0.1 and splits 0.7 among the
+    other ``pretrain/...`` subsets); two inexact matches are ambiguous and refused.
+
+    Raises:
+        InvalidManifestError: a pattern matches no subset (from `select_subsets`).
+        LoaderConfigError: a negative weight, an ambiguous subset, or a pattern left with no subset.
+    """
+    where = {name: k for k, name in enumerate(subsets)}
+    matches: dict[int, list[str]] = {}
+    for pattern, w in weights.items():
+        if not (isinstance(w, (int, float, Fraction)) and w >= 0 and math.isfinite(w)):
+            raise LoaderConfigError(f"mixture weight for {pattern!r} must be a finite number >= 0, got {w!r}",
+                                    actual=w)
+        for name in select_subsets(subsets, [pattern]):
+            matches.setdefault(where[name], []).append(pattern)
+    owned: dict[str, list[int]] = {pattern: [] for pattern in weights}
+    for k, patterns in matches.items():
+        exact = [p for p in patterns if p == subsets[k]]
+        if not exact and len(patterns) > 1:
+            raise LoaderConfigError(f"subset {subsets[k]!r} is matched by {patterns} in one mixture phase; "
+                                    "name it exactly or make the patterns disjoint")
+        owned[(exact or patterns)[0]].append(k)
+    out = [Fraction(0)] * len(subsets)
+    for pattern, ks in owned.items():
+        if not ks:
+            raise LoaderConfigError(f"mixture pattern {pattern!r} only matches subsets other patterns name "
+                                    "exactly; drop it")
+        group = sum(tokens[k] for k in ks)
+        for k in ks:
+            out[k] = Fraction(weights[pattern]) * (Fraction(tokens[k], group) if group else Fraction(1, len(ks)))
+    return out
+
+
+def apportion(numerators: tuple[int, ...], denominator: int, n: int) -> np.ndarray:
+    """Hamilton apportionment of ``n`` seats among quotas ``numerators[s] * n / denominator``.
+
+    Each subset gets the floor of its quota; the seats left go to the largest remainders, ties to the
+    lower subset index. Exact integer arithmetic (Python ints), ``[S]`` int64 out, summing to ``n``.
+    """
+    quota = [x * n for x in numerators]
+    seats = [q // denominator for q in quota]
+    left = n - sum(seats)
+    for s in sorted(range(len(quota)), key=lambda s: (-(quota[s] % denominator), s))[:left]:
+        seats[s] += 1
+    return np.array(seats, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=512)
+def _block(numerators: tuple[int, ...], denominator: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-subset seats before ``start`` and cumulative seats within ``[start, stop)`` (both ``[S]`` int64)."""
+    before = apportion(numerators, denominator, start)
+    return before, np.cumsum(apportion(numerators, denominator, stop) - before)
+
+
+@dataclass(frozen=True)
+class MixturePhase:
+    """A phase resolved to subset indices: weight of subset ``s`` is ``numerators[s] / denominator``."""
+
+    start: int  # first global position of the phase
+    stop: int | None  # one past its last position; None: unbounded
+    block: int  # positions per block (>= 1/w_min, see the module docstring)
+    numerators: tuple[int, ...]
+    denominator: int
+    base: tuple[int, ...]  # sequences of each subset served by earlier phases
+    key: int  # keys the permutation of each block's slots
+
+    def weights(self) -> np.ndarray:
+        return np.array(self.numerators, dtype=np.float64) / self.denominator
+
+
+class Mixture:
+    """The pure map ``global position -> (subset, per-subset sequence index)`` of a mixture schedule.
+
+    Args:
+        subsets: candidate subset names; those no phase weighs are dropped, and positions map to indices
+            into `Mixture.subsets` (the rest, in the same order).
+        tokens: tokens per subset (splits a pattern's weight among the subsets it matches).
+        schedule: one weight mapping (a single unbounded phase) or a sequence of `Phase` s.
+        seed: keys the order of slots inside each block.
+        block: the smallest block; raised to ``ceil(1/w_min)`` per phase.
+    """
+
+    def __init__(
+        self,
+        subsets: Sequence[str],
+        tokens: Sequence[int],
+        schedule: Mapping[str, float] | Sequence[Phase],
+        *,
+        seed: int,
+        block: int = DEFAULT_BLOCK,
+    ) -> None:
+        phases = (Phase(schedule),) if isinstance(schedule, Mapping) else tuple(schedule)
+        if not phases:
+            raise LoaderConfigError("a mixture schedule needs at least one phase")
+        if block < 1:
+            raise LoaderConfigError(f"mixture block must be >= 1, got {block}")
+        self.seed = int(seed)
+        table = [resolve_weights(phase.weights, subsets, tokens) for phase in phases]
+        for p, weights in enumerate(table):
+            if not any(weights):
+                raise LoaderConfigError(f"mixture phase {p} gives no subset a positive weight: "
+                                        f"{dict(phases[p].weights)}")
+        # Only subsets some phase weighs are part of the stream (and of its fingerprint).
+        active = [k for k in range(len(subsets)) if any(weights[k] for weights in table)]
+        self.subsets = tuple(subsets[k] for k in active)
+        resolved: list[MixturePhase] = []
+        start, base = 0, np.zeros(len(self.subsets), dtype=np.int64)
+        for p, phase in enumerate(phases):
+            weights = [table[p][k] for k in active]
+            denominator = math.lcm(*(w.denominator for w in weights))
+            numerators = tuple(int(w * denominator) for w in weights)
+            denominator = sum(numerators)  # normalise: the weights sum to 1
+            nblock = max(block, -(-denominator // min(x for x in numerators if x)))
+            stop = None
+            if phase.sequences is not None:
+                length = self._phase_length(phase.sequences, nblock, numerators, denominator, p)
+                stop = start + length
+            elif p != len(phases) - 1:
+                raise LoaderConfigError(f"mixture phase {p} has no length; only the last phase may be unbounded")
+            resolved.append(MixturePhase(start, stop, nblock, numerators, denominator, tuple(int(b) for b in base),
+                                         derive_key(self.seed, "mixture", p)))
+            if stop is not None:
+                base = base + apportion(numerators, denominator, stop - start)
+                start = stop
+        self.phases = tuple(resolved)
+        self._starts = np.array([ph.start for ph in self.phases], dtype=np.int64)
+
+    @staticmethod
+    def _phase_length(sequences: int, block: int, numerators: tuple[int, ...], denominator: int, p: int) -> int:
+        if sequences < 1:
+            raise LoaderConfigError(f"mixture phase {p} must last at least one sequence, got {sequences}")
+        if all(x * sequences % denominator == 0 for x in numerators):
+            return sequences  # whole quotas at the end: the short last block is monotone (module docstring)
+        return max(1, round(sequences / block)) * block
+
+    @property
+    def stop(self) -> int | None:
+        """One past the last position of the stream; None when the last phase is unbounded."""
+        return self.phases[-1].stop
+
+    def canonical(self) -> str:
+        """A canonical text of the resolved schedule (subsets, exact weights, bounds): the mixture fingerprint."""
+        return json.dumps({"subsets": self.subsets, "seed": self.seed, "phases": [
+            [ph.start, ph.stop, ph.block, [str(x) for x in ph.numerators], str(ph.denominator)]
+            for ph in self.phases]})
+
+    def phase_at(self, position: int) -> int:
+        return int(np.searchsorted(self._starts, position, side="right") - 1)
+
+    def _check(self, positions) -> np.ndarray:
+        pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+        if pos.size and (pos.min() < 0 or (self.stop is not None and pos.max() >= self.stop)):
+            raise IndexError(f"positions must lie in [0, {self.stop}) for this schedule")
+        return pos
+
+    def locate(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """Map global positions to ``(subset index [k] int64, per-subset sequence index [k] int64)``."""
+        pos = self._check(positions)
+        subset = np.empty_like(pos)
+        index = np.empty_like(pos)
+        phase = np.searchsorted(self._starts, pos, side="right") - 1
+        for p in np.unique(phase):
+            ph = self.phases[p]
+            sel = np.flatnonzero(phase == p)
+            offset = pos[sel] - ph.start
+            blocks = offset // ph.block
+            for k in np.unique(blocks):
+                rows = sel[blocks == k]
+                start, size, before, cum = self._block_of(ph, int(k))
+                slot = feistel(size, int(sub_key(ph.key, np.uint64(k))), pos[rows] - ph.start - start)
+                s = np.searchsorted(cum, slot, side="right")
+                first = np.concatenate(([0], cum[:-1]))[s]  # the block's first slot of each subset
+                subset[rows] = s
+                index[rows] = np.asarray(ph.base, dtype=np.int64)[s] + before[s] + slot - first
+        return subset, index
+
+    def _block_of(self, ph: MixturePhase, k: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+        start = k * ph.block
+        stop = start + ph.block if ph.stop is None else min(start + ph.block, ph.stop - ph.start)
+        before, cum = _block(ph.numerators, ph.denominator, start, stop)
+        return start, stop - start, before, cum
+
+    def served(self, position: int) -> np.ndarray:
+        """``[S]`` int64: sequences of each subset served at positions ``< position`` (no replay)."""
+        if position < 0 or (self.stop is not None and position > self.stop):
+            raise IndexError(f"position must lie in [0, {self.stop}]")
+        p = self.phase_at(position)
+        ph = self.phases[p]
+        k, r = divmod(position - ph.start, ph.block)
+        start, size, before, cum = self._block_of(ph, k)
+        partial = np.zeros(len(self.subsets), dtype=np.int64)
+        if r:
+            slots = feistel(size, int(sub_key(ph.key, np.uint64(k))), np.arange(r))
+            partial = np.bincount(np.searchsorted(cum, slots, side="right"), minlength=len(self.subsets))
+        return np.asarray(ph.base, dtype=np.int64) + before + partial

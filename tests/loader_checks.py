@@ -1,0 +1,100 @@
+"""One invariant checker per loader concept (STYLE.md rule 13); the tests call them in one line each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from marin_data.loader import Mixture, TokenDataset, TokenLoader, TokenStream
+from marin_data.shards import read_shard
+
+EOS = 0  # tests/conftest.py's synthetic corpora end every document with token 0
+
+
+def check_permutation(fn: Callable[[np.ndarray], np.ndarray], n: int) -> np.ndarray:
+    """``fn`` maps ``[0, n)`` onto itself one to one, and gives the same image whatever chunk asks for it."""
+    image = fn(np.arange(n, dtype=np.int64))
+    assert image.shape == (n,)
+    assert np.array_equal(np.sort(image), np.arange(n)), "not a bijection of [0, n)"
+    if n:
+        cut = n // 3
+        again = np.concatenate([fn(np.arange(cut, n)), fn(np.arange(0, cut))])
+        assert np.array_equal(again, np.concatenate([image[cut:], image[:cut]])), "depends on what was asked before"
+    return image
+
+
+def check_mixture(mixture: Mixture, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """Over the first ``positions`` positions of ``mixture``:
+
+    - no subset's sequence index repeats, and at every block boundary each subset has had exactly
+      0, 1, ..., count-1 (nothing lost, phase changes included; inside a block the order is shuffled);
+    - at every block boundary of every phase, each subset's count in the phase is within 1 of ``w·n``;
+    - `Mixture.served` agrees with counting, at block boundaries and in between.
+    """
+    subset, index = mixture.locate(np.arange(positions))
+    width = len(mixture.subsets)
+    for s in range(width):
+        assert len(np.unique(index[subset == s])) == (subset == s).sum(), f"subset {s}: an index repeats"
+    for ph in mixture.phases:
+        stop = positions if ph.stop is None else min(ph.stop, positions)
+        for n in range(ph.start, stop + 1, ph.block):
+            count = np.bincount(subset[ph.start:n], minlength=width)
+            assert np.all(np.abs(count - ph.weights() * (n - ph.start)) <= 1), (n, count, ph.weights())
+            for s in range(width):
+                got = np.sort(index[:n][subset[:n] == s])
+                assert np.array_equal(got, np.arange(len(got))), f"subset {s}: indices lost before {n}"
+    for n in sorted({0, positions, positions // 2, positions // 3 + 1}):
+        assert np.array_equal(mixture.served(n), np.bincount(subset[:n], minlength=width)), n
+    return subset, index
+
+
+def reference_tokens(stream: TokenStream) -> dict[int, np.ndarray]:
+    """Each subset's concatenated token stream read straight from its Parquet shards (no cache, no packing)."""
+    out = {}
+    for k, name in enumerate(stream.subsets):
+        paths = sorted(s.path for s in stream.corpus.shards if s.subset == name)
+        out[k] = np.concatenate([read_shard(stream.corpus.root / p)[1] for p in paths]).astype(np.int64)
+    return out
+
+
+def check_batch(window: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray) -> None:
+    """Segment ids and positions agree with the EOS tokens of each row (labels are the window shifted by one)."""
+    seq_len = segment_ids.shape[1]
+    assert window.shape[1] == seq_len + 1
+    starts = np.zeros(segment_ids.shape, dtype=bool)
+    starts[:, 0] = True
+    starts[:, 1:] = window[:, : seq_len - 1] == EOS
+    assert np.array_equal(segment_ids, np.cumsum(starts, axis=1) - 1)
+    last_start = np.maximum.accumulate(np.where(starts, np.arange(seq_len), 0), axis=1)
+    assert np.array_equal(positions, np.arange(seq_len) - last_start)
+
+
+def take(loader: TokenLoader | TokenDataset, steps: int, *, state_each: bool = False) -> list[dict]:
+    """``steps`` batches as numpy dicts; with ``state_each``, also the state position seen after each one."""
+    out = []
+    for batch in loader:
+        row = {k: v.numpy().copy() for k, v in batch.items()}
+        if state_each:
+            row["state_position"] = loader.state_dict()["position"]
+        out.append(row)
+        if len(out) == steps:
+            break
+    return out
+
+
+def check_global_stream(per_rank: list[list[dict]], start: int, reference) -> None:
+    """Rank batches of each step, joined in rank order, are the positions ``start, start+1, ...`` and carry
+    exactly the sequences ``reference`` (a `Batch` of the uninterrupted stream from ``start``) holds there."""
+    steps = {len(b) for b in per_rank}
+    assert len(steps) == 1, "ranks made different numbers of steps"
+    at = 0
+    for step in range(steps.pop()):
+        index = np.concatenate([b[step]["index"] for b in per_rank])
+        assert np.array_equal(index, np.arange(start + at, start + at + len(index))), (step, index)
+        window = np.concatenate([np.concatenate([b[step]["input_ids"], b[step]["labels"][:, -1:]], axis=1)
+                                 for b in per_rank])
+        assert np.array_equal(window, reference.window[at : at + len(index)])
+        assert np.array_equal(np.concatenate([b[step]["subset"] for b in per_rank]),
+                              reference.subset[at : at + len(index)])
+        at += len(index)

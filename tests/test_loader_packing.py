@@ -1,0 +1,136 @@
+"""Packing, the decoded-shard cache and held-out windows, over real Parquet corpora."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from loader_checks import check_batch, check_permutation, reference_tokens
+
+from marin_data.errors import LoaderConfigError, ShardFormatError, ShardMissingError
+from marin_data.loader import DecodedShardCache, LoaderConfig, TokenStream
+from marin_data.loader.holdout import holdout_every, split_sizes, train_windows, val_windows
+from marin_data.shards import read_shard
+
+
+@pytest.fixture
+def stream(make_corpus, tmp_path):
+    # Many small shards and documents, so windows of 32 + 1 tokens cross document and shard boundaries.
+    corpus = make_corpus({"a": [30, 50, 10, 40], "b/x": [20, 20, 20], "b/y": [60]}, doc_tokens=(1, 40))
+    return TokenStream(corpus, LoaderConfig(seq_len=32, batch_size=4, val_fraction=0.1),
+                       cache_dir=tmp_path / "cache")
+
+
+def test_windows_are_seq_len_plus_one_tokens_of_the_concatenated_documents_across_shards(stream):
+    reference = reference_tokens(stream)
+    positions = np.arange(300)
+    batch = stream.read(positions)
+    subset, start = stream.locate(positions)
+    for r in range(len(positions)):
+        expected = reference[subset[r]][start[r] : start[r] + 33]
+        assert np.array_equal(batch.window[r], expected)
+    assert np.all(start % 32 == 0)
+
+
+def test_labels_are_inputs_shifted_by_one_and_segments_follow_eos(stream):
+    from marin_data.loader import to_tensors
+
+    batch = stream.read(np.arange(200))
+    tensors = to_tensors(batch)
+    assert np.array_equal(tensors["labels"][:, :-1].numpy(), tensors["input_ids"][:, 1:].numpy())
+    check_batch(batch.window, batch.segment_ids, batch.positions)
+    assert batch.segment_ids.max() > 0, "the corpus should put several documents in a window"
+
+
+def test_a_window_that_starts_at_a_document_start_has_no_carried_over_segment(make_corpus, tmp_path):
+    corpus = make_corpus({"a": [40]}, doc_tokens=(7, 7))  # every document is 7 tokens + EOS = 8
+    stream = TokenStream(corpus, LoaderConfig(seq_len=8, val_fraction=0, shuffle="none"),
+                         cache_dir=tmp_path / "c")
+    batch = stream.read(np.arange(5))
+    assert np.all(batch.segment_ids == 0) and np.array_equal(batch.positions[0], np.arange(8))
+    assert np.all(batch.window[:, 7] == 0) and np.all(batch.window[:, 8] != 0)
+
+
+def test_every_training_window_of_a_subset_is_served_once_per_epoch_in_a_new_order(stream):
+    sizes = stream.sizes()
+    positions = np.arange(stream.mixture.phases[0].block)  # a whole mixture block: counters are complete
+    subset, start = stream.locate(positions)
+    _, index = stream.mixture.locate(positions)  # each subset's own sequence counter
+    for k, name in enumerate(stream.subsets):
+        mine = np.argsort(np.where(subset == k, index, np.iinfo(np.int64).max))
+        windows = start[mine] // 32  # this subset's windows in the order of its counter
+        epochs = [windows[e * sizes[name] : (e + 1) * sizes[name]] for e in range(2)]
+        for epoch in epochs:
+            assert len(np.unique(epoch)) == sizes[name], f"{name}: a sequence repeats within an epoch"
+        assert np.array_equal(np.sort(epochs[0]), np.sort(epochs[1]))
+        assert not np.array_equal(epochs[0], epochs[1]), f"{name}: the second epoch repeats the first's order"
+
+
+def test_training_and_validation_streams_are_disjoint_and_cover_every_window(stream):
+    train = stream.sizes()
+    val = stream.sizes("validation")
+    subset, start = stream.locate(np.arange(stream.mixture.phases[0].block))
+    vsubset, vstart = stream.locate(np.arange(stream.stop("validation")), "validation")
+    for k, name in enumerate(stream.subsets):
+        t = set((start[subset == k] // 32).tolist())
+        v = (vstart[vsubset == k] // 32).tolist()
+        assert len(v) == len(set(v)) == val[name] > 0
+        assert not t & set(v), f"{name}: the training stream serves a validation sequence"
+        assert t | set(v) == set(range(train[name] + val[name]))
+
+
+def test_held_out_windows_are_spread_one_per_run_and_keyed_by_name_not_seed():
+    every = holdout_every(0.01)
+    train, val = split_sizes(1050, every)
+    assert (train, val, every) == (1040, 10, 100)
+
+    def both(i):  # training indices first, then held-out ones: together a bijection onto the windows
+        out = np.empty_like(i)
+        out[i < train] = train_windows(i[i < train], 1050, every, 3)
+        out[i >= train] = val_windows(i[i >= train] - train, every, 3)
+        return out
+
+    check_permutation(both, 1050)
+    assert np.array_equal(val_windows(np.arange(10), every, 3) // every, np.arange(10))
+
+
+def test_validation_set_does_not_depend_on_the_seed(make_corpus, tmp_path):
+    corpus = make_corpus({"a": [30]})
+    streams = [TokenStream(corpus, LoaderConfig(seq_len=16, seed=seed, val_fraction=0.2), cache_dir=tmp_path)
+               for seed in (1, 2)]
+    held = [set(s.locate(np.arange(s.stop("validation")), "validation")[1].tolist()) for s in streams]
+    assert held[0] == held[1]
+    assert not np.array_equal(*(s.locate(np.arange(50))[1] for s in streams))
+
+
+def test_cache_decodes_each_shard_once_into_memory_maps_equal_to_the_parquet(make_corpus, tmp_path):
+    corpus = make_corpus({"a": [5, 7]})
+    cache = DecodedShardCache(corpus.root, tmp_path / "cache")
+    shard = corpus.shards[1]
+    decoded = cache.open(shard)
+    _, tokens, offsets = read_shard(corpus.root / shard.path)
+    assert np.array_equal(decoded.tokens, tokens) and np.array_equal(decoded.offsets, offsets)
+    tokens_path, _ = cache.paths(shard)
+    mtime = tokens_path.stat().st_mtime_ns
+    (corpus.root / shard.path).unlink()  # a second cache over the same directory never reads Parquet again
+    again = DecodedShardCache(corpus.root, tmp_path / "cache").open(shard)
+    assert np.array_equal(again.tokens, tokens) and tokens_path.stat().st_mtime_ns == mtime
+    assert not list((tmp_path / "cache").rglob("*.part"))
+
+
+def test_cache_names_a_missing_shard_and_refuses_one_that_disagrees_with_the_index(make_corpus, tmp_path):
+    from dataclasses import replace
+
+    corpus = make_corpus({"a": [5, 7]})
+    cache = DecodedShardCache(corpus.root, tmp_path / "cache")
+    (corpus.root / corpus.shards[0].path).unlink()
+    with pytest.raises(ShardMissingError, match="part-00000"):
+        cache.open(corpus.shards[0])
+    with pytest.raises(ShardFormatError, match="index says"):
+        cache.open(replace(corpus.shards[1], tokens=corpus.shards[1].tokens + 1))
+
+
+def test_a_subset_too_short_for_one_sequence_is_refused_by_name(make_corpus, tmp_path):
+    corpus = make_corpus({"a": [30], "tiny": [1]}, doc_tokens=(3, 3))
+    with pytest.raises(LoaderConfigError, match="tiny"):
+        TokenStream(corpus, LoaderConfig(seq_len=64), cache_dir=tmp_path)
+    assert TokenStream(corpus, LoaderConfig(seq_len=64, mixture={"a": 1, "tiny": 0}), cache_dir=tmp_path)
