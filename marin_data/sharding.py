@@ -292,7 +292,7 @@ def shard_subset(
     tokenizer: str | LoadedTokenizer,
     out: str | os.PathLike,
     workers: int | None = None,
-    engine: str = "local",
+    engine: str | Engine = "local",
     text_field: str = "text",
     id_field: str = "id",
     add_bos: bool = False,
@@ -313,7 +313,8 @@ def shard_subset(
         tokenizer: a tokenizer.json path, a Hugging Face repo id, or an already loaded tokenizer.
         out: the corpus directory.
         workers: worker processes (None: one per usable CPU).
-        engine: the name of a registered engine (`marin_data.engine.ENGINES`).
+        engine: the name of a registered engine (`marin_data.engine.ENGINES`), or a running engine to share
+            between runs (the caller closes it; ``workers`` is then ignored).
         text_field, id_field: the record fields (Parquet columns) holding text and id.
         add_bos, eos_token, bos_token: framing, see `marin_data.tokenize.load_tokenizer`.
         skip_bad: skip malformed records and count them by reason instead of stopping.
@@ -350,7 +351,8 @@ def shard_subset(
         else:
             manifest = existing.manifest
         staging = root / STAGING / urllib.parse.quote(subset, safe="")
-        with contextlib.closing(make_engine(engine, workers)) as pool:
+        owned = isinstance(engine, str)
+        with contextlib.closing(make_engine(engine, workers)) if owned else contextlib.nullcontext(engine) as pool:
             units, reused = _tokenize(pool, files, staging / "units", root / TOKENIZER, info,
                                       text_field=text_field, id_field=id_field, skip_bad=skip_bad)
             skipped, examples = _merge_skips(units)

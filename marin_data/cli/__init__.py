@@ -27,6 +27,7 @@ COMMANDS = {
     "serve": "marin_data.cli.serve",
     "shard": "marin_data.cli.shard",
     "info": "marin_data.cli.info",
+    "sample": "marin_data.cli.sample",
 }
 
 
