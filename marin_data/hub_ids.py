@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "git_blob_sha1_file",
     "lfs_pointer",
     "is_lfs",
+    "HfUrl",
+    "parse_hf_url",
 ]
 
 LFS_SAMPLE_BYTES = 512  # what `huggingface_hub` sends to `preupload` as a file's sample
@@ -79,3 +83,25 @@ def is_lfs(path: str, size: int, sample: bytes) -> bool:
         or size > REGULAR_MAX_BYTES
         or b"\0" in sample[:LFS_SAMPLE_BYTES]
     )
+
+
+_HF_URL = re.compile(r"^hf://datasets/([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)(?:@([^/]+))?/?$")
+
+
+@dataclass(frozen=True)
+class HfUrl:
+    """A dataset repo named by ``hf://datasets/org/name[@revision]`` (the form ``HfFileSystem`` reads)."""
+
+    repo_id: str
+    revision: str | None = None
+
+    def __str__(self) -> str:
+        return f"hf://datasets/{self.repo_id}" + (f"@{self.revision}" if self.revision else "")
+
+
+def parse_hf_url(url: str) -> HfUrl:
+    """Parse ``hf://datasets/org/name[@revision]``; raise ValueError naming the expected form otherwise."""
+    m = _HF_URL.match(url)
+    if not m or ".." in m.group(1):
+        raise ValueError(f"not a Hugging Face dataset URL: {url!r} (expected hf://datasets/org/name[@revision])")
+    return HfUrl(m.group(1), m.group(2))

@@ -40,7 +40,9 @@ def make_root(root: Path) -> Path:
 
 
 def corpus_files(corpus: Path) -> list[str]:
-    return sorted(p.relative_to(corpus).as_posix() for p in corpus.rglob("*") if p.is_file())
+    """The files a repo serves: hidden ones (``.marin.lock``, ``.cache/``) are never part of it."""
+    rel = (p.relative_to(corpus) for p in corpus.rglob("*") if p.is_file())
+    return sorted(r.as_posix() for r in rel if not any(part.startswith(".") for part in r.parts))
 
 
 def raw_request(url: str, method: str, path: str, headers: dict | None = None) -> tuple[int, dict, bytes]:

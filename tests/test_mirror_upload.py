@@ -42,6 +42,7 @@ def writable(tmp_path):
 def test_upload_folder_publishes_a_corpus_that_downloads_identical_and_verifies(writable, source, tmp_path):
     api = HfApi(endpoint=writable.url, token=TOKEN)
     api.create_repo("team/copy", repo_type="dataset")
+    (source / ".marin.lock").write_bytes(b"")  # hidden files are ignored, as a .gitignore would
     first = api.upload_folder(folder_path=source, repo_id="team/copy", repo_type="dataset")
     again = api.upload_folder(folder_path=source, repo_id="team/copy", repo_type="dataset")
     assert first.oid == again.oid == api.dataset_info("team/copy").sha  # nothing re-sent: same content, same id
@@ -54,6 +55,7 @@ def test_upload_folder_publishes_a_corpus_that_downloads_identical_and_verifies(
     assert all(filecmp.cmp(source / f, local / f, shallow=False) for f in files)
     assert verify_corpus(local).ok
     assert not list((tmp_path / "mirror" / ".mirror-uploads").rglob("*.*"))  # staged objects were consumed
+    assert not (tmp_path / "mirror" / "team/copy/.marin.lock").exists()
 
 
 def test_create_commit_adds_regular_and_lfs_files_and_deletes(writable, source):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import show_retries, store_kwargs, store_options
 from marin_data.publish import publish
 from marin_data.ui import human_bytes
@@ -15,15 +16,20 @@ __all__ = ["command"]
 
 @click.command("publish")
 @click.argument("corpus", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--to", "to", required=True, metavar="URL", help="Where to publish: s3://bucket/prefix.")
+@click.option("--to", "to", required=True, metavar="URL",
+              help="Where to publish: s3://bucket/prefix or hf://datasets/org/name.")
 @store_options
+@hf_options
+@click.option("--max-files-per-repo", type=click.IntRange(min=2), default=100_000, show_default=True,
+              help="hf:// only: split subsets across repos org/name, org/name-part2... above this many files.")
 @click.option("--s3-compat", is_flag=True,
               help="For S3-compatible stores that reject the newer checksum headers: send none and keep "
                    "each file's SHA-256 in its 'sha256' user metadata only.")
 @click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True,
               help="Files uploaded in parallel.")
 def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None, anonymous: bool,
-            requester_pays: bool, s3_compat: bool, workers: int) -> None:
+            requester_pays: bool, endpoint: str | None, token: str | None, max_files_per_repo: int,
+            s3_compat: bool, workers: int) -> None:
     """Upload CORPUS to a bucket, each file in one PUT carrying its SHA-256, manifest.json last.
 
     The store then keeps a full-object SHA-256 of every file, so `marin-data verify --remote` and
@@ -37,7 +43,21 @@ def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None
       marin-data publish out/sample --to s3://my-bucket/marin/sample
       marin-data publish corpus/ --to s3://bkt/c --endpoint-url http://127.0.0.1:9000 --s3-compat
       marin-data publish corpus/ --to s3://bkt/c --profile prod --workers 32
+      marin-data publish corpus/ --to hf://datasets/my-org/corpus            # HF: LFS sha256 per file
+      marin-data publish corpus/ --to hf://datasets/team/c --endpoint http://mirror:8080 --token T
     """
+    if check_hf_flags(to, endpoint, token, **{"--endpoint-url": endpoint_url, "--profile": profile,
+                                               "--anonymous": anonymous, "--requester-pays": requester_pays,
+                                               "--s3-compat": s3_compat}):
+        from marin_data.publish_hf import publish_hf
+
+        report = publish_hf(corpus, to=to, endpoint=endpoint, token=token, max_files_per_repo=max_files_per_repo,
+                            workers=workers)
+        click.echo(f"Published {corpus} to {', '.join(report.repos)}: {len(report.uploaded)} files uploaded "
+                   f"({human_bytes(report.bytes_uploaded)} in {report.seconds:.1f}s, {report.commits} commits), "
+                   f"{len(report.skipped)} already there.")
+        click.echo(f"manifest sha256: {report.manifest_sha256}")
+        return
     if anonymous:
         raise click.UsageError("--anonymous cannot publish: uploads need credentials")
     show_retries()

@@ -138,6 +138,9 @@ class Uploads:
         out = []
         for item in files:
             try:
+                if _hidden(item["path"]):  # .marin.lock, .gitattributes...: never served, so never stored
+                    out.append({"path": item["path"], "uploadMode": "regular", "shouldIgnore": True, "oid": None})
+                    continue
                 path, size = _write_path(item["path"]), int(item["size"])
                 sample = base64.b64decode(item.get("sample", ""), validate=True)
             except (KeyError, TypeError, ValueError, binascii.Error) as e:
@@ -311,6 +314,10 @@ def _write_path(path: object) -> str:
         return repo_path(path.split("/"))
     except HubError as e:
         raise HubError(400, f"cannot write {path!r}: {e.message}") from e
+
+
+def _hidden(path: object) -> bool:
+    return isinstance(path, str) and any(p.startswith(".") and p not in (".", "..") for p in path.split("/"))
 
 
 def _parents(path: str) -> list[str]:
