@@ -31,6 +31,8 @@ def main() -> None:
     step("Build the sample corpus offline from the Python standard library", "sample", str(corpus))
     step("What is in it", "info", str(corpus))
     step("Prove every byte is right", "verify", str(corpus))
+    step("Document it: datasheet, dataset card, Croissant file and figures, computed from the data", "datasheet",
+         str(corpus), "--meta", "datasheets/sample-meta.yaml")
     publish_and_download(corpus)
     print(f"\nDone. The sample corpus is in {corpus.relative_to(ROOT)}.")
 
