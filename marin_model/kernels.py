@@ -290,9 +290,17 @@ def _check(cond: bool, message: str) -> None:
 
 def _launch(name: str, device: torch.device, *args) -> None:
     """Calls launcher `name` on `device`'s current stream (so CUDA graphs capture it); raises on error."""
-    lib = load_library()
+    _check(device.type == "cuda", f"the CUDA kernels need CUDA tensors, got {device}")
     with torch.cuda.device(device):
-        err = getattr(lib, name)(*args, torch.cuda.current_stream(device).cuda_stream)
+        _call(name, *args, torch.cuda.current_stream(device).cuda_stream)
+
+
+def _call(name: str, *args) -> None:
+    lib = load_library()
+    fn = getattr(lib, name)
+    if len(args) != len(fn.argtypes):  # ctypes itself accepts extra arguments
+        raise TypeError(f"{name} takes {len(fn.argtypes)} arguments, got {len(args)}")
+    err = fn(*args)
     if err != 0:
         raise RuntimeError(f"{name} failed: CUDA error {err} ({lib.marin_cuda_error_string(err).decode()})")
 
@@ -318,9 +326,9 @@ def route_topk(logits: Tensor, bias: Optional[Tensor], k: int, mode: str, scale:
 
     T, E = logits.shape
     ids, weights = logits.new_empty(T, k, dtype=torch.int32), logits.new_empty(T, k, dtype=torch.float32)
-    counts, lse = logits.new_zeros(E, dtype=torch.int32), logits.new_empty(T, dtype=torch.float32)
+    counts, lse = logits.new_empty(E, dtype=torch.int32), logits.new_empty(T, dtype=torch.float32)
     if logits.numel() == 0:
-        return ids, weights, counts, lse
+        return ids, weights, counts.zero_(), lse
     check_route_topk_args(logits, bias, k, mode, n_group, topk_group)
     _check(E <= MAX_EXPERTS and k <= MAX_TOP_K, f"the CUDA kernel takes E <= {MAX_EXPERTS}, k <= {MAX_TOP_K}; got {E}, {k}")
     _on_device(logits.device, bias=bias)

@@ -151,3 +151,29 @@ def test_without_a_gpu_dispatch_keeps_the_reference(monkeypatch):
     assert kernels.register_cuda_kernels() is False and kernels.status()["reason"] == "MARIN_CUDA_KERNELS=off"
     ids, *_ = torch.ops.marin.route_topk(torch.tensor([[0.0, 2.0, 1.0]]), None, 2, "sigmoid", 1.0, True, 1, 1)
     assert ids.tolist() == [[1, 2]]
+
+
+@needs_nvcc
+@pytest.mark.skipif(torch.cuda.is_available(), reason="passes host pointers to the launchers: only without a GPU")
+def test_entry_points_pass_arguments_the_launchers_accept(built, monkeypatch):
+    """Every entry point's argument list against the launcher's ctypes signature, on a machine with no GPU:
+    the call must reach the launcher (ctypes rejects a wrong count or type) and come back with its CUDA error.
+    Only the device guard and the stream lookup of ``_launch`` are replaced; without a driver the launchers
+    fail before touching the (host) pointers."""
+    monkeypatch.setattr(kernels, "_lib", kernels.open_library(built.library))
+    monkeypatch.setattr(kernels, "_launch", lambda name, device, *args: kernels._call(name, *args, None))
+    g = torch.Generator().manual_seed(0)
+    logits, x = torch.randn(6, 7, generator=g), torch.randn(6, 16, generator=g)
+    ids, weights = torch.randint(0, 7, (6, 2), generator=g, dtype=torch.int32), torch.rand(6, 2, generator=g)
+    routed, row_of, src_of, _ = ops.permute(x, ids, 7, 4, 0)
+    calls = {
+        "marin_route_topk": lambda: kernels.route_topk(logits, torch.zeros(7), 2, "sigmoid", 2.5, True, 1, 1),
+        "marin_route_topk_backward": lambda: kernels.route_topk_backward(weights, torch.zeros(6), logits, ids,
+                                                                         weights, "softmax_topk", 1.0, False),
+        "marin_permute": lambda: kernels.permute(x.bfloat16(), ids, 7, 4, 0),
+        "marin_unpermute": lambda: kernels.unpermute(routed, row_of, src_of, weights),
+        "marin_unpermute_backward": lambda: kernels.unpermute_backward(x, routed, row_of, src_of, None),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match=rf"{name} failed: CUDA error [1-9]"):
+            call()

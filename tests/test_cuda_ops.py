@@ -1,0 +1,255 @@
+"""The CUDA kernels against the CPU reference ops, on a GPU (every test here is skipped without one).
+
+The reference is marin_model/ops.py's CPU implementation of the same ``marin::`` op (itself tested against
+slow loops in tests/test_ops.py): each test runs the op on CUDA tensors, which dispatch to cuda/ through
+marin_model/kernels.py, and on copies of them on the CPU. Integer outputs (ids, counts, rows) must be equal;
+so must permute's rows (a copy) and unpermute's outputs (the kernels round in the reference's order); the
+other float outputs within the tolerance table below. Run on the H200 with ``scripts/gpu_check.sh``.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+from marin_model import kernels, ops
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+MODES = ["sigmoid", "softmax_topk", "topk_softmax"]
+# (rtol, atol) of float outputs per dtype; integer outputs and copies must be equal.
+TOL = {torch.float32: (2e-5, 1e-6), torch.bfloat16: (1.6e-2, 1e-5), torch.float16: (2e-3, 1e-6)}
+GRAD_WEIGHTS_TOL = (1e-4, 1e-4)  # dot products over H: the kernel and torch sum in different orders
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cuda_kernels():
+    """The kernels must serve CUDA tensors, or these tests would compare the reference with itself."""
+    if not kernels.register_cuda_kernels():
+        reason = f"CUDA kernels unavailable: {kernels.status()['reason']}"
+        if os.environ.get("MARIN_CUDA_KERNELS") == "require":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def both(fn, *args):
+    """fn on CUDA copies of the tensor arguments, and on the CPU originals: (cuda result on CPU, cpu result)."""
+    on_gpu = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    got = fn(*on_gpu)
+    got = tuple(t.cpu() for t in got) if isinstance(got, tuple) else got.cpu()
+    return got, fn(*args)
+
+
+def assert_close(got, want, dtype=torch.float32):
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+# ---------------------------------------------------------------------------------------------- route_topk
+ROUTE_SHAPES = [(7, 1, 1, 1), (7, 5, 1, 1), (257, 8, 1, 1), (256, 8, 8, 4), (384, 8, 1, 1), (384, 16, 12, 6),
+                (512, 16, 1, 1), (512, 8, 16, 4)]  # (E, k, n_group, topk_group)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("E,k,n_group,topk_group", ROUTE_SHAPES)
+def test_route_topk_equals_the_reference(E, k, n_group, topk_group, mode, dtype):
+    g = gen(E + k)
+    logits = (torch.randn(1000, E, generator=g) * 2).to(dtype)
+    bias = torch.randn(E, generator=g) * (0.01 if mode == "softmax_topk" else 0.5)
+    for b, renormalize in ((None, True), (bias, True), (bias, False)):
+        (ids, w, counts, lse), (want_ids, want_w, want_counts, want_lse) = both(
+            ops.route_topk, logits, b, k, mode, 2.5, renormalize, n_group, topk_group)
+        assert torch.equal(ids, want_ids) and torch.equal(counts, want_counts)
+        assert_close(w, want_w)
+        assert_close(lse, want_lse)
+
+
+@pytest.mark.parametrize("T", [0, 1])
+def test_route_topk_tiny_batches(T):
+    logits = torch.randn(T, 384, generator=gen(T))
+    got, want = both(ops.route_topk, logits, None, 8, "sigmoid", 2.5, True, 1, 1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    assert_close(got[1], want[1])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_route_topk_ties_and_one_hot_routing(mode):
+    tied = torch.randint(0, 3, (512, 257), generator=gen(1)).float()  # exact ties everywhere
+    got, want = both(ops.route_topk, tied, None, 8, mode, 1.0, True, 1, 1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    flat = torch.zeros(64, 384)  # all equal: experts 0..k-1
+    got, _ = both(ops.route_topk, flat, None, 16, mode, 1.0, True, 1, 1)
+    assert got[0].tolist() == [list(range(16))] * 64
+    bias = torch.zeros(384)
+    bias[300] = 1e4  # every token picks expert 300 first
+    got, want = both(ops.route_topk, torch.randn(256, 384, generator=gen(2)), bias, 8, mode, 1.0, True, 1, 1)
+    assert torch.equal(got[0], want[0]) and got[2][300] == 256
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_route_topk_backward_equals_the_reference(mode, renormalize, dtype):
+    g = gen(7)
+    for E, k in ((7, 1), (257, 8), (512, 16)):
+        logits = torch.randn(300, E, generator=g).to(dtype)
+        ids, weights, _, _ = ops.route_topk(logits, None, k, mode, 2.5, renormalize, 1, 1)
+        grad_w, grad_lse = torch.randn(300, k, generator=g), torch.randn(300, generator=g)
+        got, want = both(ops.route_topk_backward, grad_w, grad_lse, logits, ids, weights, mode, 2.5, renormalize)
+        assert got.dtype == dtype
+        rtol, atol = TOL[dtype]
+        torch.testing.assert_close(got.float(), want.float(), rtol=max(rtol, 1e-4), atol=max(atol, 1e-5))
+
+
+# ------------------------------------------------------------------------------------------------- permute
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T,K,E", [(1, 1, 7), (4096, 8, 384), (3000, 16, 512), (2048, 2, 257), (513, 5, 7)])
+@pytest.mark.parametrize("align,capacity", [(1, 0), (16, 0), (8, 40)])
+def test_permute_equals_the_reference_bitwise(T, K, E, align, capacity, dtype):
+    g = gen(T + K + E)
+    x = torch.randn(T, 96, generator=g).to(dtype)
+    ids = torch.randint(-1, E, (T, K), generator=g, dtype=torch.int32)
+    got, want = both(ops.permute, x, ids, E, align, capacity)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("H", [1, 33, 4096])  # 2-, 66- and 8192-byte bf16 rows: narrow and 16-byte paths
+def test_permute_any_row_width_and_misaligned_rows(H):
+    g = gen(H)
+    storage = torch.randn(300 * H + 1, generator=g).bfloat16()
+    x = storage[1:].view(300, H)  # contiguous, but 2 bytes past an aligned address
+    ids = torch.randint(0, 7, (300, 2), generator=g, dtype=torch.int32)
+    got, want = both(ops.permute, x, ids, 7, 4, 0)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_permute_all_tokens_to_one_expert_and_empty_input():
+    ids = torch.full((5000, 2), 3, dtype=torch.int32)
+    got, want = both(ops.permute, torch.randn(5000, 64, generator=gen(3)), ids, 7, 16, 0)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    got, want = both(ops.permute, torch.randn(0, 64), torch.zeros(0, 8, dtype=torch.int32), 384, 16, 0)
+    assert all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_kernels_serve_cuda_tensors():
+    """Out-of-range ids: the reference raises, the kernel (no host sync) drops them: proof of dispatch."""
+    ids = torch.tensor([[0, 9]], dtype=torch.int32)
+    with pytest.raises(ValueError):
+        ops.permute(torch.ones(1, 8), ids, 7, 1, 0)
+    _, row_of, src_of, _ = ops.permute(torch.ones(1, 8).cuda(), ids.cuda(), 7, 1, 0)
+    assert row_of.tolist() == [[0, -1]] and src_of.tolist() == [0]
+
+
+# ----------------------------------------------------------------------------------------------- unpermute
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("T,K,E,H", [(1, 1, 7, 64), (4096, 8, 384, 256), (1000, 16, 512, 72), (300, 2, 7, 33)])
+def test_unpermute_and_backward_equal_the_reference(T, K, E, H, weighted, dtype):
+    g = gen(T + H)
+    ids = torch.randint(-1, E, (T, K), generator=g, dtype=torch.int32)
+    _, row_of, src_of, _ = ops.permute(torch.zeros(T, 1), ids, E, 8, 0)
+    routed = torch.randn(src_of.shape[0], H, generator=g).to(dtype)
+    weights = torch.rand(T, K, generator=g) if weighted else None
+    got, want = both(ops.unpermute, routed, row_of, src_of, weights)
+    assert torch.equal(got, want)  # same products, same sums, same order
+    grad_out = torch.randn(T, H, generator=g).to(dtype)
+    (grad_routed, grad_w), (want_routed, want_w) = both(ops.unpermute_backward, grad_out, routed, row_of, src_of,
+                                                        weights)
+    assert torch.equal(grad_routed, want_routed)
+    torch.testing.assert_close(grad_w, want_w, rtol=GRAD_WEIGHTS_TOL[0], atol=GRAD_WEIGHTS_TOL[1])
+
+
+# ------------------------------------------------------------------------------------- composed, gradients
+def moe_chain(logits, x, mode):
+    """route -> permute -> (a per-row scale standing in for the experts) -> unpermute; a scalar loss."""
+    ids, weights, _, lse = ops.route_topk(logits, None, 8, mode, 2.5, True, 1, 1)
+    routed, row_of, src_of, _ = ops.permute(x, ids, logits.shape[1], 16, 0)
+    out = ops.unpermute(routed * 1.5, row_of, src_of, weights)
+    return (out * torch.linspace(-1, 1, x.shape[1], device=x.device)).sum() + 1e-2 * lse.square().mean()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_through_the_moe_chain_match_the_reference(mode):
+    g = gen(11)
+    logits, x = torch.randn(512, 384, generator=g), torch.randn(512, 128, generator=g)
+    grads = []
+    for device in ("cuda", "cpu"):
+        lg, xx = logits.to(device).requires_grad_(), x.to(device).requires_grad_()
+        moe_chain(lg, xx, mode).backward()
+        grads.append((lg.grad.cpu(), xx.grad.cpu()))
+    (g_logits, g_x), (want_logits, want_x) = grads
+    torch.testing.assert_close(g_logits, want_logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(g_x, want_x, rtol=1e-5, atol=1e-6)
+
+
+def test_repeated_runs_are_bitwise_identical():
+    g = gen(13)
+    logits = torch.randn(16384, 384, generator=g).cuda().requires_grad_()
+    x = torch.randn(16384, 256, generator=g).cuda().bfloat16().requires_grad_()
+    runs = []
+    for _ in range(3):
+        loss = moe_chain(logits, x, "sigmoid")
+        runs.append((loss.detach(), *torch.autograd.grad(loss, (logits, x))))
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(run, runs[0]))
+
+
+def test_ops_capture_in_a_cuda_graph():
+    g = gen(17)
+    logits, x = torch.randn(4096, 384, generator=g).cuda(), torch.randn(4096, 256, generator=g).cuda()
+
+    def step():
+        ids, weights, counts, lse = ops.route_topk(logits, None, 8, "sigmoid", 2.5, True, 1, 1)
+        routed, row_of, src_of, offsets = ops.permute(x, ids, 384, 16, 0)
+        out = ops.unpermute(routed, row_of, src_of, weights)
+        grad_routed, grad_w = ops.unpermute_backward(out, routed, row_of, src_of, weights)
+        return ids, counts, offsets, out, grad_routed, grad_w
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up outside the capture (allocator, library load)
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    logits.copy_(torch.randn(4096, 384, generator=g).cuda())  # new inputs, same buffers
+    x.copy_(torch.randn(4096, 256, generator=g).cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = step()
+    assert all(torch.equal(a, b) for a, b in zip(captured, eager))
+
+
+# ---------------------------------------------------------------------------------------------- the model
+@pytest.mark.slow
+def test_tiny_model_trains_on_gpu_with_the_kernels():
+    config = pytest.importorskip("marin_model.config")
+    model_mod = pytest.importorskip("marin_model.model")
+    cfg = config.get_preset("tiny")
+    torch.manual_seed(0)
+    model = model_mod.Transformer(cfg).cuda().train()
+    reference = model_mod.Transformer(cfg).train()
+    reference.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    tokens = torch.randint(0, cfg.vocab_size, (8, 65), generator=gen(0))
+    cpu_loss = reference(tokens[:, :-1], tokens[:, 1:]).loss
+    tokens = tokens.cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(20):
+        loss = model(tokens[:, :-1], tokens[:, 1:]).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        model.update_router_bias()
+        losses.append(loss.item())
+    assert kernels.status()["registered"]
+    assert abs(losses[0] - cpu_loss.item()) < 1e-3 * max(1.0, abs(cpu_loss.item()))  # same model, same loss
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] - 0.5  # it learns the batch
