@@ -8,7 +8,8 @@ One module per output, each a pure function of the corpus, its statistics and th
 - `card`: the Hugging Face dataset card (``README.md``);
 - `croissant`: MLCommons Croissant 1.1 JSON-LD (``croissant.json``);
 - `figures`: PNG figures with byte-identical output for identical input;
-- `distribution`: mirrors, download and verification commands (shared by the datasheet and the card).
+- `distribution`: mirrors, download and verification commands;
+- `markdown`: tables, exact numbers and answers, shared by the datasheet and the card.
 
 `marin_data.datasheet.write_datasheet` composes them and decides where the files go.
 """

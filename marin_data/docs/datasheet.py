@@ -76,7 +76,7 @@ def _composition(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> list
     for s in stats.subsets:
         out += [f"#### `{s.name}`", ""]
         for q in SUBSET_QUESTIONS:
-            out += [f"**{q.text}**", "", md.answer(meta, f"subsets.{s.name}.{q.leaf}"), ""]
+            out += [f"**{q.text}**", "", md.answer(meta, q.for_subset(s.name).id), ""]
     return out
 
 

@@ -22,6 +22,7 @@ an error, so a typo (``motivaton``) cannot silently leave a question unanswered.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 from collections.abc import Iterable
@@ -54,6 +55,10 @@ class Question:
     @property
     def section(self) -> str:
         return self.id.split(".", 1)[0]
+
+    def for_subset(self, subset: str) -> Question:
+        """A per-subset question (``subsets.*.sources``) made concrete: ``subsets.web/en.sources``."""
+        return Question(f"subsets.{subset}.{self.leaf}", self.text, self.kind)
 
     @property
     def leaf(self) -> str:
@@ -118,13 +123,10 @@ class Metadata:
     def answer(self, qid: str) -> str | tuple[str, ...] | None:
         return self.answers.get(qid)
 
-    def subset_answer(self, subset: str, key: str) -> str | tuple[str, ...] | None:
-        return self.answers.get(f"subsets.{subset}.{key}")
-
     def unanswered(self, subsets: Iterable[str]) -> list[str]:
         """Ids of the questions without an answer, in datasheet order."""
         ids = [q.id for q in QUESTIONS]
-        ids += [f"subsets.{s}.{q.leaf}" for s in sorted(subsets) for q in SUBSET_QUESTIONS]
+        ids += [q.for_subset(s).id for s in sorted(subsets) for q in SUBSET_QUESTIONS]
         return [i for i in ids if i not in self.answers]
 
 
@@ -132,7 +134,7 @@ def _answer(value: object, question: Question, where: str) -> str | tuple[str, .
     """Validate one answer; ``None``/empty means unanswered (the YAML may keep the key as a reminder)."""
     if value is None or value == "" or value == []:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "isoformat"):
+    if isinstance(value, (int, float, datetime.date)) and not isinstance(value, bool):
         value = str(value)  # YAML reads 2024-05-01 as a date and 2024 as an int
     if isinstance(value, str):
         value = value.strip()
@@ -179,13 +181,12 @@ def parse_metadata(doc: object, *, subsets: Iterable[str], where: str = "metadat
     known_subsets = set(subsets)
     per_subset = _mapping(doc.get("subsets"), "subsets", where)
     _unknown(per_subset, known_subsets, "subsets (not a subset of this corpus)", where)
-    keys = {q.leaf: q for q in SUBSET_QUESTIONS}
     for name, block in per_subset.items():
         block = _mapping(block, f"subsets.{name}", where)
-        _unknown(block, keys, f"subsets.{name}", where)
-        for key, q in keys.items():
-            if (a := _answer(block.get(key), Question(f"subsets.{name}.{key}", q.text, q.kind), where)) is not None:
-                answers[f"subsets.{name}.{key}"] = a
+        _unknown(block, [q.leaf for q in SUBSET_QUESTIONS], f"subsets.{name}", where)
+        for q in SUBSET_QUESTIONS:
+            if (a := _answer(block.get(q.leaf), q.for_subset(name), where)) is not None:
+                answers[q.for_subset(name).id] = a
     pretty = doc.get("pretty_name")
     if pretty is not None and not (isinstance(pretty, str) and pretty.strip()):
         raise InvalidMetadataError(f"pretty_name must be text, got {pretty!r}", path=where)
