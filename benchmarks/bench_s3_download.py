@@ -1,0 +1,132 @@
+"""Download a subset from a local S3 server: `marin-data download` (SHA-256 verified) vs aws cli vs s5cmd.
+
+All three fetch the same objects from the same moto server on 127.0.0.1, each as a fresh process into an
+empty directory; the figure is the median wall time of ``--runs`` runs. Ours includes hashing every byte
+and checking it against the manifest before the atomic rename; the others check nothing beyond the
+transfer. moto copies the whole object for every ranged GET, so tools that split files into ranges
+(aws: 8 MiB parts, s5cmd: 50 MiB parts) make the server do more work than one GET per file does; that is
+part of what is measured, and it is why marin-data streams one GET per file (see `marin_data.download`).
+
+The comparison tools are not package dependencies, and awscli pins its own botocore, so install them in a
+separate environment and point ``--tools-bin`` at it::
+
+    python3 -m venv /tmp/bench-tools && /tmp/bench-tools/bin/pip install -r benchmarks/requirements.txt
+    .venv/bin/python benchmarks/bench_s3_download.py --size-mb 1024 --tools-bin /tmp/bench-tools/bin
+
+The corpus is synthetic: random bytes (incompressible, like zstd-compressed token shards) under a real
+manifest, shard index and SHA256SUMS, so every tool moves exactly the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from marin_data.manifest import TOKENIZER, Manifest, ShardRecord, SubsetInfo, TokenizerInfo, commit_corpus
+from marin_data.publish import publish
+from marin_data.stores.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
+
+ROOT = Path(__file__).resolve().parent.parent
+SUBSET = "bench/random"
+BUCKET = "marin-bench"
+
+
+def make_corpus(root: Path, total_mb: int, shard_mb: int) -> int:
+    """A corpus whose one subset holds ``total_mb`` MiB of random shards; returns the subset's bytes."""
+    tok = b'{"model": {"type": "bench"}}'
+    root.mkdir(parents=True)
+    (root / TOKENIZER).write_bytes(tok)
+    records, left, n = [], total_mb << 20, 0
+    while left > 0:
+        size = min(left, shard_mb << 20)
+        rel = f"data/{SUBSET}/part-{n:05d}.parquet"
+        data = os.urandom(size)
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        records.append(ShardRecord(rel, SUBSET, size, hashlib.sha256(data).hexdigest(), 1, size // 4, 1))
+        left, n = left - size, n + 1
+    tokenizer = TokenizerInfo("bench", hashlib.sha256(tok).hexdigest(), vocab_size=256, eos_id=0)
+    commit_corpus(root, Manifest("bench", "0", tokenizer, {SUBSET: SubsetInfo(0, 0, 0, 0)}), records)
+    return sum(r.bytes for r in records)
+
+
+def commands(tool: str, endpoint: str, dest: Path, workers: int, tools_bin: Path | None) -> list[str] | None:
+    url = f"s3://{BUCKET}/corpus"
+    data = f"{url}/data/{SUBSET}"
+
+    def find(name: str) -> str | None:
+        return shutil.which(name, path=str(tools_bin)) if tools_bin else shutil.which(name)
+
+    if tool == "marin-data":
+        return [sys.executable, "-m", "marin_data", "download", url, "--subset", SUBSET, "--to", str(dest),
+                "--workers", str(workers), "--endpoint-url", endpoint]
+    if tool == "aws s3 cp" and (aws := find("aws")):
+        return [aws, "s3", "cp", "--recursive", "--only-show-errors", data, str(dest), "--endpoint-url", endpoint]
+    if tool == "s5cmd cp" and (s5 := find("s5cmd")):
+        return [s5, "--endpoint-url", endpoint, "--numworkers", str(max(workers, 1)), "cp", f"{data}/*",
+                f"{dest}/"]
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mb", type=int, default=1024, help="subset size in MiB (issue 3: at least 1 GB)")
+    ap.add_argument("--shard-mb", type=int, default=128, help="shard size in MiB")
+    ap.add_argument("--runs", type=int, default=3, help="runs per tool; the median is reported")
+    ap.add_argument("--workers", type=int, default=8, help="parallel files for marin-data and s5cmd")
+    ap.add_argument("--tools-bin", type=Path, help="folder holding the aws and s5cmd executables")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args()
+
+    env = {**os.environ, **LOCAL_S3_ENV}
+    env.pop("AWS_PROFILE", None)
+    os.environ.update(LOCAL_S3_ENV)
+    with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp, local_s3_server() as endpoint:
+        tmp = Path(tmp)
+        nbytes = make_corpus(tmp / "corpus", args.size_mb, args.shard_mb)
+        create_bucket(endpoint, BUCKET)
+        publish(tmp / "corpus", to=f"s3://{BUCKET}/corpus", endpoint_url=endpoint, progress=False)
+        results = {}
+        for tool in ("marin-data", "s5cmd cp", "aws s3 cp"):
+            times = []
+            for _ in range(args.runs):
+                dest = tmp / "dest"
+                shutil.rmtree(dest, ignore_errors=True)
+                cmd = commands(tool, endpoint, dest, args.workers, args.tools_bin)
+                if cmd is None:
+                    break
+                t0 = time.perf_counter()
+                subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+                times.append(time.perf_counter() - t0)
+                got = sum(p.stat().st_size for p in dest.rglob("part-*.parquet"))
+                if got != nbytes:
+                    raise SystemExit(f"{tool} fetched {got} bytes of shards, expected {nbytes}")
+            results[tool] = times
+
+    print(f"\n{nbytes / 1e9:.2f} GB in {len(range(0, nbytes, args.shard_mb << 20))} shards of {args.shard_mb} MiB, "
+          f"{args.runs} runs, {args.workers} workers, moto_server on 127.0.0.1\n")
+    print("| tool | median wall s | MB/s | runs (s) | verifies SHA-256 |")
+    print("| --- | ---: | ---: | --- | --- |")
+    for tool, times in results.items():
+        if not times:
+            print(f"| {tool} | not installed | | | |")
+            continue
+        med = statistics.median(times)
+        print(f"| {tool} | {med:.2f} | {nbytes / med / 1e6:.0f} | {', '.join(f'{t:.2f}' for t in times)} | "
+              f"{'yes' if tool == 'marin-data' else 'no'} |")
+    if args.json:
+        args.json.write_text(json.dumps({"bytes": nbytes, "shard_mb": args.shard_mb, "workers": args.workers,
+                                         "seconds": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
