@@ -11,7 +11,8 @@ contain ``/`` (``datasets`` refuses ``<>:/\\|?*`` in them), so ``pretrain/dclm``
 two subsets that would collide are an error rather than a silently merged config.
 
 SPDX ids map to the Hub's license ids (mostly the lower-cased SPDX id); a license the Hub does not know
-becomes ``other`` with ``license_name``/``license_link`` naming the SPDX license, as the Hub asks.
+becomes ``other`` with ``license_name``/``license_link`` naming the SPDX license (or, for several, linking
+the datasheet's per-subset license table), as the Hub asks.
 
 The card deliberately does not state the manifest's sha256: it is listed in the manifest (so mirrors and
 ``sha256sum -c`` cover it), and a file cannot hold the digest of a manifest that holds the file's digest.
@@ -78,8 +79,8 @@ def card_header(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> dict:
     others = [x for x in spdx if hub_license(x) == "other"]
     if others:
         header["license_name"] = "-and-".join(x.lower() for x in others)
-        if len(others) == 1:
-            header["license_link"] = f"https://spdx.org/licenses/{others[0]}.html"
+        # the SPDX text for one license; for several, the datasheet's per-subset license table
+        header["license_link"] = f"https://spdx.org/licenses/{others[0]}.html" if len(others) == 1 else DATASHEET
     header["pretty_name"] = meta.pretty_name or manifest.name
     header["size_categories"] = [size_category(stats.docs)]
     header["tags"] = ["marin", "tokenized", "pretraining"]
