@@ -26,7 +26,8 @@ What counts as a finding, and why:
 - ``unlisted``: a file under the corpus tree that neither the index nor ``manifest.json`` names. It fails
   verification because tools that glob ``data/<subset>/*.parquet`` (Hugging Face ``datasets``, DuckDB)
   would read it as data. With a subset filter only the selected subsets' ``data/<subset>/`` folders are
-  walked;
+  walked. The one file a corpus leaves unlisted on purpose, the datasheet (it states the manifest's own
+  digest, so the manifest cannot list it: `marin_data.datasheet.UNLISTED`), is not reported;
 - deep only: ``bad_format`` (unreadable footer, wrong schema or encodings), ``wrong_tokenizer``,
   ``count_mismatch``.
 
@@ -49,6 +50,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from marin_data.atomic import sha256_file
+from marin_data.datasheet import UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.engine import default_workers
 from marin_data.errors import ShardFormatError
 from marin_data.lock import LOCK_NAME
@@ -269,7 +271,7 @@ def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], lis
     ``chosen=None`` walks the whole corpus; otherwise only ``data/<subset>/`` of the chosen subsets,
     without descending into the folders of subsets that were not chosen (``data/a/b`` inside ``data/a``).
     """
-    known = {MANIFEST, *corpus.manifest.files, *(s.path for s in corpus.shards)}
+    known = {MANIFEST, *UNLISTED_ON_PURPOSE, *corpus.manifest.files, *(s.path for s in corpus.shards)}
     if chosen is None:
         tops, skip = [""], set(IGNORED_NAMES)
     else:

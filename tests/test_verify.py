@@ -15,6 +15,7 @@ import pytest
 
 from marin_data.atomic import sha256_file
 from marin_data.cli import main
+from marin_data.datasheet import UNLISTED
 from marin_data.lock import LOCK_NAME
 from marin_data.manifest import MANIFEST, SHARDS_INDEX, TOKENIZER, commit_corpus
 from marin_data.sharding import STAGING
@@ -22,6 +23,7 @@ from marin_data.shards import read_shard, write_shard
 from marin_data.verify import ProblemKind, verify_corpus
 
 SUBSETS = {"a": [20, 10], "b/c": [5]}
+(DATASHEET,) = UNLISTED
 
 
 def verify_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -99,10 +101,12 @@ def test_each_corrupted_shard_is_reported_by_path_and_kind(make_corpus, capsys, 
     assert code == 1 and out.splitlines()[0].split()[:2] == [kind, victim] and "1 problem found" in err
 
 
-def test_unlisted_files_fail_while_partial_files_lock_and_staging_do_not(make_corpus, capsys):
+def test_unlisted_files_fail_while_partial_files_lock_staging_and_datasheet_do_not(make_corpus, capsys):
     corpus = make_corpus(SUBSETS)
     root = corpus.root
     (root / LOCK_NAME).write_text("")
+    (root / DATASHEET).parent.mkdir()
+    (root / DATASHEET).write_text(f"manifest sha256 {corpus.manifest_sha256}")  # cannot be listed: states it
     (root / STAGING / "a").mkdir(parents=True)
     (root / STAGING / "a" / "part-00002.parquet").write_bytes(b"staged")
     (root / "data/a/part-00002.parquet.1a2b3c4d.part").write_bytes(b"half")
@@ -110,10 +114,10 @@ def test_unlisted_files_fail_while_partial_files_lock_and_staging_do_not(make_co
     assert code == 0 and report["partial_files"] == ["data/a/part-00002.parquet.1a2b3c4d.part"]
 
     (root / "data/b/c/part-00001.parquet").write_bytes((root / "data/b/c/part-00000.parquet").read_bytes())
-    (root / "notes.txt").write_text("stray")
+    (root / "datasheets/notes.md").write_text("stray")
     code, report = verify_json(capsys, root)
     assert code == 1
-    assert findings(report) == [("data/b/c/part-00001.parquet", "unlisted"), ("notes.txt", "unlisted")]
+    assert findings(report) == [("data/b/c/part-00001.parquet", "unlisted"), ("datasheets/notes.md", "unlisted")]
 
 
 def test_modified_tokenizer_json_is_a_problem(make_corpus, capsys):
