@@ -2,7 +2,8 @@
 
 No data is downloaded: one ``head`` per file (for S3, ``HeadObject`` with ``ChecksumMode=ENABLED``, which
 returns the full-object SHA-256 the store computed at upload, or our ``sha256`` user metadata where a store
-keeps no checksum). It answers "does this mirror hold exactly the corpus I have?" for a published corpus,
+keeps no checksum; for a Hugging Face repo, one tree listing: LFS sha256s, and git blob SHA-1s for regular
+files, compared with the local file's). It answers "does this mirror hold exactly the corpus I have?" for a published corpus,
 including ``manifest.json`` itself (the root of trust).
 
 The report is `marin_data.verify.VerifyReport`, so the CLI prints local and remote checks alike:
@@ -17,8 +18,11 @@ import os
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
 
 from marin_data.atomic import sha256_file
+from marin_data.hub_ids import git_blob_sha1_file
 from marin_data.manifest import MANIFEST, load_corpus, select_subsets
 from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores import ObjectInfo, Store, open_store
@@ -41,7 +45,7 @@ def verify_remote(
 
     Args:
         root: the local corpus whose manifest is the reference.
-        url: the published copy (``s3://bucket/prefix``).
+        url: the published copy (``s3://bucket/prefix``, ``hf://datasets/org/name``).
         subsets: names or globs; None checks every subset, the metadata files and ``manifest.json``.
         manifest_sha256: the pinned sha256 of the local ``manifest.json``.
         workers: parallel ``head`` requests.
@@ -68,6 +72,7 @@ def verify_remote(
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify-remote") as pool:
         heads = list(pool.map(lambda t: retry_call(lambda: store.head(t[0]), policy=policy,
                                                    what=store.describe(t[0])), targets))
+    heads = [_by_git_blob_id(corpus.root, t[0], t[2], h) for t, h in zip(targets, heads)]
     problems = [p for t, h in zip(targets, heads) if (p := _compare(store, *t, h)) is not None]
     return VerifyReport(
         root=str(corpus.root), manifest_sha256=corpus.manifest_sha256, subsets=tuple(chosen), deep=False,
@@ -75,6 +80,17 @@ def verify_remote(
         seconds=time.perf_counter() - t0, workers=workers, problems=tuple(sorted(problems, key=lambda p: p.path)),
         partial_files=(),
     )
+
+
+def _by_git_blob_id(root: Path, path: str, sha256: str, have: ObjectInfo | None) -> ObjectInfo | None:
+    """A Hugging Face repo vouches for a regular (non-LFS) file with its git blob SHA-1 only: when it matches
+    the local file's, and that file matches the manifest, the store holds the listed SHA-256 too. These are
+    small metadata files (shards are LFS and carry their SHA-256), so hashing them locally costs nothing."""
+    if have is None or have.sha256 is not None or have.git_sha1 is None:
+        return have
+    local = root / path
+    same = local.is_file() and git_blob_sha1_file(local) == have.git_sha1 and sha256_file(local)[0] == sha256
+    return replace(have, sha256=sha256 if same else f"(git blob {have.git_sha1})", sha256_source="git blob SHA-1")
 
 
 def _compare(store: Store, path: str, size: int, sha256: str, have: ObjectInfo | None) -> Problem | None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import check_sha256, show_retries, store_kwargs, store_options
 from marin_data.download import RECORD, DownloadReport, download
 from marin_data.ui import format_table, human_bytes, human_count
@@ -20,17 +21,21 @@ __all__ = ["command"]
 @click.option("--to", "dest", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Local directory to download into (created if needed; re-running resumes).")
 @click.option("--mirror", "mirrors", multiple=True, metavar="URL",
-              help="A fallback copy (s3:// URL or local path), tried when SOURCE fails a file. Repeatable.")
+              help="A fallback copy (s3:// or hf:// URL, or local path), tried when SOURCE fails a file. "
+                   "Repeatable.")
 @click.option("--manifest-sha256", metavar="HEX",
               help="Refuse any manifest.json but the one with this sha256 (the published root of trust).")
 @click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True,
               help="Files fetched in parallel.")
 @click.option("--dry-run", is_flag=True, help="Print the files, bytes and tokens it would fetch; fetch nothing.")
 @store_options
+@hf_options
 def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[str, ...],
             manifest_sha256: str | None, workers: int, dry_run: bool, endpoint_url: str | None,
-            profile: str | None, anonymous: bool, requester_pays: bool) -> None:
-    """Download subsets of the corpus at SOURCE (s3://bucket/prefix or a local corpus) into --to DIR.
+            profile: str | None, anonymous: bool, requester_pays: bool, endpoint: str | None,
+            token: str | None) -> None:
+    """Download subsets of the corpus at SOURCE (s3://bucket/prefix, hf://datasets/org/name[@rev] or a
+    local corpus) into --to DIR.
 
     Reads manifest.json first (checked against --manifest-sha256), resolves --subset from it, then fetches
     the metadata files and the chosen subsets' shards in parallel, checking each file's size and SHA-256
@@ -45,12 +50,17 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
       marin-data download s3://my-bucket/marin/sample --subset 'prose/*' --to data/sample
       marin-data download s3://open-data/marin --anonymous --subset pretrain/code --to d --dry-run
       marin-data download s3://bkt/c --manifest-sha256 3f5a...e9 --mirror /mnt/copy --to d --workers 16
+      marin-data download hf://datasets/my-org/corpus --subset pretrain/code --to d --mirror s3://bkt/c
+      marin-data download hf://datasets/team/c@main --endpoint http://127.0.0.1:8080 --subset a --to d
     """
     check_sha256(manifest_sha256)
+    if not any(u.startswith("hf://") for u in (source, *mirrors)):
+        check_hf_flags(source, endpoint, token)  # --endpoint/--token without any hf:// URL do nothing
     show_retries()
+    hf = {k: v for k, v in {"endpoint": endpoint, "token": token}.items() if v}
     report = download(source, subsets=list(subsets) or None, dest=dest, mirrors=list(mirrors),
                       manifest_sha256=manifest_sha256, workers=workers, dry_run=dry_run,
-                      **store_kwargs(endpoint_url, profile, anonymous, requester_pays))
+                      **store_kwargs(endpoint_url, profile, anonymous, requester_pays), **hf)
     click.echo(_dry_run(report) if dry_run else _summary(report))
     if not report.ok:
         raise report.error()

@@ -1,4 +1,4 @@
-"""Where a corpus lives: one small interface over local disk, S3 (and, later, Hugging Face repos).
+"""Where a corpus lives: one small interface over local disk, S3 and Hugging Face repos (`stores.hf`).
 
 A corpus has the same layout everywhere (DESIGN.md), so publish, download and remote verify only need four
 operations on a *store* rooted at the corpus: ``list`` files, ``head`` one (size, and its SHA-256 when the
@@ -36,6 +36,7 @@ class ObjectInfo:
     size: int
     sha256: str | None = None  # hex; None when the store keeps no full-object SHA-256 for it
     sha256_source: str | None = None  # "checksum" (computed by the store at upload) or "metadata" (ours)
+    git_sha1: str | None = None  # Hugging Face: a regular (non-LFS) file's git blob id, its only content hash
 
 
 class ReadStream:
@@ -109,19 +110,27 @@ class Store(abc.ABC):
 
 
 def open_store(url: str | os.PathLike, **options) -> Store:
-    """Open the store at ``url``: ``s3://bucket/prefix`` or a local directory (a path or ``file://``).
+    """Open the store at ``url``: ``s3://bucket/prefix``, ``hf://datasets/org/name[@rev]`` or a local
+    directory (a path or ``file://``).
 
     Args:
         url: where the corpus root is.
         **options: backend options; for S3 see `marin_data.stores.s3.S3Store` (``endpoint_url``,
-            ``profile``, ``anonymous``, ``requester_pays``, ``s3_compat``, ``max_connections``). They do
-            not apply to a local path and are ignored there.
+            ``profile``, ``anonymous``, ``requester_pays``, ``s3_compat``, ``max_connections``), for
+            Hugging Face `marin_data.stores.hf.HfStore` (``endpoint``, ``token``). Each store takes its
+            own and ignores the others'; a local path ignores them all.
 
     Raises:
         RemoteError: an unsupported scheme or a malformed URL.
     """
     text = os.fspath(url)
     scheme = urlsplit(text).scheme if "://" in text else ""
+    hf_keys = ("endpoint", "token")  # HfStore's own options; the rest are S3's (one download may use both)
+    if scheme == "hf":
+        from marin_data.stores.hf import HfStore
+
+        return HfStore(text, **{k: v for k, v in options.items() if k in (*hf_keys, "max_connections")})
+    options = {k: v for k, v in options.items() if k not in hf_keys}
     if scheme == "s3":
         from marin_data.stores.s3 import S3Store  # boto3 is imported only here
 
@@ -130,5 +139,6 @@ def open_store(url: str | os.PathLike, **options) -> Store:
         from marin_data.stores.local import LocalStore
 
         return LocalStore(urlsplit(text).path if scheme == "file" else text)
-    raise RemoteError(f"unsupported URL scheme {scheme!r}: use s3://bucket/prefix or a local directory",
+    raise RemoteError(f"unsupported URL scheme {scheme!r}: use s3://bucket/prefix, hf://datasets/org/name or a "
+                      "local directory",
                       path=text)

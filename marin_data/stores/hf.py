@@ -1,0 +1,231 @@
+"""A corpus published to Hugging Face dataset repos, as a store: ``hf://datasets/org/name[@revision]``.
+
+Works against the Hub and any Hub-compatible endpoint (``marin-data serve``, an institution's mirror), with
+the same resumable, verifying download machinery as S3 (`marin_data.download`), so HF and S3 copies are
+fallbacks of each other.
+
+- ``list`` / ``head`` come from the tree API (``GET /api/datasets/{repo}/tree/{commit}?recursive=true``,
+  following ``Link: rel="next"``), read once per store: an LFS file's entry carries its sha256 (the content
+  hash the Hub checked on upload) and size, a regular file's its git blob SHA-1 (`ObjectInfo.git_sha1`).
+  No data is downloaded to answer them, which is what ``verify --remote`` needs.
+- ``read`` is one ``GET /datasets/{repo}/resolve/{commit}/{path}`` with ``Range: bytes=N-`` to resume
+  (the Hub may redirect to its CDN; credentials are dropped on a redirect to another host).
+- Each repo's revision is resolved to its commit id once, on first use, and every later request names that
+  commit: a download reads one consistent version even if the repo is updated meanwhile.
+- A corpus split across repos (`marin_data.publish_hf`: ``org/name``, ``org/name-part2``...) is one store:
+  the part repos are the ``hf://datasets/org/name-partN`` records of the main repo's manifest ``mirrors``,
+  and each path is read from the repo whose listing holds it.
+
+Requests go through one ``httpx2`` client (huggingface_hub's HTTP library) with no retries of its own:
+failures come out typed (`marin_data.retry.status_error`) and `marin_data.retry.retry_call` retries them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
+from marin_data.hub_ids import parse_hf_url
+from marin_data.manifest import MANIFEST
+from marin_data.retry import parse_retry_after, status_error
+from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store
+
+__all__ = ["HfStore"]
+
+_MANIFEST_LIMIT = 64 << 20
+
+
+class HfStore(Store):
+    """The repo (and part repos) of ``hf://datasets/org/name[@revision]``.
+
+    Args:
+        url: ``hf://datasets/org/name``, optionally ``@revision`` (a branch, tag or commit of the main repo).
+        endpoint: the Hub endpoint; default ``HF_ENDPOINT``, else huggingface.co.
+        token: a Hugging Face token; default the one huggingface_hub finds (``HF_TOKEN``, ``hf auth login``).
+        max_connections: size of the connection pool (one per parallel read).
+    """
+
+    OPTIONS = ("endpoint", "token")  # the `open_store` options that are this store's
+
+    def __init__(self, url: str, *, endpoint: str | None = None, token: str | None = None,
+                 max_connections: int = 16):
+        import httpx2
+        from huggingface_hub import constants, get_token
+
+        try:
+            self.hf = parse_hf_url(url)
+        except ValueError as e:
+            raise RemoteError(str(e), path=url) from e
+        self.url = f"hf://datasets/{self.hf.repo_id}"
+        self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+        token = token or get_token()
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx2.Client(
+            timeout=httpx2.Timeout(60.0, connect=10.0), follow_redirects=True,
+            limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+        self._lock = threading.Lock()
+        self._list_lock = threading.Lock()  # one listing at a time: concurrent first reads wait for it
+        self._commits: dict[str, str] = {}
+        self._index: dict[str, tuple[str, ObjectInfo]] | None = None  # path -> (repo, info)
+
+    # --- Store -------------------------------------------------------------------------------------------
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        top = prefix.strip("/")
+        for path, (_, info) in sorted(self._listing().items()):
+            if not top or path == top or path.startswith(top + "/"):
+                yield info
+
+    def head(self, path: str) -> ObjectInfo | None:
+        hit = self._listing().get(path)
+        return None if hit is None else hit[1]
+
+    def read(self, path: str, start: int = 0) -> ReadStream:
+        repo = self.hf.repo_id if path == MANIFEST else self._repo_of(path)
+        url = f"{self.endpoint}/datasets/{repo}/resolve/{self._commit(repo)}/{quote(path)}"
+        where = self.describe(path)
+        headers = {**self._headers, "Accept-Encoding": "identity", **({"Range": f"bytes={start}-"} if start else {})}
+        response = self._send("GET", url, where, headers=headers, stream=True)
+        begin = 0  # a 200: the whole file, whatever we asked for
+        if response.status_code == 206:
+            m = re.match(r"bytes (\d+)-", response.headers.get("Content-Range", ""))
+            if m is None:
+                response.close()
+                raise RetryableRemoteError("206 without a usable Content-Range", path=where)
+            begin = int(m[1])
+
+        def chunks() -> Iterator[bytes]:
+            with _mapped_errors(where):
+                yield from response.iter_bytes(READ_CHUNK)
+
+        return ReadStream(chunks(), start=begin, close=response.close)
+
+    def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
+        raise RemoteError("a Hugging Face repo is written in commits: publish with `marin-data publish "
+                          "--to hf://datasets/org/name` (marin_data.publish_hf)", path=self.describe(path))
+
+    def mirror_record(self) -> dict:
+        return {"url": self.url, **({"endpoint": self.endpoint} if self.endpoint != _default_endpoint() else {})}
+
+    def describe(self, path: str) -> str:
+        return f"{self.url}/{path}"
+
+    # --- internals ---------------------------------------------------------------------------------------
+    def _send(self, method: str, url: str, where: str, *, headers: dict | None = None, stream: bool = False):
+        """One request; any non-2xx answer or transport failure raises the typed error."""
+        with _mapped_errors(where):
+            request = self._client.build_request(method, url, headers=headers or self._headers)
+            response = self._client.send(request, stream=stream)
+        if response.status_code >= 300:
+            if stream:
+                response.read()
+            response.close()
+            message = response.headers.get("X-Error-Message") or f"HTTP {response.status_code}"
+            if response.headers.get("X-Error-Code"):
+                message = f"{response.headers['X-Error-Code']}: {message}"
+            raise status_error(message, status=response.status_code, path=where,
+                               retry_after=parse_retry_after(response.headers.get("Retry-After")))
+        return response
+
+    def _json(self, url: str, where: str):
+        response = self._send("GET", url, where)
+        try:
+            return response.json(), response
+        except ValueError as e:
+            raise RetryableRemoteError(f"not JSON from {url}: {e}", path=where) from e
+
+    def _commit(self, repo: str) -> str:
+        """The commit id the repo's revision names, resolved once (every read then names that commit)."""
+        with self._lock:
+            if repo in self._commits:
+                return self._commits[repo]
+        rev = (self.hf.revision or "main") if repo == self.hf.repo_id else "main"
+        info, _ = self._json(f"{self.endpoint}/api/datasets/{repo}/revision/{quote(rev, safe='')}",
+                             f"hf://datasets/{repo}@{rev}")
+        sha = info.get("sha") if isinstance(info, dict) else None
+        if not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{40}", sha)):
+            raise RemoteError("the endpoint gave no commit id for the revision: not a Hub-compatible endpoint?",
+                              path=f"hf://datasets/{repo}@{rev}")
+        with self._lock:
+            return self._commits.setdefault(repo, sha)
+
+    def _repos(self) -> list[str]:
+        """The main repo, then the part repos its manifest's mirrors name."""
+        parts: list[str] = []
+        try:
+            with self.read(MANIFEST) as stream:
+                data = b"".join(stream)
+            if len(data) <= _MANIFEST_LIMIT:
+                family = re.compile(re.escape(f"hf://datasets/{self.hf.repo_id}") + r"-part\d+$")
+                parts = sorted({m["url"].removeprefix("hf://datasets/") for m in json.loads(data).get("mirrors", [])
+                                if isinstance(m, dict) and family.match(str(m.get("url", "")))})
+        except RemoteError as e:
+            if e.status != 404:
+                raise
+        except ValueError:
+            pass  # no usable manifest: the repo alone (a malformed one is reported by whoever reads it)
+        return [self.hf.repo_id, *parts]
+
+    def _listing(self) -> dict[str, tuple[str, ObjectInfo]]:
+        """``path -> (repo, info)`` over every repo of the corpus, listed once."""
+        with self._list_lock:
+            if self._index is None:
+                index: dict[str, tuple[str, ObjectInfo]] = {}
+                for i, repo in enumerate(self._repos()):
+                    for path, info in self._list_repo(repo):
+                        if i == 0 or path != "README.md":  # a part repo's own card is not a corpus file
+                            index.setdefault(path, (repo, info))
+                self._index = index
+            return self._index
+
+    def _list_repo(self, repo: str) -> Iterator[tuple[str, ObjectInfo]]:
+        url: str | None = f"{self.endpoint}/api/datasets/{repo}/tree/{self._commit(repo)}?recursive=true&expand=false"
+        pages = 0
+        while url is not None:
+            items, response = self._json(url, f"hf://datasets/{repo}")
+            if not isinstance(items, list):
+                raise RemoteError("malformed tree listing", path=f"hf://datasets/{repo}")
+            for e in items:
+                if isinstance(e, dict) and e.get("type") == "file":
+                    lfs = e.get("lfs") or {}
+                    yield e["path"], ObjectInfo(e["path"], int(e["size"]), sha256=lfs.get("oid"),
+                                                sha256_source="lfs" if lfs else None,
+                                                git_sha1=None if lfs else e.get("oid"))
+            url = response.links.get("next", {}).get("url")
+            pages += 1
+            if pages > 100_000:  # bounded: a server looping its Link header would never end
+                raise RemoteError("tree listing does not end", path=f"hf://datasets/{repo}")
+
+    def _repo_of(self, path: str) -> str:
+        hit = self._listing().get(path)
+        return self.hf.repo_id if hit is None else hit[0]
+
+
+def _default_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT.rstrip("/")
+
+
+class _mapped_errors:
+    """Turn httpx2 transport failures (connection refused or dropped, timeouts, truncated bodies) into
+    `RetryableRemoteError` naming ``where``."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, etype, exc, tb) -> bool:
+        import httpx2
+
+        if exc is None or isinstance(exc, MarinDataError):
+            return False
+        if isinstance(exc, (httpx2.TransportError, httpx2.StreamError, OSError)):
+            raise RetryableRemoteError(f"{type(exc).__name__}: {exc}", path=self.where) from exc
+        return False
