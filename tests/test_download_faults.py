@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from s3_env import FAST, ROOT, bucket_url, copy_corpus, fault_corpus, moto, proxy  # noqa: F401
+from s3_env import FAST, ROOT, bucket_url, copy_corpus, fault_corpus, moto, proxy, run_cli  # noqa: F401
 from faultproxy import Fault
 
 from marin_data.download import PARTIAL_SUFFIX, download, read_download_record
@@ -215,3 +215,15 @@ def test_kill_9_mid_run_then_rerun_resumes_without_refetching_finished_files(pub
         else:
             assert served == s.bytes
     _check_end_state(dest, fault_corpus, ["a", "b"])
+
+
+def test_cli_exits_1_listing_every_failed_file(published, proxy, fault_corpus, tmp_path):
+    url, _ = published
+    b = [s.path for s in fault_corpus.shards if s.subset == "b"]
+    for path in b:  # Retry-After: 0 keeps the CLI's default retries instant
+        proxy.add(Fault("status", match=path, status=503, retry_after="0", times=1000))
+    done = run_cli("download", url, "--subset", "b", "--to", str(tmp_path / "d"), "--endpoint-url", proxy.endpoint)
+    assert done.returncode == 1, done.stderr
+    assert "INCOMPLETE" in done.stdout and all(p in done.stderr for p in b) and "run the same command" in done.stderr
+    assert "Retrying in 0.0s [5/5]" in done.stderr
+    assert not any((tmp_path / "d" / p).exists() for p in b)
