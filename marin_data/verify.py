@@ -31,6 +31,9 @@ What counts as a finding, and why:
 - deep only: ``bad_format`` (unreadable footer, wrong schema or encodings), ``wrong_tokenizer``,
   ``count_mismatch``.
 
+A partial download (`marin_data.download`) holds the whole manifest and index but only some subsets; its
+record (``.marin-download.json``) names them, so a plain ``verify DIR`` checks exactly what was fetched.
+
 Not findings: the corpus write lock ``.marin.lock`` and the writers' staging folder ``.staging/`` are
 skipped. Leftover ``*.part`` files (an atomic write killed before its rename; see `marin_data.atomic`)
 are reported separately as ``partial_files`` and do not fail verification: no reader ever opens them,
@@ -52,18 +55,23 @@ from typing import Any
 from marin_data.atomic import sha256_file
 from marin_data.datasheet import UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.engine import default_workers
-from marin_data.errors import ShardFormatError
+from marin_data.download import RECORD, read_download_record
+from marin_data.errors import InvalidManifestError, ShardFormatError
 from marin_data.lock import LOCK_NAME
 from marin_data.manifest import MANIFEST, Corpus, ShardRecord, load_corpus, select_subsets
 from marin_data.sharding import STAGING
 from marin_data.shards import inspect_shard
 from marin_data.ui import progress as progress_bar
 
-__all__ = ["IGNORED_NAMES", "ProblemKind", "Problem", "VerifyReport", "verify_corpus"]
+__all__ = ["IGNORED_NAMES", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind", "Problem", "VerifyReport",
+           "verify_corpus"]
 
 # Top-level names that belong to writers, not to the corpus: the write lock and the staging folder.
 IGNORED_NAMES = frozenset({LOCK_NAME, STAGING})
 PARTIAL_SUFFIX = ".part"
+SCOPE_ALL = "all"  # every subset, the metadata files, the whole tree
+SCOPE_FILTER = "subset filter"  # --subset: those subsets' shards, only their data/<subset>/ folders
+SCOPE_DOWNLOADED = "downloaded"  # a partial download (its RECORD): as SCOPE_ALL, for the subsets it holds
 
 
 class ProblemKind(str, enum.Enum):
@@ -109,6 +117,7 @@ class VerifyReport:
     root: str
     manifest_sha256: str
     subsets: tuple[str, ...]
+    scope: str  # how the subsets were chosen: SCOPE_ALL, SCOPE_FILTER or SCOPE_DOWNLOADED
     deep: bool
     files_checked: int
     bytes_checked: int
@@ -128,6 +137,7 @@ class VerifyReport:
     def to_json(self) -> dict:
         return {
             "root": self.root, "manifest_sha256": self.manifest_sha256, "subsets": list(self.subsets),
+            "scope": self.scope,
             "deep": self.deep, "ok": self.ok, "files_checked": self.files_checked,
             "bytes_checked": self.bytes_checked, "seconds": self.seconds, "workers": self.workers,
             "bytes_per_second": self.bytes_per_second,
@@ -158,7 +168,9 @@ def verify_corpus(
 
     Args:
         root: the corpus directory.
-        subsets: ``--subset`` names or globs; None checks every subset and the metadata files.
+        subsets: ``--subset`` names or globs: only their shards and ``data/<subset>/`` folders. None checks
+            the metadata files, the whole tree and every subset, or, in a partial download (which has a
+            `marin_data.download.RECORD`), the subsets it holds.
         workers: hashing threads; default one per available core.
         deep: also read each shard's footer and check format, tokenizer and counts against the index.
         manifest_sha256: the pinned sha256 of ``manifest.json`` (the root of trust).
@@ -168,16 +180,15 @@ def verify_corpus(
         A `VerifyReport`; the caller decides what a finding means (the CLI exits 1).
 
     Raises:
-        InvalidManifestError: (and subclasses) the manifest or index cannot be trusted, or ``subsets``
-            matches nothing. Nothing was checked.
+        InvalidManifestError: (and subclasses) the manifest or index cannot be trusted, ``subsets``
+            matches nothing, or a download record names another manifest. Nothing was checked.
     """
     corpus = load_corpus(root, manifest_sha256=manifest_sha256)
-    patterns = list(subsets or [])
-    chosen = select_subsets(corpus.manifest.subsets, patterns)
+    chosen, scope = _choose(corpus, list(subsets or []))
     targets = [_Target(s.path, s.bytes, s.sha256, s) for s in corpus.shards_of(chosen)]
-    if not patterns:
+    if scope != SCOPE_FILTER:
         targets += [_Target(p, r.bytes, r.sha256) for p, r in corpus.manifest.files.items()]
-    unlisted, partial = _scan_tree(corpus, chosen if patterns else None)
+    unlisted, partial = _scan_tree(corpus, chosen if scope == SCOPE_FILTER else None)
     workers = max(1, min(workers or default_workers(), len(targets) or 1))
 
     t0 = time.perf_counter()
@@ -185,10 +196,26 @@ def verify_corpus(
     seconds = time.perf_counter() - t0
     problems += [Problem(p, ProblemKind.UNLISTED, "not listed in the shard index or manifest") for p in unlisted]
     return VerifyReport(
-        root=str(corpus.root), manifest_sha256=corpus.manifest_sha256, subsets=tuple(chosen), deep=deep,
-        files_checked=len(targets), bytes_checked=nbytes, seconds=seconds, workers=workers,
+        root=str(corpus.root), manifest_sha256=corpus.manifest_sha256, subsets=tuple(chosen), scope=scope,
+        deep=deep, files_checked=len(targets), bytes_checked=nbytes, seconds=seconds, workers=workers,
         problems=tuple(sorted(problems, key=lambda p: (p.path, p.kind.value))), partial_files=tuple(partial),
     )
+
+
+def _choose(corpus: Corpus, patterns: list[str]) -> tuple[list[str], str]:
+    """The subsets to check and why: ``--subset``, else a partial download's record, else all of them."""
+    if patterns:
+        return select_subsets(corpus.manifest.subsets, patterns), SCOPE_FILTER
+    record = read_download_record(corpus.root)
+    if record is None:
+        return sorted(corpus.manifest.subsets), SCOPE_ALL
+    if record.manifest_sha256 != corpus.manifest_sha256:
+        raise InvalidManifestError(
+            f"{RECORD} describes manifest {record.manifest_sha256}, but manifest.json is "
+            f"{corpus.manifest_sha256}: an interrupted or tampered download; run the download again",
+            path=str(corpus.root / RECORD), expected=record.manifest_sha256, actual=corpus.manifest_sha256,
+        )
+    return (select_subsets(corpus.manifest.subsets, record.subsets) if record.subsets else []), SCOPE_DOWNLOADED
 
 
 def _hash_all(
@@ -271,7 +298,7 @@ def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], lis
     ``chosen=None`` walks the whole corpus; otherwise only ``data/<subset>/`` of the chosen subsets,
     without descending into the folders of subsets that were not chosen (``data/a/b`` inside ``data/a``).
     """
-    known = {MANIFEST, *UNLISTED_ON_PURPOSE, *corpus.manifest.files, *(s.path for s in corpus.shards)}
+    known = {MANIFEST, RECORD, *UNLISTED_ON_PURPOSE, *corpus.manifest.files, *(s.path for s in corpus.shards)}
     if chosen is None:
         tops, skip = [""], set(IGNORED_NAMES)
     else:

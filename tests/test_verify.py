@@ -16,6 +16,7 @@ import pytest
 from marin_data.atomic import sha256_file
 from marin_data.cli import main
 from marin_data.datasheet import UNLISTED
+from marin_data.download import RECORD, download
 from marin_data.lock import LOCK_NAME
 from marin_data.manifest import MANIFEST, SHARDS_INDEX, TOKENIZER, commit_corpus
 from marin_data.sharding import STAGING
@@ -257,3 +258,31 @@ def test_report_is_the_same_whatever_the_worker_count(make_corpus):
     one, many = (verify_corpus(corpus.root, workers=w, deep=True, progress=False) for w in (1, 4))
     assert one.problems == many.problems and len(one.problems) == 2
     assert one.bytes_checked == many.bytes_checked and (one.workers, many.workers) == (1, 4)
+
+
+def test_a_partial_download_is_checked_for_the_subsets_it_fetched(make_corpus, capsys, tmp_path):
+    corpus = make_corpus(SUBSETS)
+    dest = tmp_path / "fetched"
+    assert download(corpus.root, subsets=["b/c"], dest=dest, workers=2, progress=False).ok
+    code, report = verify_json(capsys, dest)
+    assert code == 0 and report["subsets"] == ["b/c"] and report["scope"] == "downloaded"
+    assert report["files_checked"] == 1 + len(corpus.manifest.files)
+    _append(dest / "data/b/c/part-00000.parquet")
+    (dest / "data/a").mkdir(parents=True)
+    (dest / "data/a/part-00000.parquet").write_bytes(b"listed, not downloaded: not checked")
+    (dest / "data/a/extra.parquet").write_bytes(b"unlisted")
+    code, report = verify_json(capsys, dest)
+    assert code == 1
+    assert findings(report) == [("data/a/extra.parquet", "unlisted"), ("data/b/c/part-00000.parquet", "oversized")]
+    code, report = verify_json(capsys, dest, "--subset", "a")  # an explicit filter overrides the record
+    assert code == 1 and ("data/a/part-00001.parquet", "missing") in findings(report)
+
+
+def test_a_download_record_for_another_manifest_is_refused(make_corpus, capsys, tmp_path):
+    corpus = make_corpus(SUBSETS)
+    dest = tmp_path / "fetched"
+    assert download(corpus.root, subsets=["a"], dest=dest, workers=2, progress=False).ok
+    record = json.loads((dest / RECORD).read_text())
+    (dest / RECORD).write_text(json.dumps({**record, "manifest_sha256": "0" * 64}))
+    code, _, err = verify_cli(capsys, dest)
+    assert code == 2 and RECORD in err and "0" * 64 in err

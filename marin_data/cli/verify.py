@@ -10,7 +10,7 @@ import click
 
 from marin_data.errors import VerificationFailedError
 from marin_data.ui import human_bytes
-from marin_data.verify import VerifyReport, verify_corpus
+from marin_data.verify import SCOPE_DOWNLOADED, VerifyReport, verify_corpus
 
 __all__ = ["command"]
 
@@ -18,8 +18,8 @@ __all__ = ["command"]
 @click.command("verify")
 @click.argument("corpus", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--subset", "subsets", multiple=True, metavar="NAME_OR_GLOB",
-              help="Check only these subsets (repeatable; names, globs or parent paths). Default: all, plus "
-                   "the metadata files.")
+              help="Check only these subsets (repeatable; names, globs or parent paths). Default: all (in a "
+                   "partial download: the subsets it fetched), plus the metadata files.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Hashing threads. Default: one per available core.")
 @click.option("--deep", is_flag=True,
@@ -57,9 +57,11 @@ def _human(report: VerifyReport) -> str:
     lines += [f"{'partial':<{width}}  {p}  leftover of an interrupted write: not a failure, safe to delete "
               f"when no marin-data process is writing" for p in report.partial_files]
     deep = " deep," if report.deep else ""
+    downloaded = " (those downloaded here)" if report.scope == SCOPE_DOWNLOADED else ""
     lines.append(
         f"{'OK' if report.ok else 'FAILED'}:{deep} {report.files_checked} files, {human_bytes(report.bytes_checked)} "
         f"in {report.seconds:.2f}s ({human_bytes(report.bytes_per_second)}/s, {report.workers} workers), "
-        f"{len(report.subsets)} subset{'s' * (len(report.subsets) != 1)}; manifest sha256 {report.manifest_sha256}"
+        f"{len(report.subsets)} subset{'s' * (len(report.subsets) != 1)}{downloaded}; "
+        f"manifest sha256 {report.manifest_sha256}"
     )
     return "\n".join(lines)
