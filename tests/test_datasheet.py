@@ -258,9 +258,6 @@ def test_mirrors_from_the_manifest_are_shown_with_their_commands(make_corpus, tm
     assert "SOURCE" not in text
 
 
-@pytest.mark.xfail("datasheets/datasheet.md" not in __import__("marin_data.verify").verify.IGNORED_NAMES,
-                   reason="verify must skip the one unlisted file, datasheets/datasheet.md (lead: add it to "
-                          "marin_data.verify.IGNORED_NAMES)", strict=True)
 def test_verify_passes_on_a_documented_corpus(documented):
     from marin_data.verify import verify_corpus
 

@@ -163,7 +163,10 @@ def corpus_stats(corpus: Corpus, *, scan_tokens: int = SCAN_TOKENS) -> CorpusSta
     """
     manifest = corpus.manifest
     total_tokens = sum(s.tokens for s in manifest.subsets.values())
-    plan = {name: _shards_to_scan(corpus.shards_of([name]), scan_tokens) for name in sorted(manifest.subsets)}
+    by_subset: dict[str, list[ShardRecord]] = {name: [] for name in manifest.subsets}
+    for shard in corpus.shards:  # one pass: ~100,000 shards at full scale
+        by_subset[shard.subset].append(shard)
+    plan = {name: _shards_to_scan(by_subset[name], scan_tokens) for name in sorted(manifest.subsets)}
     docs_to_scan = sum(s.docs for shards in plan.values() for s in shards)
     subsets = []
     with progress(docs_to_scan, "document lengths", "doc", unit_scale=True) as bar:
