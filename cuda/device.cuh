@@ -33,6 +33,14 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// A plain type of N bytes (16: uint4), for copies and zero fills that need no element type.
+template <int N> struct RawBytes;
+template <> struct RawBytes<16> { using type = uint4; };
+template <> struct RawBytes<8> { using type = uint2; };
+template <> struct RawBytes<4> { using type = uint32_t; };
+template <> struct RawBytes<2> { using type = uint16_t; };
+template <> struct RawBytes<1> { using type = uint8_t; };
+
 // VEC elements moved as one access of sizeof(T)*VEC bytes (16 for the fast path).
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {

@@ -63,7 +63,7 @@ unpermute_backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ 
                           int top_k, int64_t rows_total, const float* __restrict__ weights,
                           T* __restrict__ grad_routed, float* __restrict__ grad_weights) {
   if (blockIdx.x >= tokens) {
-    using Zero = Pack<T, VEC>;
+    using Zero = typename RawBytes<sizeof(T) * VEC>::type;
     zero_unused_rows(reinterpret_cast<Zero*>(grad_routed), hidden / VEC, rows_total,
                      (blockIdx.x - tokens) * static_cast<int64_t>(kRowThreads),
                      [&](int64_t row) { return src_of[row] < 0; });

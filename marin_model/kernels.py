@@ -314,9 +314,14 @@ def _on_device(device: torch.device, **tensors: Optional[Tensor]) -> None:
         _check(t is None or t.device == device, f"{name} is on {t.device if t is not None else ''}, expected {device}")
 
 
-def _dtype_code(name: str, t: Tensor) -> int:
-    _check(t.dtype in _DTYPES, f"the CUDA kernels take {name} in fp32, bf16 or fp16, got {t.dtype}")
-    return _DTYPES[t.dtype]
+def _reference(name: str, *args):
+    """The op's reference body on CUDA tensors, for inputs the kernels do not take (fp64 for gradcheck,
+    E > 512, k > 16): slower, never wrong."""
+    from marin_model import ops
+
+    op = getattr(ops, name)
+    with op.set_kernel_enabled("cuda", False):
+        return op(*args)
 
 
 def route_topk(logits: Tensor, bias: Optional[Tensor], k: int, mode: str, scale: float, renormalize: bool,
@@ -330,9 +335,10 @@ def route_topk(logits: Tensor, bias: Optional[Tensor], k: int, mode: str, scale:
     if logits.numel() == 0:
         return ids, weights, counts.zero_(), lse
     check_route_topk_args(logits, bias, k, mode, n_group, topk_group)
-    _check(E <= MAX_EXPERTS and k <= MAX_TOP_K, f"the CUDA kernel takes E <= {MAX_EXPERTS}, k <= {MAX_TOP_K}; got {E}, {k}")
+    if logits.dtype not in _DTYPES or E > MAX_EXPERTS or k > MAX_TOP_K:
+        return _reference("route_topk", logits, bias, k, mode, scale, renormalize, n_group, topk_group)
     _on_device(logits.device, bias=bias)
-    dtype, logits = _dtype_code("logits", logits), logits.contiguous()
+    dtype, logits = _DTYPES[logits.dtype], logits.contiguous()
     bias = None if bias is None else bias.to(torch.float32).contiguous()
     _launch("marin_route_topk", logits.device, logits.data_ptr(), dtype, _ptr(bias), T, E, k, _MODES[mode],
             float(scale), int(renormalize), max(n_group, 1), topk_group, ids.data_ptr(), weights.data_ptr(),
@@ -352,9 +358,12 @@ def route_topk_backward(grad_weights: Tensor, grad_lse: Tensor, logits: Tensor, 
            f"shapes disagree: logits {tuple(logits.shape)}, expert_ids {tuple(expert_ids.shape)}, "
            f"grad_weights {tuple(grad_weights.shape)}, grad_lse {tuple(grad_lse.shape)}")
     _check(expert_ids.dtype == torch.int32, f"expert_ids must be int32, got {expert_ids.dtype}")
-    _check(E <= MAX_EXPERTS and 1 <= k <= min(MAX_TOP_K, E), f"the CUDA kernel takes E <= {MAX_EXPERTS}, k <= {MAX_TOP_K}")
+    _check(1 <= k <= E, f"k={k} must be in [1, E={E}]")
+    if logits.dtype not in _DTYPES or E > MAX_EXPERTS or k > MAX_TOP_K:
+        return _reference("route_topk_backward", grad_weights, grad_lse, logits, expert_ids, weights, mode, scale,
+                          renormalize)
     _on_device(logits.device, grad_weights=grad_weights, grad_lse=grad_lse, expert_ids=expert_ids)
-    dtype, logits = _dtype_code("logits", logits), logits.contiguous()
+    dtype, logits = _DTYPES[logits.dtype], logits.contiguous()
     grad_weights, grad_lse = grad_weights.to(torch.float32).contiguous(), grad_lse.to(torch.float32).contiguous()
     expert_ids, grad_logits = expert_ids.contiguous(), torch.empty_like(logits)
     _launch("marin_route_topk_backward", logits.device, grad_weights.data_ptr(), grad_lse.data_ptr(),
@@ -375,8 +384,8 @@ def permute(x: Tensor, expert_ids: Tensor, num_experts: int, align: int,
     offsets = expert_ids.new_empty(num_experts + 1)
     if expert_ids.numel() == 0:
         return x.new_zeros(R, H), row_of, src_of.fill_(-1), offsets.zero_()
-    _check(num_experts <= MAX_EXPERTS and K <= MAX_TOP_K and R < 2**31,
-           f"the CUDA kernel takes E <= {MAX_EXPERTS}, K <= {MAX_TOP_K}, R < 2**31; got {num_experts}, {K}, {R}")
+    if num_experts > MAX_EXPERTS or K > MAX_TOP_K or R >= 2**31:
+        return _reference("permute", x, expert_ids, num_experts, align, capacity)
     _on_device(x.device, expert_ids=expert_ids)
     x, expert_ids = x.contiguous(), expert_ids.contiguous()
     routed = x.new_empty(R, H)
@@ -388,21 +397,24 @@ def permute(x: Tensor, expert_ids: Tensor, num_experts: int, align: int,
     return routed, row_of, src_of, offsets
 
 
-def _check_unpermute(routed: Tensor, row_of: Tensor, src_of: Tensor, weights: Optional[Tensor]) -> None:
+def _unpermute_supported(routed: Tensor, row_of: Tensor, src_of: Tensor, weights: Optional[Tensor]) -> bool:
+    """Checks the arguments; False when the kernels do not take them (dtype, K > 16)."""
     from marin_model.ops import check_unpermute_args
 
     check_unpermute_args(routed, row_of, src_of, weights)
-    _check(row_of.shape[1] <= MAX_TOP_K, f"the CUDA kernel takes K <= {MAX_TOP_K}, got {row_of.shape[1]}")
     _on_device(routed.device, row_of=row_of, src_of=src_of, weights=weights)
+    return routed.dtype in _DTYPES and row_of.shape[1] <= MAX_TOP_K
 
 
 def unpermute(routed: Tensor, row_of: Tensor, src_of: Tensor, weights: Optional[Tensor]) -> Tensor:
     """CUDA ``marin::unpermute``: one block per token pulls its rows; fp32 sums in k order."""
-    _check_unpermute(routed, row_of, src_of, weights)
+    supported = _unpermute_supported(routed, row_of, src_of, weights)
     T, H = row_of.shape[0], routed.shape[1]
     if row_of.numel() == 0:
         return routed.new_zeros(T, H)
-    dtype, routed, row_of = _dtype_code("routed", routed), routed.contiguous(), row_of.contiguous()
+    if not supported:
+        return _reference("unpermute", routed, row_of, src_of, weights)
+    dtype, routed, row_of = _DTYPES[routed.dtype], routed.contiguous(), row_of.contiguous()
     weights = None if weights is None else weights.to(torch.float32).contiguous()
     out = routed.new_empty(T, H)
     _launch("marin_unpermute", routed.device, routed.data_ptr(), dtype, H, row_of.data_ptr(), T, row_of.shape[1],
@@ -414,14 +426,16 @@ def unpermute_backward(grad_out: Tensor, routed: Tensor, row_of: Tensor, src_of:
                        weights: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """CUDA ``marin::unpermute_backward``: each token pushes w*grad to its rows and takes the weight grads.
     row_of and src_of must come from one permute call (the kernel writes the rows row_of names)."""
-    _check_unpermute(routed, row_of, src_of, weights)
+    supported = _unpermute_supported(routed, row_of, src_of, weights)
     T, K = row_of.shape
+    if not supported:
+        return _reference("unpermute_backward", grad_out, routed, row_of, src_of, weights)
     grad_weights = routed.new_zeros(T, K, dtype=torch.float32)
     if row_of.numel() == 0:
         return torch.zeros_like(routed), grad_weights
     _check(grad_out.shape == (T, routed.shape[1]), f"grad_out must be {(T, routed.shape[1])}, got {tuple(grad_out.shape)}")
     _on_device(routed.device, grad_out=grad_out)
-    dtype, routed = _dtype_code("routed", routed), routed.contiguous()
+    dtype, routed = _DTYPES[routed.dtype], routed.contiguous()
     grad_out, row_of, src_of = grad_out.to(routed.dtype).contiguous(), row_of.contiguous(), src_of.contiguous()
     weights = None if weights is None else weights.to(torch.float32).contiguous()
     grad_routed = torch.empty_like(routed)

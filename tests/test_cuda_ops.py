@@ -147,6 +147,19 @@ def test_kernels_serve_cuda_tensors():
     assert row_of.tolist() == [[0, -1]] and src_of.tolist() == [0]
 
 
+def test_inputs_the_kernels_do_not_take_fall_back_to_the_reference():
+    g = gen(19)
+    logits = torch.randn(64, 1024, generator=g)  # E > 512
+    got, want = both(ops.route_topk, logits, None, 20, "sigmoid", 1.0, True, 1, 1)  # and k > 16
+    assert torch.equal(got[0], want[0])
+    x, ids = torch.randn(64, 8, generator=g, dtype=torch.float64), torch.randint(0, 1024, (64, 20), generator=g,
+                                                                                  dtype=torch.int32)
+    got, want = both(ops.permute, x, ids, 1024, 4, 0)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    got, want = both(ops.unpermute, want[0], want[1], want[2], None)  # fp64 rows
+    assert torch.equal(got, want)
+
+
 # ----------------------------------------------------------------------------------------------- unpermute
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("weighted", [True, False])
