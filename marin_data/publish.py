@@ -17,6 +17,12 @@ Order, and why:
    wrong ``ChecksumSHA256`` silently).
 3. ``manifest.json`` last, only when everything else is up: a reader that finds the manifest finds every
    file it names. The returned report carries its sha256, the value users pin with ``--manifest-sha256``.
+
+The datasheet states the manifest's digest, so the manifest cannot list it (`marin_data.datasheet`); it is
+uploaded too when present, hashed locally. Because step 1 changes the digest the first time a corpus goes
+to a URL, the order that publishes a datasheet stating the right digest is: publish, ``marin-data
+datasheet``, publish again (which skips every other file). The report warns when the datasheet does not
+state the published digest.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class PublishReport:
     skipped: tuple[str, ...]  # already in the store with the same size and SHA-256
     bytes_uploaded: int
     seconds: float
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ def publish(
     store = open_store(to, max_connections=workers + 2, **store_options)
     files = [_Upload(s.path, s.bytes, s.sha256) for s in corpus.shards]
     files += [_Upload(p, r.bytes, r.sha256) for p, r in sorted(corpus.manifest.files.items())]
+    files += _unlisted_documents(corpus.root)
     _check_sizes(files, single_put_limit or store.max_put_bytes, store)
 
     t0 = time.perf_counter()
@@ -106,8 +114,20 @@ def publish(
             uploaded, nbytes = (*uploaded, MANIFEST), nbytes + manifest.bytes
         else:
             skipped = (*skipped, MANIFEST)
+    stale = [f.path for f in _unlisted_documents(corpus.root)
+             if manifest.sha256 not in (corpus.root / f.path).read_text(errors="replace")]
+    warnings = tuple(f"{p} does not state the published manifest sha256: run `marin-data datasheet` and publish "
+                     "again" for p in stale)
     return PublishReport(url=store.url, manifest_sha256=manifest.sha256, uploaded=tuple(uploaded),
-                         skipped=tuple(skipped), bytes_uploaded=nbytes, seconds=time.perf_counter() - t0)
+                         skipped=tuple(skipped), bytes_uploaded=nbytes, seconds=time.perf_counter() - t0,
+                         warnings=warnings)
+
+
+def _unlisted_documents(root: Path) -> list[_Upload]:
+    """The corpus files the manifest cannot list (the datasheet), as present on disk."""
+    from marin_data.datasheet import UNLISTED
+
+    return [_Upload(p, *reversed(sha256_file(root / p))) for p in UNLISTED if (root / p).is_file()]
 
 
 def _check_sizes(files: list[_Upload], limit: int | None, store: Store) -> None:

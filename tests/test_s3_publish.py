@@ -139,3 +139,21 @@ def test_cli_publish_prints_the_manifest_sha256_and_refuses_bad_urls(moto, bucke
     bad = run_cli("publish", str(root), "--to", "s3://Not_A_Bucket/x", "--endpoint-url", moto)
     assert bad.returncode == 8 and "not an S3 URL" in bad.stderr
 
+
+
+def test_the_unlisted_datasheet_is_published_and_a_stale_digest_in_it_is_flagged(moto, bucket_url, fault_corpus,
+                                                                                 tmp_path):
+    from marin_data.datasheet import UNLISTED
+
+    (datasheet,) = UNLISTED
+    root = copy_corpus(fault_corpus, tmp_path / "c")
+    (root / datasheet).parent.mkdir(parents=True, exist_ok=True)
+    (root / datasheet).write_text(f"manifest sha256 {fault_corpus.manifest_sha256}\n")  # before the mirror
+    first = publish(root, to=bucket_url, endpoint_url=moto)
+    assert datasheet in first.uploaded and first.manifest_sha256 != fault_corpus.manifest_sha256
+    assert len(first.warnings) == 1 and datasheet in first.warnings[0]
+    (root / datasheet).write_text(f"manifest sha256 {first.manifest_sha256}\n")  # `marin-data datasheet` again
+    second = publish(root, to=bucket_url, endpoint_url=moto)
+    assert second.uploaded == (datasheet,) and second.warnings == ()
+    assert second.manifest_sha256 == first.manifest_sha256
+    assert _objects(moto, bucket_url)[datasheet] == (root / datasheet).stat().st_size

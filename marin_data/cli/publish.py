@@ -67,4 +67,6 @@ def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None
     click.echo(f"Published {corpus} to {report.url}: {len(report.uploaded)} files uploaded "
                f"({human_bytes(report.bytes_uploaded)} in {report.seconds:.1f}s, {human_bytes(rate)}/s), "
                f"{len(report.skipped)} already there.")
+    for warning in report.warnings:
+        click.secho(f"warning: {warning}", err=True, fg="yellow")
     click.echo(f"manifest sha256: {report.manifest_sha256}")
