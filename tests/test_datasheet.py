@@ -245,15 +245,19 @@ def test_mirrors_from_the_manifest_are_shown_with_their_commands(make_corpus, tm
     mirrored = replace(corpus.manifest, mirrors=[
         {"url": "s3://bucket/marin", "endpoint_url": "http://127.0.0.1:9000", "subsets": ["a", "web/en"]},
         {"url": "s3://other/marin"},  # no subsets list: holds every subset
+        {"url": "hf://datasets/team/marin", "endpoint": "http://127.0.0.1:8080", "subsets": ["b/c"]},
     ])
     digest = commit_corpus(corpus.root, mirrored, corpus.shards)
     write_datasheet(corpus.root, out=tmp_path / "out")
     text = (tmp_path / "out" / DATASHEET).read_text()
     assert md_tables(text)[("URL", "Endpoint", "Subsets")] == [
-        ["`s3://bucket/marin`", "`http://127.0.0.1:9000`", "`a`, `web/en`"], ["`s3://other/marin`", "default", "all"]]
+        ["`s3://bucket/marin`", "`http://127.0.0.1:9000`", "`a`, `web/en`"], ["`s3://other/marin`", "default", "all"],
+        ["`hf://datasets/team/marin`", "`http://127.0.0.1:8080`", "`b/c`"]]
     assert (f"marin-data download s3://bucket/marin --endpoint-url http://127.0.0.1:9000 --subset a "
             f"--to ./synthetic --manifest-sha256 {digest}") in text
     assert f"marin-data download s3://other/marin --subset b/c --to ./synthetic --manifest-sha256 {digest}" in text
+    assert (f"marin-data download hf://datasets/team/marin --endpoint http://127.0.0.1:8080 --subset b/c "
+            f"--to ./synthetic --manifest-sha256 {digest}") in text
     assert "s3://bucket/marin --endpoint-url http://127.0.0.1:9000 --subset b/c" not in text
     assert "SOURCE" not in text
 

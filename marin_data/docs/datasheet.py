@@ -118,13 +118,13 @@ def _distribution(manifest: Manifest, stats: CorpusStats, meta: Metadata, manife
                 "manifest does not list them.", ""]
     out += ["### Mirrors (from the manifest)", ""]
     if recorded:
-        rows = [(f"`{m.url}`", f"`{m.endpoint_url}`" if m.endpoint_url else "default",
+        rows = [(f"`{m.url}`", f"`{m.endpoint[1]}`" if m.endpoint else "default",
                  "all" if m.subsets is None else ", ".join(f"`{s}`" for s in m.subsets)) for m in recorded]
         out += [md.table(("URL", "Endpoint", "Subsets"), rows, "lll"), ""]
     else:
         out += [f"No mirror is recorded in the manifest (`marin-data publish` records them). The commands "
-                f"below show the form, with `{SOURCE_PLACEHOLDER}` standing for an `s3://bucket/prefix` URL or "
-                f"a local copy of the corpus.", ""]
+                f"below show the form, with `{SOURCE_PLACEHOLDER}` standing for an `s3://bucket/prefix` URL, an "
+                "`hf://datasets/org/name` repo or a local copy of the corpus.", ""]
     out += ["### Download one subset", ""]
     for s in stats.subsets:
         found = mirrors_of(manifest, s.name)

@@ -1,10 +1,11 @@
 """How to get and check the corpus: mirrors, ``marin-data download`` and verification commands.
 
 Every command is built from the manifest (mirror URLs, subset names) and the manifest's sha256, so a reader
-can paste it. The mirrors are those recorded by publish in ``manifest["mirrors"]``
-(``{"url": "s3://bucket/prefix", "endpoint_url": ..., "subsets": [...]}``); a mirror without a
-``subsets`` list holds every subset. When none is recorded the commands show a placeholder source, and the
-documents say that no mirror is recorded.
+can paste it. The mirrors are those recorded by publish in ``manifest["mirrors"]``: S3 stores as
+``{"url": "s3://bucket/prefix", "endpoint_url": ...}``, Hugging Face repos as
+``{"url": "hf://datasets/org/name", "endpoint": ...}``, each with the ``subsets`` it holds (none listed:
+every subset). A recorded endpoint becomes the download flag that store takes (`ENDPOINT_FLAGS`). When
+no mirror is recorded the commands show a placeholder source, and the documents say so.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ from dataclasses import dataclass
 
 from marin_data.manifest import Manifest
 
-__all__ = ["SOURCE_PLACEHOLDER", "Mirror", "mirrors", "mirrors_of", "download_command", "verify_commands"]
+__all__ = ["SOURCE_PLACEHOLDER", "ENDPOINT_FLAGS", "Mirror", "mirrors", "mirrors_of", "download_command",
+           "verify_commands"]
 
-SOURCE_PLACEHOLDER = "SOURCE"  # shown when no mirror is recorded: an s3:// URL or a local copy
+SOURCE_PLACEHOLDER = "SOURCE"  # shown when no mirror is recorded: an s3:// or hf:// URL, or a local copy
+ENDPOINT_FLAGS = {"endpoint_url": "--endpoint-url", "endpoint": "--endpoint"}  # mirror key -> download flag
 
 
 @dataclass(frozen=True)
 class Mirror:
     url: str
-    endpoint_url: str | None
+    endpoint: tuple[str, str] | None  # (download flag, URL) of a non-default endpoint
     subsets: tuple[str, ...] | None  # None: every subset
 
     def holds(self, subset: str) -> bool:
@@ -30,14 +33,14 @@ class Mirror:
 
 
 def mirrors(manifest: Manifest) -> list[Mirror]:
-    """The manifest's mirrors, in the order recorded (publish appends; the first is the primary)."""
+    """The manifest's mirrors, in the order recorded."""
     out = []
     for entry in manifest.mirrors:
         if not isinstance(entry, dict) or not isinstance(entry.get("url"), str):
             continue  # an unknown mirror kind: nothing trustworthy to show
+        endpoint = next(((flag, str(entry[key])) for key, flag in ENDPOINT_FLAGS.items() if entry.get(key)), None)
         subsets = entry.get("subsets")
-        out.append(Mirror(url=entry["url"], endpoint_url=entry.get("endpoint_url") or None,
-                          subsets=tuple(sorted(subsets)) if subsets else None))
+        out.append(Mirror(url=entry["url"], endpoint=endpoint, subsets=tuple(sorted(subsets)) if subsets else None))
     return out
 
 
@@ -48,8 +51,8 @@ def mirrors_of(manifest: Manifest, subset: str) -> list[Mirror]:
 def download_command(mirror: Mirror | None, subset: str, dest: str, manifest_sha256: str) -> str:
     """The exact ``marin-data download`` line for one subset from one mirror (or the placeholder)."""
     args = ["marin-data", "download", mirror.url if mirror else SOURCE_PLACEHOLDER]
-    if mirror and mirror.endpoint_url:
-        args += ["--endpoint-url", mirror.endpoint_url]
+    if mirror and mirror.endpoint:
+        args += list(mirror.endpoint)
     args += ["--subset", subset, "--to", dest, "--manifest-sha256", manifest_sha256]
     return " ".join(shlex.quote(a) if a != SOURCE_PLACEHOLDER else a for a in args)
 
