@@ -117,7 +117,6 @@ class VerifyReport:
     root: str
     manifest_sha256: str
     subsets: tuple[str, ...]
-    scope: str  # how the subsets were chosen: SCOPE_ALL, SCOPE_FILTER or SCOPE_DOWNLOADED
     deep: bool
     files_checked: int
     bytes_checked: int
@@ -125,6 +124,7 @@ class VerifyReport:
     workers: int
     problems: tuple[Problem, ...]
     partial_files: tuple[str, ...]  # leftover *.part files: reported, not failures
+    scope: str = SCOPE_ALL  # how the subsets were chosen: SCOPE_ALL, SCOPE_FILTER or SCOPE_DOWNLOADED
 
     @property
     def ok(self) -> bool:
