@@ -1,0 +1,101 @@
+"""Loading tokenizers (a path, a directory, a Hugging Face repo id through huggingface_hub) and framing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from shard_env import make_texts, run_cli, tiny_tokenizer, write_jsonl  # noqa: F401
+
+from marin_data.errors import InvalidTokenizerError
+from marin_data.manifest import TOKENIZER
+from marin_data.tokenize import load_tokenizer, tokenizer_from_bytes
+
+
+def test_a_path_or_its_directory_loads_with_eos_found_among_special_tokens(tiny_tokenizer: Path):
+    by_file = load_tokenizer(str(tiny_tokenizer))
+    by_dir = load_tokenizer(str(tiny_tokenizer.parent))
+    assert by_file.info == by_dir.info
+    assert by_file.info.name == "tiny-bpe"  # named after its directory
+    assert by_file.info.sha256 == hashlib.sha256(tiny_tokenizer.read_bytes()).hexdigest()
+    assert (by_file.info.eos_id, by_file.info.bos_id, by_file.info.add_bos) == (0, None, False)
+    assert by_file.info.vocab_size == by_file.tokenizer.get_vocab_size(with_added_tokens=True)
+    assert load_tokenizer(str(tiny_tokenizer), add_bos=True).info.bos_id == 1
+
+
+def test_framing_appends_eos_prepends_bos_and_drops_empty_documents(tiny_tokenizer: Path):
+    texts = ["hello world", "", "bazo kiru.\n"]
+    for add_bos in (False, True):
+        tok = load_tokenizer(str(tiny_tokenizer), add_bos=add_bos)
+        tokens, lengths = tok.encode_documents(texts)
+        assert lengths[1] == 0 and len(tokens) == lengths.sum()
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        for i in (0, 2):
+            doc = tokens[offsets[i] : offsets[i + 1]].tolist()
+            assert doc[-1] == 0
+            body = doc[1:-1] if add_bos else doc[:-1]
+            assert (doc[0] == 1) == add_bos
+            assert tok.tokenizer.decode(body) == texts[i]
+
+
+def test_no_recognisable_eos_is_a_clear_error_unless_named(tmp_path: Path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(make_texts(50, 1), trainers.BpeTrainer(vocab_size=300, special_tokens=["<sep>"],
+                                                                   show_progress=False))
+    path = tmp_path / TOKENIZER
+    tok.save(str(path))
+    with pytest.raises(InvalidTokenizerError, match=r"cannot tell which token is EOS \(special tokens: <sep>\).*--eos-token"):
+        load_tokenizer(str(path))
+    assert load_tokenizer(str(path), eos_token="<sep>").info.eos_id == tok.token_to_id("<sep>")
+    with pytest.raises(InvalidTokenizerError, match="not in the vocabulary"):
+        load_tokenizer(str(path), eos_token="<nope>")
+
+
+def test_unreadable_or_missing_tokenizers_are_invalid(tmp_path: Path, tiny_tokenizer: Path):
+    (tmp_path / "garbage.json").write_text("{}")
+    for spec in (str(tmp_path / "garbage.json"), str(tmp_path / "missing.json"), "./not/a/repo id"):
+        with pytest.raises(InvalidTokenizerError):
+            load_tokenizer(spec)
+    info = load_tokenizer(str(tiny_tokenizer)).info
+    with pytest.raises(InvalidTokenizerError, match="sha256"):
+        tokenizer_from_bytes(tiny_tokenizer.read_bytes() + b" ", info)
+
+
+def _hf_cache(root: Path, repo_id: str, tokenizer: Path) -> Path:
+    """A Hugging Face cache as ``hf_hub_download`` leaves it: blob, snapshot link and ``refs/main``."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    data = tokenizer.read_bytes()
+    blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(data)
+    snapshot = repo / "snapshots" / commit / TOKENIZER
+    snapshot.parent.mkdir(parents=True)
+    snapshot.symlink_to(Path("..", "..", "blobs", blob.name))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return root
+
+
+def test_a_repo_id_is_resolved_through_huggingface_hub(tmp_path: Path, tiny_tokenizer: Path):
+    """The real client, offline, reading a populated cache: the corpus records the repo id and the digest."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(_hf_cache(tmp_path / "hf", "marin-test/tiny-bpe", tiny_tokenizer))}
+    inputs = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in make_texts(20, 3)])
+    done = run_cli("shard", inputs, "--subset", "s", "--tokenizer", "marin-test/tiny-bpe", "--out", tmp_path / "c",
+                   "--workers", "1", env=env)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_bytes())
+    assert manifest["tokenizer"]["name"] == "marin-test/tiny-bpe"
+    assert manifest["tokenizer"]["sha256"] == hashlib.sha256(tiny_tokenizer.read_bytes()).hexdigest()
+    assert (tmp_path / "c" / TOKENIZER).read_bytes() == tiny_tokenizer.read_bytes()
+
+    missing = run_cli("shard", inputs, "--subset", "s", "--tokenizer", "marin-test/absent", "--out", tmp_path / "d",
+                      env=env)
+    assert missing.returncode == 8, missing.stderr  # RemoteError: not cached and the Hub is off
+    assert "marin-test/absent" in missing.stderr and "HF_HUB_OFFLINE" in missing.stderr
