@@ -60,6 +60,10 @@ def publish_and_download(corpus: Path) -> None:
         print(f"   {endpoint}", flush=True)
         step("Publish it: one PUT per file with its SHA-256, manifest last", "publish", str(copy), "--to", url,
              "--endpoint-url", endpoint)
+        step("Publishing recorded the bucket in the manifest's mirrors: restate the new digest in the datasheet",
+             "datasheet", str(copy), "--meta", "datasheets/sample-meta.yaml")
+        step("Publish again: only the datasheet changed, everything else is skipped", "publish", str(copy), "--to",
+             url, "--endpoint-url", endpoint)
         step("Download one subset, verified as it streams", "download", url, "--subset", subset, "--to",
              str(fetched), "--endpoint-url", endpoint)
         step("Run it again: every file is already there and verified, nothing is fetched", "download", url,
