@@ -310,8 +310,11 @@ class _Meter:
     bar: object
     received: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)  # set on Ctrl-C: workers quit mid-file
 
     def got(self, n: int) -> None:
+        if self.stop.is_set():
+            raise KeyboardInterrupt  # what is written so far stays in the partial file, for the next run
         with self.lock:
             self.received += n
             self.bar.update(n)
@@ -328,10 +331,14 @@ def _fetch_all(plan: DownloadPlan, root: Path, stores: Sequence[Store], *, worke
     bar = progress_bar(max(0, sum(t.bytes for t in todo) - resumed), "download", unit="B", unit_scale=True,
                        disable=None if progress is None else not progress)
     meter = _Meter(bar)
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="download")
     try:
-        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="download") as pool:
-            results = list(pool.map(lambda t: _fetch_file(root, t, stores, policy, meter), todo))
+        results = list(pool.map(lambda t: _fetch_file(root, t, stores, policy, meter), todo))
+    except BaseException:
+        meter.stop.set()
+        raise
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
     failed = tuple((t.path, why) for t, why in zip(todo, results) if why is not None)
     fetched = tuple(t.path for t, why in zip(todo, results) if why is None)

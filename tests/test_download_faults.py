@@ -172,12 +172,9 @@ def test_a_store_that_keeps_failing_is_reported_and_a_mirror_takes_over(publishe
     _check_end_state(tmp_path / "d", fault_corpus, ["b"])
 
 
-@pytest.mark.slow
-def test_kill_9_mid_run_then_rerun_resumes_without_refetching_finished_files(published, proxy, fault_corpus,
-                                                                             tmp_path):
-    url, _ = published
-    dest = tmp_path / "d"
-    shards = list(fault_corpus.shards)
+def _interrupt_mid_run(url: str, proxy, dest: Path, shards, sig: int) -> int:
+    """Run the CLI download slowly through the proxy; once a file is final and another partial, send
+    ``sig``. Returns the exit code."""
     proxy.add(Fault("slow", match="/data/", times=100, delay=0.004))
     cmd = [sys.executable, "-m", "marin_data", "download", url, "--to", str(dest), "--workers", "1",
            "--endpoint-url", proxy.endpoint]
@@ -191,11 +188,30 @@ def test_kill_9_mid_run_then_rerun_resumes_without_refetching_finished_files(pub
             if finals and partials:
                 break
             time.sleep(0.02)
-        assert proc.poll() is None, "the download finished before it could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.poll() is None, "the download finished before it could be interrupted"
+        os.kill(proc.pid, sig)
+        return proc.wait(timeout=30)
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_promptly_and_keeps_the_partial_file(published, proxy, fault_corpus, tmp_path):
+    url, _ = published
+    code = _interrupt_mid_run(url, proxy, tmp_path / "d", fault_corpus.shards, signal.SIGINT)
+    assert code == 130
+    (partial,) = [p for p in (tmp_path / "d").rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
+    assert not partial.with_name(partial.name.removesuffix(PARTIAL_SUFFIX)).exists()
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_rerun_resumes_without_refetching_finished_files(published, proxy, fault_corpus,
+                                                                             tmp_path):
+    url, _ = published
+    dest = tmp_path / "d"
+    shards = list(fault_corpus.shards)
+    _interrupt_mid_run(url, proxy, dest, shards, signal.SIGKILL)
     finals = {s.path for s in shards if (dest / s.path).exists()}
     (partial,) = [p for p in dest.rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
     in_flight = partial.relative_to(dest).as_posix().removesuffix(PARTIAL_SUFFIX)
