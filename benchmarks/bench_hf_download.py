@@ -21,16 +21,16 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from bench_s3_download import SUBSET, make_corpus
+
+from marin_data.mirror import mirror_process
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = "bench/corpus"
@@ -49,26 +49,6 @@ def commands(tool: str, url: str, dest: Path, workers: int) -> list[str]:
     return [sys.executable, "-c", SNAPSHOT, REPO, f"data/{SUBSET}/*", str(dest), str(workers), url]
 
 
-def serve(root: Path) -> tuple[subprocess.Popen, str]:
-    """`marin-data serve ROOT` on a free loopback port, once it answers (bounded wait)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "marin_data", "serve", str(root), "--port", str(port), "--quiet"],
-                            cwd=ROOT, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/api/datasets", timeout=2).close()
-            return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit("marin-data serve did not come up") from None
-            time.sleep(0.1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=int, default=1024, help="subset size in MiB (issue 4: at least 1 GB)")
@@ -85,8 +65,7 @@ def main() -> None:
         tmp = Path(tmp)
         nbytes = make_corpus(tmp / "hub" / REPO, args.size_mb, args.shard_mb)
         env["HF_HOME"] = str(tmp / "hf_home")  # no user cache or token involved
-        server, url = serve(tmp / "hub")
-        try:
+        with mirror_process(tmp / "hub") as url:
             for _ in range(args.runs):
                 for tool in tools:  # alternate, so drift on a shared machine hits both alike
                     dest = tmp / "dest"
@@ -98,9 +77,6 @@ def main() -> None:
                     got = sum(p.stat().st_size for p in dest.rglob("part-*.parquet"))
                     if got != nbytes:
                         raise SystemExit(f"{tool} fetched {got} bytes of shards, expected {nbytes}")
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
 
     print(f"\n{nbytes / 1e9:.2f} GB in {-(-nbytes // (args.shard_mb << 20))} shards of {args.shard_mb} MiB, "
           f"{args.runs} runs, {args.workers} workers, marin-data serve on 127.0.0.1\n")

@@ -78,39 +78,18 @@ def serve_and_download(corpus: Path) -> None:
     The mirror serves ROOT/org/name as the dataset repo org/name, so the sample is linked into a fresh ROOT
     (hard links: no copy). It listens on a free port and is always stopped.
     """
-    import socket
-    import urllib.request
+    from marin_data.mirror import mirror_process
 
     hub, fetched = OUT / "hub", OUT / "from-mirror"
     for old in (hub, fetched):
         shutil.rmtree(old, ignore_errors=True)
     shutil.copytree(corpus, hub / "marin" / "sample", copy_function=os.link)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url, subset = f"http://127.0.0.1:{port}", "prose/docstrings"
-    print(f"\n== Serve it as a Hugging Face Hub mirror (any huggingface_hub client works with HF_ENDPOINT={url})\n"
-          f"$ marin-data serve {hub} --port {port}", flush=True)
-    server = subprocess.Popen([*MARIN, "serve", str(hub), "--port", str(port), "--quiet"], cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # bounded wait until it answers
-            try:
-                urllib.request.urlopen(f"{url}/api/datasets", timeout=2).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("marin-data serve did not come up") from None
-                time.sleep(0.1)
+    subset = "prose/docstrings"
+    with mirror_process(hub) as url:
+        print(f"\n== Serve it as a Hugging Face Hub mirror (any huggingface_hub client works with HF_ENDPOINT={url})\n"
+              f"$ marin-data serve {hub} --port {url.rpartition(':')[2]}", flush=True)
         step("Download one subset through the mirror: the same verifying, resumable machinery", "download",
              "hf://datasets/marin/sample", "--subset", subset, "--to", str(fetched), "--endpoint", url)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
     print("   (mirror stopped)", flush=True)
     step("Verify the subset downloaded through the mirror", "verify", str(fetched), "--subset", subset)
 

@@ -112,9 +112,9 @@ class MirrorApp:
         repo_id, action, rest = f"{segs[1]}/{segs[2]}", (segs[3:4] or [""])[0], segs[4:]
         rev = "/".join(rest[:1]) or "main"
         if action == "" and m == "GET":
-            return self._info(request, repo_id, "main", kind)
+            return self._info(request, repo_id, "main")
         if action == "revision" and m == "GET" and rest:
-            return self._info(request, repo_id, "/".join(rest), kind)
+            return self._info(request, repo_id, "/".join(rest))
         if action == "tree" and m == "GET" and rest:
             return self._tree(request, repo_id, rev, rest[1:], kind)
         if action == "paths-info" and m == "POST" and rest:
@@ -145,7 +145,7 @@ class MirrorApp:
         return json_response([{"id": r, "author": r.split("/")[0]} for r in self.repos.repo_ids()
                               if search.lower() in r.lower() and author in (None, r.split("/")[0])])
 
-    def _info(self, request: Request, repo_id: str, rev: str, kind: str) -> Response:
+    def _info(self, request: Request, repo_id: str, rev: str) -> Response:
         snap = self._at(repo_id, rev)
         blobs = request.args.get("blobs", "").lower() in ("1", "true")
         siblings = []

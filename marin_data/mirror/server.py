@@ -2,7 +2,8 @@
 
 `start_mirror` binds (port 0 picks a free one), scans every repo once so the first client does not wait for
 hashing, and serves on a background thread; `running_mirror` is the same as a context manager that always
-stops the server, for tests, the quickstart and the benchmark; `serve` blocks until interrupted, for the CLI.
+stops the server, for tests; `serve` blocks until interrupted, for the CLI; `mirror_process` runs
+``marin-data serve`` as its own process, as a user would (the quickstart, the benchmark).
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -19,7 +23,7 @@ from cheroot import wsgi
 
 from marin_data.mirror.app import DEFAULT_PAGE_SIZE, MirrorApp
 
-__all__ = ["RunningMirror", "start_mirror", "running_mirror", "serve"]
+__all__ = ["RunningMirror", "start_mirror", "running_mirror", "serve", "mirror_process"]
 
 log = logging.getLogger(__name__)
 
@@ -101,3 +105,38 @@ def serve(root: str | os.PathLike, *, on_ready: Callable[[RunningMirror], None] 
         pass
     finally:
         mirror.stop()
+
+
+@contextlib.contextmanager
+def mirror_process(root: str | os.PathLike, *, host: str = "127.0.0.1", startup_timeout: float = 60.0,
+                   args: tuple[str, ...] = ("--quiet",)) -> Iterator[str]:
+    """Run ``marin-data serve ROOT`` in its own process on a free port; yield its URL once it answers; always
+    stop it.
+
+    Raises:
+        RuntimeError: it exited, or did not answer within ``startup_timeout`` seconds.
+    """
+    from marin_data.stores.local_s3 import free_port
+
+    port = free_port(host)
+    url = f"http://{host}:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "marin_data", "serve", str(root), "--host", host, "--port",
+                             str(port), *args], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/datasets", timeout=2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"marin-data serve {root} did not come up on {url}") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

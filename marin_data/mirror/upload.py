@@ -16,6 +16,9 @@ What ``huggingface_hub`` sends (``hf_api.create_repo``, ``_commit_api._fetch_upl
 6. ``POST /api/{kind}s/{repo}/commit/main`` with NDJSON lines: ``header``, ``file`` (base64 content),
    ``lfsFile`` (path + oid), ``deletedFile``, ``deletedFolder``.
 
+Hidden paths (``.marin.lock``, ``.gitattributes``) are never served, so ``preupload`` answers
+``shouldIgnore`` for them and the client leaves them out, as it would for a ``.gitignore``d file.
+
 A commit is checked whole before anything is written (paths, LFS objects present, files to delete exist,
 ``parentCommit``), then applied file by file, each atomically (temporary file, fsync, rename); added data
 files first, deletions next, ``manifest.json`` last, so a reader never sees a manifest naming a missing
