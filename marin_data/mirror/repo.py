@@ -135,8 +135,9 @@ class ContentHashes:
         self._lock = threading.Lock()
         self._workers = workers or max(1, min(4, os.cpu_count() or 1))
 
-    def ids(self, items: list[tuple[str, str, os.stat_result, str | None]]) -> list[tuple[str, str | None]]:
-        """``(oid, sha256 or None)`` for each ``(real path, repo path, stat, known sha256)``.
+    def ids(self, items: list[tuple[str, str, os.stat_result, str | None]]) -> list[tuple[str, str | None] | None]:
+        """``(oid, sha256 or None)`` for each ``(real path, repo path, stat, known sha256)``; None for a file
+        that cannot be read (it is then not served).
 
         Files not seen before are hashed on a small thread pool (hashlib releases the GIL).
         """
@@ -160,21 +161,26 @@ class ContentHashes:
             with self._lock:
                 for i, ids in zip(misses, computed):
                     real, _, st, _ = items[i]
-                    self._cache[real] = (file_stamp(st), *ids)
+                    if ids is not None:
+                        self._cache[real] = (file_stamp(st), *ids)
                     out[i] = ids
-        return out  # type: ignore[return-value]
+        return out
 
 
 def file_stamp(st: os.stat_result) -> tuple[int, int, int]:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
-def _file_ids(real: str, rel: str, st: os.stat_result, known_sha256: str | None) -> tuple[str, str | None]:
-    with open(real, "rb") as f:
-        sample = f.read(LFS_SAMPLE_BYTES)
-    if not is_lfs(rel, st.st_size, sample):
-        return git_blob_sha1_file(real), None
-    sha256 = known_sha256 or sha256_file(real)[0]
+def _file_ids(real: str, rel: str, st: os.stat_result, known_sha256: str | None) -> tuple[str, str | None] | None:
+    try:
+        with open(real, "rb") as f:
+            sample = f.read(LFS_SAMPLE_BYTES)
+        if not is_lfs(rel, st.st_size, sample):
+            return git_blob_sha1_file(real), None
+        sha256 = known_sha256 or sha256_file(real)[0]
+    except OSError as e:
+        log.warning("%s: unreadable, not served (%s)", real, e)
+        return None
     return git_blob_sha1(lfs_pointer(sha256, st.st_size)), sha256
 
 
@@ -262,8 +268,8 @@ class RepoStore:
                     hint = known.get(rel)
                     items.append((real, rel, st, hint[0] if hint and hint[1] == st.st_size else None))
         ids = self.hashes.ids(items)
-        files = {rel: FileEntry(rel, st.st_size, oid, sha, file_stamp(st))
-                 for (_, rel, st, _), (oid, sha) in zip(items, ids)}
+        files = {rel: FileEntry(rel, st.st_size, i[0], i[1], file_stamp(st))
+                 for (_, rel, st, _), i in zip(items, ids) if i is not None}
         children = _children(files, folders)
         return Snapshot(
             repo_id=repo_id,

@@ -11,7 +11,8 @@ fallbacks of each other.
 - ``read`` is one ``GET /datasets/{repo}/resolve/{commit}/{path}`` with ``Range: bytes=N-`` to resume
   (the Hub may redirect to its CDN; credentials are dropped on a redirect to another host).
 - Each repo's revision is resolved to its commit id once, on first use, and every later request names that
-  commit: a download reads one consistent version even if the repo is updated meanwhile.
+  commit: a download reads one consistent version even if the repo is updated meanwhile. ``@revision``
+  names the main repo's; part repos are read at their ``main``.
 - A corpus split across repos (`marin_data.publish_hf`: ``org/name``, ``org/name-part2``...) is one store:
   the part repos are the ``hf://datasets/org/name-partN`` records of the main repo's manifest ``mirrors``,
   and each path is read from the repo whose listing holds it.
