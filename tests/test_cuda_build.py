@@ -142,6 +142,7 @@ def test_missing_nvcc_is_a_clear_error(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback on a machine without a GPU")
 def test_without_a_gpu_dispatch_keeps_the_reference(monkeypatch):
+    monkeypatch.delenv("MARIN_CUDA_KERNELS", raising=False)
     assert kernels.register_cuda_kernels() is False
     assert "no CUDA device" in kernels.status()["reason"]
     monkeypatch.setenv("MARIN_CUDA_KERNELS", "require")
