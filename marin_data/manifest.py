@@ -249,7 +249,7 @@ def read_shard_index(path: str | os.PathLike) -> list[ShardRecord]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path, columns=list(_INDEX_COLUMNS))
+        table = pq.ParquetFile(path).read(columns=list(_INDEX_COLUMNS))  # no pyarrow.dataset import
         cols = {c: table.column(c).to_pylist() for c in _INDEX_COLUMNS}
     except (OSError, KeyError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
         raise InvalidManifestError(f"unreadable shard index: {e}", path=str(path)) from e
