@@ -228,8 +228,8 @@ def tokenize_unit(job: UnitJob) -> UnitResult:
     lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)
     with atomic_path(lengths_path) as tmp, open(tmp, "wb") as f:
         np.save(f, lengths)
-    result = UnitResult(key=job.key, docs=len(lengths), tokens=int(lengths.sum()), skipped=dict(sorted(skipped.items())),
-                        examples=dict(sorted(examples.items())))
+    result = UnitResult(key=job.key, docs=len(lengths), tokens=int(lengths.sum()),
+                        skipped=dict(sorted(skipped.items())), examples=dict(sorted(examples.items())))
     atomic_write_bytes(marker, _canonical(asdict(result)))
     return result
 
@@ -387,8 +387,8 @@ def _check_corpus(root: Path, existing: Corpus | None, loaded: LoadedTokenizer, 
         ours = {TOKENIZER, "data", STAGING, SOURCES, LOCK_NAME, *(Path(f).parts[0] for f in extra_files)}
         foreign = sorted(p.name for p in root.iterdir() if p.name not in ours and not p.name.endswith(".part"))
         if foreign:
-            raise CorpusConflictError(f"not empty and not a marin corpus (no {MANIFEST}; holds {', '.join(foreign[:5])})",
-                                      path=str(root))
+            raise CorpusConflictError(
+                f"not empty and not a marin corpus (no {MANIFEST}; holds {', '.join(foreign[:5])})", path=str(root))
         return loaded.info
     m = existing.manifest
     if _framing(m.tokenizer) != _framing(loaded.info):

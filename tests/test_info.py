@@ -16,7 +16,8 @@ def test_info_sums_the_subsets_and_shows_the_manifest_digest(make_corpus):
     assert info.manifest_sha256 == hashlib.sha256((corpus.root / "manifest.json").read_bytes()).hexdigest()
     doc = info.to_json()
     assert sorted(doc["subsets"]) == ["a", "b/c"]
-    assert doc["total"] == {k: sum(s[k] for s in doc["subsets"].values()) for k in ("docs", "tokens", "bytes", "shards")}
+    keys = ("docs", "tokens", "bytes", "shards")
+    assert doc["total"] == {k: sum(s[k] for s in doc["subsets"].values()) for k in keys}
     assert doc["total"]["docs"] == 100 and doc["total"]["shards"] == 3
     assert doc["tokenizer"]["sha256"] == corpus.manifest.tokenizer.sha256
 
@@ -32,7 +33,8 @@ def test_cli_table_and_json_agree_with_the_manifest(make_corpus):
     for name, s in doc["subsets"].items():
         assert rows[name][1:4] == [f"{s['docs']:,}", f"{s['tokens']:,}", f"{s['shards']:,}"]
         assert rows[name][-1] == s["license"] == "CC0-1.0"
-    assert rows["total"][1:4] == [f"{doc['total']['docs']:,}", f"{doc['total']['tokens']:,}", f"{doc['total']['shards']:,}"]
+    total = doc["total"]
+    assert rows["total"][1:4] == [f"{total['docs']:,}", f"{total['tokens']:,}", f"{total['shards']:,}"]
     assert f"manifest sha256  {doc['manifest_sha256']}" in table.stdout
     assert corpus.manifest.tokenizer.sha256 in table.stdout
 

@@ -19,7 +19,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from shard_env import ROOT, make_texts, run_cli, tiny_tokenizer, train_tiny, tree_bytes, write_jsonl, write_parquet  # noqa: F401
+from shard_env import (  # noqa: F401 - tiny_tokenizer is a fixture
+    ROOT,
+    make_texts,
+    run_cli,
+    tiny_tokenizer,
+    train_tiny,
+    tree_bytes,
+    write_jsonl,
+    write_parquet,
+)
 
 from marin_data.errors import (
     BadRecordError,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from shard_env import make_texts, run_cli, tiny_tokenizer, write_jsonl  # noqa: F401
+from shard_env import make_texts, run_cli, tiny_tokenizer, write_jsonl  # noqa: F401 - tiny_tokenizer is a fixture
 
 from marin_data.errors import InvalidTokenizerError
 from marin_data.manifest import TOKENIZER
@@ -50,7 +50,7 @@ def test_no_recognisable_eos_is_a_clear_error_unless_named(tmp_path: Path):
                                                                    show_progress=False))
     path = tmp_path / TOKENIZER
     tok.save(str(path))
-    with pytest.raises(InvalidTokenizerError, match=r"cannot tell which token is EOS \(special tokens: <sep>\).*--eos-token"):
+    with pytest.raises(InvalidTokenizerError, match=r"which token is EOS \(special tokens: <sep>\).*--eos-token"):
         load_tokenizer(str(path))
     assert load_tokenizer(str(path), eos_token="<sep>").info.eos_id == tok.token_to_id("<sep>")
     with pytest.raises(InvalidTokenizerError, match="not in the vocabulary"):
@@ -85,7 +85,8 @@ def _hf_cache(root: Path, repo_id: str, tokenizer: Path) -> Path:
 
 def test_a_repo_id_is_resolved_through_huggingface_hub(tmp_path: Path, tiny_tokenizer: Path):
     """The real client, offline, reading a populated cache: the corpus records the repo id and the digest."""
-    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(_hf_cache(tmp_path / "hf", "marin-test/tiny-bpe", tiny_tokenizer))}
+    cache = _hf_cache(tmp_path / "hf", "marin-test/tiny-bpe", tiny_tokenizer)
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
     inputs = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in make_texts(20, 3)])
     done = run_cli("shard", inputs, "--subset", "s", "--tokenizer", "marin-test/tiny-bpe", "--out", tmp_path / "c",
                    "--workers", "1", env=env)
