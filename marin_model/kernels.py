@@ -398,12 +398,13 @@ def permute(x: Tensor, expert_ids: Tensor, num_experts: int, align: int,
 
 
 def _unpermute_supported(routed: Tensor, row_of: Tensor, src_of: Tensor, weights: Optional[Tensor]) -> bool:
-    """Checks the arguments; False when the kernels do not take them (dtype, K > 16)."""
+    """Checks the arguments; False when the kernels do not take them (fp64 rows or weights, K > 16)."""
     from marin_model.ops import check_unpermute_args
 
     check_unpermute_args(routed, row_of, src_of, weights)
     _on_device(routed.device, row_of=row_of, src_of=src_of, weights=weights)
-    return routed.dtype in _DTYPES and row_of.shape[1] <= MAX_TOP_K
+    return (routed.dtype in _DTYPES and row_of.shape[1] <= MAX_TOP_K
+            and (weights is None or weights.dtype == torch.float32))
 
 
 def unpermute(routed: Tensor, row_of: Tensor, src_of: Tensor, weights: Optional[Tensor]) -> Tensor:
@@ -415,7 +416,7 @@ def unpermute(routed: Tensor, row_of: Tensor, src_of: Tensor, weights: Optional[
     if not supported:
         return _reference("unpermute", routed, row_of, src_of, weights)
     dtype, routed, row_of = _DTYPES[routed.dtype], routed.contiguous(), row_of.contiguous()
-    weights = None if weights is None else weights.to(torch.float32).contiguous()
+    weights = None if weights is None else weights.contiguous()
     out = routed.new_empty(T, H)
     _launch("marin_unpermute", routed.device, routed.data_ptr(), dtype, H, row_of.data_ptr(), T, row_of.shape[1],
             _ptr(weights), out.data_ptr())
@@ -437,7 +438,7 @@ def unpermute_backward(grad_out: Tensor, routed: Tensor, row_of: Tensor, src_of:
     _on_device(routed.device, grad_out=grad_out)
     dtype, routed = _DTYPES[routed.dtype], routed.contiguous()
     grad_out, row_of, src_of = grad_out.to(routed.dtype).contiguous(), row_of.contiguous(), src_of.contiguous()
-    weights = None if weights is None else weights.to(torch.float32).contiguous()
+    weights = None if weights is None else weights.contiguous()
     grad_routed = torch.empty_like(routed)
     _launch("marin_unpermute_backward", routed.device, grad_out.data_ptr(), routed.data_ptr(), dtype,
             routed.shape[0], routed.shape[1], row_of.data_ptr(), src_of.data_ptr(), T, K, _ptr(weights),

@@ -50,6 +50,22 @@ def assert_close(got, want, dtype=torch.float32):
     torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
 
 
+def assert_same_experts(got, want, logits, bias, mode):
+    """Ids and counts equal. In softmax_topk the selection score is a probability, whose last bit differs
+    between CUDA's expf and the CPU's vectorized exp, so a near-tie may flip: a differing row (at most 1%)
+    must then pick experts whose scores equal the reference's choice within 1e-6."""
+    ids, counts, want_ids = got[0], got[2], want[0]
+    if mode != "softmax_topk" or torch.equal(ids, want_ids):
+        assert torch.equal(ids, want_ids) and torch.equal(counts, want[2])
+        return
+    rows = (ids != want_ids).any(-1)
+    assert rows.float().mean() <= 0.01, f"{int(rows.sum())} tokens routed differently"
+    score = torch.softmax(logits.float(), -1) + (0 if bias is None else bias)
+    torch.testing.assert_close(score.gather(1, ids.long())[rows], score.gather(1, want_ids.long())[rows],
+                               rtol=0, atol=1e-6)
+    assert torch.equal(counts, torch.bincount(ids.flatten().long(), minlength=logits.shape[1]).int())
+
+
 # ---------------------------------------------------------------------------------------------- route_topk
 ROUTE_SHAPES = [(7, 1, 1, 1), (7, 5, 1, 1), (257, 8, 1, 1), (256, 8, 8, 4), (384, 8, 1, 1), (384, 16, 12, 6),
                 (512, 16, 1, 1), (512, 8, 16, 4)]  # (E, k, n_group, topk_group)
@@ -63,11 +79,11 @@ def test_route_topk_equals_the_reference(E, k, n_group, topk_group, mode, dtype)
     logits = (torch.randn(1000, E, generator=g) * 2).to(dtype)
     bias = torch.randn(E, generator=g) * (0.01 if mode == "softmax_topk" else 0.5)
     for b, renormalize in ((None, True), (bias, True), (bias, False)):
-        (ids, w, counts, lse), (want_ids, want_w, want_counts, want_lse) = both(
-            ops.route_topk, logits, b, k, mode, 2.5, renormalize, n_group, topk_group)
-        assert torch.equal(ids, want_ids) and torch.equal(counts, want_counts)
-        assert_close(w, want_w)
-        assert_close(lse, want_lse)
+        got, want = both(ops.route_topk, logits, b, k, mode, 2.5, renormalize, n_group, topk_group)
+        assert_same_experts(got, want, logits, b, mode)
+        same = (got[0] == want[0]).all(-1)  # weights compared where the experts agree
+        assert_close(got[1][same], want[1][same])
+        assert_close(got[3], want[3])
 
 
 @pytest.mark.parametrize("T", [0, 1])
