@@ -336,6 +336,25 @@ def test_a_run_killed_mid_way_resumes_to_the_same_bytes(reference, tmp_path, pha
     assert tree_bytes(root) == tree_bytes(reference["root"])
 
 
+def test_a_run_that_fails_while_placing_shards_resumes_to_the_same_bytes(reference, tmp_path):
+    """Fail the rename of the 4th shard (a directory is in its way): three shards sit under final names,
+    no manifest names them; the re-run keeps them (checked by sha256) and finishes identically."""
+    root = tmp_path / "corpus"
+    blocker = root / "data" / SUBSET / "part-00003.parquet"
+    blocker.mkdir(parents=True)
+    args = dict(subset=SUBSET, tokenizer=str(reference["tokenizer"]), out=root, shard_tokens=SHARD_TOKENS,
+                license="CC0-1.0", workers=2)
+    with pytest.raises(OSError):
+        shard_subset([reference["inputs"]], **args)
+    assert not (root / MANIFEST).exists()
+    placed = sorted(p.name for p in blocker.parent.glob("part-*.parquet") if p.is_file())
+    assert placed == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    blocker.rmdir()
+    report = shard_subset([reference["inputs"]], **args)
+    assert report.units_reused == 10
+    assert tree_bytes(root) == tree_bytes(reference["root"])
+
+
 def test_cli_prints_a_summary_table(reference, tmp_path):
     root = _copy(reference, tmp_path)
     done = run_cli("shard", *_shard_args(reference["inputs"], reference["tokenizer"], root, workers=1))
