@@ -102,7 +102,7 @@ class TokenDataset(IterableDataset):
         """This rank's part of the global batch that starts at stream position ``start``."""
         first = start + self.rank * self.batch_size
         out = new_batch(self.batch_size, self.stream.seq_len)
-        return to_tensors(self.stream.fill(np.arange(first, first + self.batch_size), out, self.split))
+        return to_tensors(self.stream.fill(range(first, first + self.batch_size), out, self.split))
 
     def _starts(self, worker: int, workers: int) -> Iterator[int]:
         stop = self.stream.stop(self.split)

@@ -23,7 +23,7 @@ import numpy as np
 
 from marin_data.loader.permutation import sub_key
 
-__all__ = ["holdout_every", "split_sizes", "train_windows", "val_windows"]
+__all__ = ["holdout_every", "split_sizes", "train_windows", "val_windows", "train_window1", "val_window1"]
 
 
 def holdout_every(val_fraction: float) -> int:
@@ -35,7 +35,7 @@ def holdout_every(val_fraction: float) -> int:
 
 def split_sizes(windows: int, every: int) -> tuple[int, int]:
     """``(training windows, held-out windows)`` of a subset with ``windows`` windows."""
-    held = windows // every if every else 0
+    held = windows // every if every else windows * 0
     return windows - held, held
 
 
@@ -44,19 +44,29 @@ def _offset(key, run, every):
     return np.int64(sub_key(key, np.uint64(run)) % np.uint64(every))
 
 
+@numba.njit(cache=True, inline="always")
+def train_window1(u, windows, every, key):
+    """The window of training index ``u`` (jitted callers; `train_windows` for arrays)."""
+    if every == 0:
+        return u
+    full = windows // every  # runs that hold one window out
+    run, o = divmod(u, every - 1)
+    if run < full:
+        return run * every + o + (1 if o >= _offset(key, run, every) else 0)
+    return full * every + (u - full * (every - 1))  # the trailing partial run holds nothing out
+
+
+@numba.njit(cache=True, inline="always")
+def val_window1(v, every, key):
+    """The window of held-out index ``v`` (jitted callers; `val_windows` for arrays)."""
+    return v * every + _offset(key, v, every)
+
+
 @numba.njit(cache=True, nogil=True)
 def _train(u, windows, every, key):
     out = np.empty(u.shape[0], np.int64)
-    if every == 0:
-        out[:] = u
-        return out
-    full = windows // every  # runs that hold one window out
     for k in range(u.shape[0]):
-        run, o = divmod(u[k], every - 1)
-        if run < full:
-            out[k] = run * every + o + (1 if o >= _offset(key, run, every) else 0)
-        else:  # the trailing partial run holds nothing out
-            out[k] = full * every + (u[k] - full * (every - 1))
+        out[k] = train_window1(u[k], windows, every, key)
     return out
 
 
@@ -64,7 +74,7 @@ def _train(u, windows, every, key):
 def _val(v, every, key):
     out = np.empty(v.shape[0], np.int64)
     for k in range(v.shape[0]):
-        out[k] = v[k] * every + _offset(key, v[k], every)
+        out[k] = val_window1(v[k], every, key)
     return out
 
 

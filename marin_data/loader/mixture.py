@@ -31,22 +31,24 @@ Feistel evaluation: resuming at step 1,000,000 replays nothing.
 
 from __future__ import annotations
 
-import functools
+import bisect
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numba
 import numpy as np
 
 from marin_data.errors import LoaderConfigError
-from marin_data.loader.permutation import derive_key, feistel, sub_key
+from marin_data.loader.permutation import SHUFFLES, derive_key, permute1, sub_key
 from marin_data.manifest import select_subsets
 
 __all__ = ["Phase", "MixturePhase", "Mixture", "phases_by_fraction", "resolve_weights", "apportion"]
 
 DEFAULT_BLOCK = 1024  # positions per block when every weight is >= 1/1024
+_FEISTEL = SHUFFLES["feistel"]  # permutes each block's slots
 
 
 @dataclass(frozen=True)
@@ -134,11 +136,24 @@ def apportion(numerators: tuple[int, ...], denominator: int, n: int) -> np.ndarr
     return np.array(seats, dtype=np.int64)
 
 
-@functools.lru_cache(maxsize=512)
 def _block(numerators: tuple[int, ...], denominator: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-subset seats before ``start`` and cumulative seats within ``[start, stop)`` (both ``[S]`` int64)."""
     before = apportion(numerators, denominator, start)
     return before, np.cumsum(apportion(numerators, denominator, stop) - before)
+
+
+@numba.njit(cache=True, nogil=True)
+def _assign(slot_of, size, key, cum, first):
+    """Positions ``slot_of`` of one block -> (subset, per-subset index): the keyed slot permutation, then
+    the subset owning the slot (``cum``: cumulative slots per subset) and its rank among that subset's slots."""
+    subset = np.empty(slot_of.shape[0], np.int64)
+    index = np.empty(slot_of.shape[0], np.int64)
+    for r in range(slot_of.shape[0]):
+        slot = permute1(_FEISTEL, size, key, slot_of[r], 1, 1)
+        s = np.searchsorted(cum, slot, side="right")
+        subset[r] = s
+        index[r] = first[s] + slot - (cum[s - 1] if s > 0 else 0)
+    return subset, index
 
 
 @dataclass(frozen=True)
@@ -213,6 +228,8 @@ class Mixture:
                 start = stop
         self.phases = tuple(resolved)
         self._starts = np.array([ph.start for ph in self.phases], dtype=np.int64)
+        self._start_list = [ph.start for ph in self.phases]
+        self._blocks: dict[tuple[int, int], tuple] = {}  # recently used blocks (a batch is in one or two)
 
     @staticmethod
     def _phase_length(sequences: int, block: int, numerators: tuple[int, ...], denominator: int, p: int) -> int:
@@ -236,38 +253,56 @@ class Mixture:
     def phase_at(self, position: int) -> int:
         return int(np.searchsorted(self._starts, position, side="right") - 1)
 
-    def _check(self, positions) -> np.ndarray:
-        pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
-        if pos.size and (pos.min() < 0 or (self.stop is not None and pos.max() >= self.stop)):
-            raise IndexError(f"positions must lie in [0, {self.stop}) for this schedule")
-        return pos
+    def locate(self, positions: range | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Map global positions to ``(subset index [k] int64, per-subset sequence index [k] int64)``.
 
-    def locate(self, positions) -> tuple[np.ndarray, np.ndarray]:
-        """Map global positions to ``(subset index [k] int64, per-subset sequence index [k] int64)``."""
-        pos = self._check(positions)
+        ``positions`` is an array, or a ``range`` (a batch is one: its common case of one block skips the
+        grouping below).
+        """
+        if isinstance(positions, range) and positions.step == 1 and len(positions):
+            first, last = positions.start, positions.stop - 1
+            self._check_bounds(first, last)
+            p = bisect.bisect_right(self._start_list, first) - 1
+            ph = self.phases[p]
+            k = (first - ph.start) // ph.block
+            if (ph.stop is None or last < ph.stop) and (last - ph.start) // ph.block == k:
+                start, size, key, cum, before = self._block_of(p, k)
+                offset = np.arange(first - ph.start - start, last + 1 - ph.start - start)
+                return _assign(offset, size, key, cum, before)
+        pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+        if pos.size:
+            self._check_bounds(int(pos.min()), int(pos.max()))
         subset = np.empty_like(pos)
         index = np.empty_like(pos)
         phase = np.searchsorted(self._starts, pos, side="right") - 1
         for p in np.unique(phase):
             ph = self.phases[p]
-            sel = np.flatnonzero(phase == p)
-            offset = pos[sel] - ph.start
-            blocks = offset // ph.block
+            rows = np.flatnonzero(phase == p)
+            blocks = (pos[rows] - ph.start) // ph.block
             for k in np.unique(blocks):
-                rows = sel[blocks == k]
-                start, size, before, cum = self._block_of(ph, int(k))
-                slot = feistel(size, int(sub_key(ph.key, np.uint64(k))), pos[rows] - ph.start - start)
-                s = np.searchsorted(cum, slot, side="right")
-                first = np.concatenate(([0], cum[:-1]))[s]  # the block's first slot of each subset
-                subset[rows] = s
-                index[rows] = np.asarray(ph.base, dtype=np.int64)[s] + before[s] + slot - first
+                at = rows[blocks == k]
+                start, size, key, cum, before = self._block_of(p, int(k))
+                subset[at], index[at] = _assign(pos[at] - (ph.start + start), size, key, cum, before)
         return subset, index
 
-    def _block_of(self, ph: MixturePhase, k: int) -> tuple[int, int, np.ndarray, np.ndarray]:
-        start = k * ph.block
-        stop = start + ph.block if ph.stop is None else min(start + ph.block, ph.stop - ph.start)
-        before, cum = _block(ph.numerators, ph.denominator, start, stop)
-        return start, stop - start, before, cum
+    def _check_bounds(self, first: int, last: int) -> None:
+        if first < 0 or (self.stop is not None and last >= self.stop):
+            raise IndexError(f"positions must lie in [0, {self.stop}) for this schedule")
+
+    def _block_of(self, p: int, k: int) -> tuple[int, int, np.uint64, np.ndarray, np.ndarray]:
+        """Block ``k`` of phase ``p``: its first offset in the phase, size, slot key, cumulative slots per
+        subset, and each subset's sequence count before it (earlier phases included)."""
+        hit = self._blocks.get((p, k))
+        if hit is None:
+            ph = self.phases[p]
+            start = k * ph.block
+            stop = start + ph.block if ph.stop is None else min(start + ph.block, ph.stop - ph.start)
+            before, cum = _block(ph.numerators, ph.denominator, start, stop)
+            hit = (start, stop - start, np.uint64(sub_key(ph.key, np.uint64(k))), cum, np.add(ph.base, before))
+            if len(self._blocks) >= 256:
+                self._blocks.clear()
+            self._blocks[(p, k)] = hit
+        return hit
 
     def served(self, position: int) -> np.ndarray:
         """``[S]`` int64: sequences of each subset served at positions ``< position`` (no replay)."""
@@ -276,9 +311,8 @@ class Mixture:
         p = self.phase_at(position)
         ph = self.phases[p]
         k, r = divmod(position - ph.start, ph.block)
-        start, size, before, cum = self._block_of(ph, k)
-        partial = np.zeros(len(self.subsets), dtype=np.int64)
-        if r:
-            slots = feistel(size, int(sub_key(ph.key, np.uint64(k))), np.arange(r))
-            partial = np.bincount(np.searchsorted(cum, slots, side="right"), minlength=len(self.subsets))
-        return np.asarray(ph.base, dtype=np.int64) + before + partial
+        _, size, key, cum, before = self._block_of(p, k)
+        if not r:
+            return before.copy()
+        subset, _ = _assign(np.arange(r), size, key, cum, np.zeros_like(cum))
+        return before + np.bincount(subset, minlength=len(self.subsets))

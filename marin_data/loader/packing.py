@@ -33,6 +33,7 @@ shards, so a shard boundary is always a document boundary.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ import numpy as np
 from marin_data.loader.cache import ShardSource
 from marin_data.manifest import ShardRecord
 
-__all__ = ["SubsetTokens", "window_count", "Batch", "new_batch", "pack_rows"]
+__all__ = ["SubsetTokens", "window_count", "Batch", "new_batch", "ShardTable", "pack_rows"]
 
 
 def window_count(tokens: int, seq_len: int) -> int:
@@ -86,28 +87,66 @@ def new_batch(rows: int, seq_len: int) -> Batch:
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill(tokens, offsets, lo, hi, window, segment_ids, positions, dst, segment, start):
+def _pieces(subset, start, cumulative, first_shard, length):
+    """Split each row's window ``[start, start + length)`` of its subset's stream at shard boundaries.
+
+    ``cumulative`` holds every subset's cumulative shard tokens back to back: subset ``s``'s array (``n_s + 1``
+    entries) starts at ``first_shard[s] + s``, and its shard ``k`` is global shard ``first_shard[s] + k``.
+    Returns ``[P, 5]`` int64 rows ``(row, global shard, lo, hi, dst)``: copy shard tokens ``[lo, hi)`` to row
+    position ``dst``.
+    """
+    out = np.empty((4 * subset.shape[0] + 16, 5), np.int64)
+    n = 0
+    for r in range(subset.shape[0]):
+        s = subset[r]
+        base = first_shard[s] + s
+        cum = cumulative[base : first_shard[s + 1] + s + 1]
+        k = np.searchsorted(cum, start[r], side="right") - 1
+        at = start[r]
+        dst = 0
+        while dst < length:
+            take = min(length - dst, cum[k + 1] - at)
+            if take > 0:
+                if n == out.shape[0]:  # windows spanning many tiny shards: grow
+                    grown = np.empty((2 * n, 5), np.int64)
+                    grown[:n] = out
+                    out = grown
+                out[n, 0] = r
+                out[n, 1] = first_shard[s] + k
+                out[n, 2] = at - cum[k]
+                out[n, 3] = at - cum[k] + take
+                out[n, 4] = dst
+                n += 1
+                dst += take
+                at += take
+            k += 1
+    return out[:n]
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill(tokens, offsets, lo, hi, window, segment_ids, positions, ramp, dst, segment, start):
     """Copy shard tokens ``[lo, hi)`` to ``window[dst:]`` and label their documents.
 
     ``segment``/``start`` carry the current segment id and the row position where it began from the
-    previous piece of the same row; the updated pair is returned.
+    previous piece of the same row; the updated pair is returned. ``ramp`` is ``arange`` (int32, longer than
+    a row): positions are slices of it, which compile to plain copies.
     """
-    n = hi - lo
-    for k in range(n):
-        window[dst + k] = tokens[lo + k]
+    end = dst + (hi - lo)
+    window[dst:end] = tokens[lo:hi]
     limit = segment_ids.shape[0]
     if dst == 0:
         segment, start = 0, 0
     j = np.searchsorted(offsets, lo)  # the first document start >= lo
     p = dst
     while True:
-        b = dst + n
+        b = end
         if j < offsets.shape[0] and offsets[j] < hi:
-            b = dst + offsets[j] - lo
-        for q in range(p, min(b, limit)):
-            segment_ids[q] = segment
-            positions[q] = q - start
-        if b >= dst + n:
+            b = dst + (offsets[j] - lo)
+        e = min(b, limit)
+        if e > p:
+            segment_ids[p:e] = segment
+            positions[p:e] = ramp[p - start : e - start]
+        if b >= end:
             return segment, start
         if b > 0:  # a document starts at row position b (the row start is segment 0 already)
             segment += 1
@@ -116,31 +155,92 @@ def _fill(tokens, offsets, lo, hi, window, segment_ids, positions, dst, segment,
         j += 1
 
 
-def pack_rows(source: ShardSource, subsets: Sequence[SubsetTokens], subset: np.ndarray, start: np.ndarray,
-              seq_len: int, out: Batch) -> None:
+@numba.njit(cache=True, nogil=True)
+def _fill_batch(tokens, offsets, pieces, slots, window, segment_ids, positions, ramp):
+    segment, start = 0, 0
+    for q in range(pieces.shape[0]):
+        r, _, lo, hi, dst = pieces[q]
+        segment, start = _fill(tokens[slots[q]], offsets[slots[q]], lo, hi, window[r], segment_ids[r],
+                               positions[r], ramp, dst, segment, start)
+
+
+def _readonly(dtype) -> np.ndarray:
+    empty = np.empty(0, dtype)
+    empty.flags.writeable = False
+    return empty
+
+
+class ShardTable:
+    """Open shards in slots that one numba call can read, so a whole batch is filled without Python loops.
+
+    ``slot_of[g]`` is the slot holding global shard ``g`` (or -1); a batch's missing shards are opened
+    through ``source`` (the decoded-shard cache) into the least recently used slots. Built lazily in each
+    process: DataLoader workers get their own.
+    """
+
+    def __init__(self, source: ShardSource, subsets: Sequence[SubsetTokens], capacity: int = 64) -> None:
+        from numba.typed import List
+
+        self.source = source
+        self.shards = [shard for sub in subsets for shard in sub.shards]
+        counts = [len(sub.shards) for sub in subsets]
+        self.first_shard = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        self.cumulative = np.concatenate([sub.cumulative for sub in subsets]) if subsets else np.zeros(0, np.int64)
+        self.slot_of = np.full(len(self.shards), -1, dtype=np.int64)
+        self.shard_in = np.full(capacity, -1, dtype=np.int64)
+        self.used = np.zeros(capacity, dtype=np.int64)  # batch counter at last use (LRU)
+        self.batches = 0
+        self.tokens = List([_readonly(np.uint32)] * capacity)
+        self.offsets = List([_readonly(np.int64)] * capacity)
+
+    def slots(self, shards: np.ndarray) -> np.ndarray:
+        """Slots of global shards ``shards`` (``[P]`` int64), opening the ones not in a slot."""
+        self.batches += 1
+        slots = self.slot_of[shards]
+        if slots.min() < 0:
+            needed = len(np.unique(shards))
+            if needed > len(self.used):  # a batch spanning more shards than there are slots: grow
+                self._grow(2 * needed)
+            for g in np.unique(shards[slots < 0]):
+                free = np.where(np.isin(np.arange(len(self.used)), slots), np.iinfo(np.int64).max, self.used)
+                slot = int(np.argmin(free))  # least recently used among the slots this batch does not use
+                if self.shard_in[slot] >= 0:
+                    self.slot_of[self.shard_in[slot]] = -1
+                decoded = self.source.open(self.shards[g])
+                self.tokens[slot] = decoded.tokens
+                self.offsets[slot] = decoded.offsets
+                self.shard_in[slot], self.slot_of[g] = g, slot
+                slots = np.where(shards == g, slot, slots)
+        self.used[slots] = self.batches
+        return slots
+
+    def _grow(self, capacity: int) -> None:
+        extra = capacity - len(self.used)
+        self.shard_in = np.concatenate([self.shard_in, np.full(extra, -1, dtype=np.int64)])
+        self.used = np.concatenate([self.used, np.zeros(extra, dtype=np.int64)])
+        for _ in range(extra):
+            self.tokens.append(_readonly(np.uint32))
+            self.offsets.append(_readonly(np.int64))
+
+
+def pack_rows(table: ShardTable, subset: np.ndarray, start: np.ndarray, seq_len: int, out: Batch) -> None:
     """Fill ``out`` with the windows starting at stream token ``start[r]`` of subset ``subset[r]``.
 
     Args:
-        source: decoded shards (`cache.DecodedShardCache` or a remote store).
-        subsets: the stream's subsets; ``subset`` indexes into it.
+        table: the stream's shards (`ShardTable`).
         subset, start: ``[B]`` int64.
         seq_len: ``L``; each window is ``L + 1`` tokens.
         out: buffers with ``B`` rows.
     """
     out.subset[:] = subset
-    for r in range(len(subset)):
-        sub = subsets[subset[r]]
-        at = int(start[r])
-        k = int(np.searchsorted(sub.cumulative, at, side="right")) - 1
-        dst, segment, seg_start = 0, 0, 0
-        while dst < seq_len + 1:
-            shard_lo = int(sub.cumulative[k])
-            n = min(seq_len + 1 - dst, int(sub.cumulative[k + 1]) - at)
-            if n > 0:
-                decoded = source.open(sub.shards[k])
-                segment, seg_start = _fill(decoded.tokens, decoded.offsets, at - shard_lo, at - shard_lo + n,
-                                           out.window[r], out.segment_ids[r], out.positions[r], dst, segment,
-                                           seg_start)
-                dst += n
-                at += n
-            k += 1
+    pieces = _pieces(subset, start, table.cumulative, table.first_shard, seq_len + 1)
+    slots = table.slots(pieces[:, 1])
+    _fill_batch(table.tokens, table.offsets, pieces, slots, out.window, out.segment_ids, out.positions,
+                _ramp(seq_len))
+
+
+@functools.lru_cache(maxsize=8)
+def _ramp(seq_len: int) -> np.ndarray:
+    ramp = np.arange(seq_len + 1, dtype=np.int32)
+    ramp.flags.writeable = False
+    return ramp

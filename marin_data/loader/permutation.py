@@ -17,19 +17,17 @@ anywhere in the pass. This is MosaicML streaming's "py1br" idea with O(1) arithm
 materialised arrays.
 
 Every algorithm is a pure function ``(n, key, i, block, window) -> indices`` of the same shape, chosen by
-name from `SHUFFLES` (STYLE.md rule 12). ``key`` carries the seed, subset, epoch and purpose at once: derive
+name from `SHUFFLES` (STYLE.md rule 12) through `shuffle` (numpy arrays) or `permute1` (jitted callers). ``key`` carries the seed, subset, epoch and purpose at once: derive
 it with `derive_key` so that different subsets and epochs get independent permutations.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-
 import numba
 import numpy as np
 
-__all__ = ["ROUNDS", "SHUFFLES", "derive_key", "sub_key", "feistel", "hierarchical", "identity", "shuffle"]
+__all__ = ["ROUNDS", "SHUFFLES", "derive_key", "sub_key", "permute1", "shuffle", "feistel", "hierarchical"]
 
 ROUNDS = 6  # >= 4 (Luby–Rackoff); see the module docstring
 
@@ -106,77 +104,64 @@ def _hierarchical1(n, key, i, block, window):
             return t
 
 
-@numba.njit(cache=True, nogil=True)
-def _feistel_many(n, key, i):
-    out = np.empty(i.shape[0], np.int64)
-    for k in range(i.shape[0]):
-        out[k] = _feistel1(n, key, i[k])
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def _hierarchical_many(n, key, i, block, window):
-    out = np.empty(i.shape[0], np.int64)
-    for k in range(i.shape[0]):
-        out[k] = _hierarchical1(n, key, i[k], block, window)
-    return out
-
-
-def _indices(n: int, i) -> np.ndarray:
-    i = np.ascontiguousarray(i, dtype=np.int64).reshape(-1)
-    if n < 0:
-        raise ValueError(f"permutation size must be >= 0, got {n}")
-    if i.size and (i.min() < 0 or i.max() >= n):
-        raise ValueError(f"indices must lie in [0, {n})")
-    return i
-
-
-def feistel(n: int, key: int, i, block: int = 1, window: int = 1) -> np.ndarray:
-    """A keyed pseudo-random permutation of ``[0, n)`` applied to ``i`` (``block``/``window`` unused).
-
-    Args:
-        n: the domain size (any n >= 0; cycle-walking handles non-powers of two).
-        key: a 64-bit key from `derive_key`.
-        i: ``[k]`` int64 indices in ``[0, n)``.
-
-    Returns:
-        ``[k]`` int64: the images of ``i``.
-    """
-    return _feistel_many(int(n), np.uint64(key), _indices(n, i))
-
-
-def hierarchical(n: int, key: int, i, block: int = 1, window: int = 1) -> np.ndarray:
-    """The locality-preserving permutation: blocks of ``block`` indices permuted, shuffled ``window`` at a time.
-
-    Args:
-        n, key, i: as in `feistel`.
-        block: consecutive indices kept together (about one shard's sequences).
-        window: blocks whose indices are shuffled among each other; the reader's working set.
-
-    Returns:
-        ``[k]`` int64: the images of ``i``.
-    """
-    if block < 1 or window < 1:
-        raise ValueError(f"block and window must be >= 1, got {block}, {window}")
-    return _hierarchical_many(int(n), np.uint64(key), _indices(n, i), int(block), int(window))
-
-
-def identity(n: int, key: int, i, block: int = 1, window: int = 1) -> np.ndarray:
-    """No shuffle: sequence order follows the corpus (debugging, evaluation, throughput floors)."""
-    return _indices(n, i).copy()
-
-
-SHUFFLES: dict[str, Callable[..., np.ndarray]] = {
-    "hierarchical": hierarchical,
-    "feistel": feistel,
-    "none": identity,
+# Algorithm codes: the batch kernels dispatch on an integer, since numba recompiles (and will not cache) a
+# kernel that takes a jitted function as an argument.
+SHUFFLES: dict[str, int] = {
+    "hierarchical": 0,  # the default: locality for a bounded shard cache (module docstring)
+    "feistel": 1,  # a full-range keyed permutation
+    "none": 2,  # corpus order (debugging, evaluation, throughput floors)
 }
 
 
+@numba.njit(cache=True, inline="always")
+def permute1(code, n, key, i, block, window):
+    """One index through the shuffle with code ``code`` (`SHUFFLES`); jitted callers use this."""
+    if code == 0:
+        return _hierarchical1(n, key, i, block, window)
+    if code == 1:
+        return _feistel1(n, key, i)
+    return i
+
+
+@numba.njit(cache=True, nogil=True)
+def _permute_many(code, n, key, i, block, window):
+    out = np.empty(i.shape[0], np.int64)
+    for k in range(i.shape[0]):
+        out[k] = permute1(code, n, key, i[k], block, window)
+    return out
+
+
 def shuffle(name: str, n: int, key: int, i, block: int = 1, window: int = 1) -> np.ndarray:
-    """Apply the shuffle algorithm ``name`` from `SHUFFLES`; an unknown name is a `ValueError` listing them."""
-    try:
-        fn = SHUFFLES[name]
-    except KeyError:
-        raise ValueError(f"unknown shuffle {name!r}; choose one of {', '.join(SHUFFLES)}") from None
-    return fn(n, key, i, block, window)
+    """Apply the shuffle ``name`` (a key of `SHUFFLES`) of ``[0, n)`` to indices ``i``.
+
+    Args:
+        name: ``"hierarchical"``, ``"feistel"`` or ``"none"``.
+        n: the domain size (any n >= 0; cycle-walking handles non-powers of two).
+        key: a 64-bit key from `derive_key` / `sub_key`.
+        i: ``[k]`` int64 indices in ``[0, n)``.
+        block: consecutive indices kept together (hierarchical only; about one shard's sequences).
+        window: blocks whose indices are shuffled among each other (hierarchical only).
+
+    Returns:
+        ``[k]`` int64: the images of ``i``.
+    """
+    if name not in SHUFFLES:
+        raise ValueError(f"unknown shuffle {name!r}; choose one of {', '.join(SHUFFLES)}")
+    if block < 1 or window < 1:
+        raise ValueError(f"block and window must be >= 1, got {block}, {window}")
+    if n < 0:
+        raise ValueError(f"permutation size must be >= 0, got {n}")
+    i = np.ascontiguousarray(i, dtype=np.int64).reshape(-1)
+    if i.size and (i.min() < 0 or i.max() >= n):
+        raise ValueError(f"indices must lie in [0, {n})")
+    return _permute_many(SHUFFLES[name], int(n), np.uint64(key), i, int(block), int(window))
+
+
+def feistel(n: int, key: int, i) -> np.ndarray:
+    """The keyed pseudo-random permutation of ``[0, n)`` applied to ``i``; see `shuffle`."""
+    return shuffle("feistel", n, key, i)
+
+
+def hierarchical(n: int, key: int, i, block: int, window: int) -> np.ndarray:
+    """The locality-preserving permutation of ``[0, n)`` applied to ``i``; see `shuffle`."""
+    return shuffle("hierarchical", n, key, i, block, window)

@@ -25,14 +25,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from marin_data.errors import LoaderConfigError
 from marin_data.loader import holdout
 from marin_data.loader.cache import DecodedShardCache, ShardSource
 from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
-from marin_data.loader.packing import Batch, SubsetTokens, new_batch, pack_rows, window_count
-from marin_data.loader.permutation import SHUFFLES, derive_key, shuffle, sub_key
+from marin_data.loader.packing import Batch, ShardTable, SubsetTokens, new_batch, pack_rows, window_count
+from marin_data.loader.holdout import train_window1, val_window1
+from marin_data.loader.permutation import SHUFFLES, derive_key, permute1, sub_key
 from marin_data.manifest import Corpus, load_corpus, select_subsets, shards_fingerprint
 
 __all__ = ["LoaderConfig", "TokenStream", "SPLITS", "STREAM_FORMAT"]
@@ -58,14 +60,40 @@ class LoaderConfig:
 
 
 @dataclass(frozen=True)
-class _Subset:
-    tokens: SubsetTokens
-    windows: int
-    train: int  # training windows
-    val: int  # held-out windows
-    block: int  # shuffle block (training); held-out blocks are block // every
-    key: int  # shuffle key (seed, name)
-    holdout_key: int  # keyed by the name only: the held-out set does not depend on the seed
+class _Params:
+    """Per-subset numbers the index kernels need, one ``[S]`` array each (``S`` = subsets)."""
+
+    windows: np.ndarray  # int64: complete windows
+    train: np.ndarray  # int64: training windows (one pass)
+    val: np.ndarray  # int64: held-out windows
+    block: np.ndarray  # int64: training shuffle block (about one shard of sequences)
+    val_block: np.ndarray  # int64: held-out shuffle block (block // every)
+    key: np.ndarray  # uint64: training shuffle key (seed, name); epoch e uses sub_key(key, e)
+    val_key: np.ndarray  # uint64: held-out shuffle key (seed, name)
+    holdout_key: np.ndarray  # uint64: keyed by the name only, so the held-out set does not depend on the seed
+
+
+@numba.njit(cache=True, nogil=True)
+def _train_windows(code, subset, index, train, windows, every, key, holdout_key, block, window):
+    """Per-subset training index -> window: epoch, keyed shuffle of the epoch, then skip held-out windows."""
+    out = np.empty(subset.shape[0], np.int64)
+    for r in range(subset.shape[0]):
+        s = subset[r]
+        epoch, t = divmod(index[r], train[s])
+        u = permute1(code, train[s], sub_key(key[s], np.uint64(epoch)), t, block[s], window)
+        out[r] = train_window1(u, windows[s], every, holdout_key[s])
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _val_windows(code, subset, index, val, every, val_key, holdout_key, val_block, window):
+    """Held-out index -> window: one keyed shuffle (the validation stream is one pass)."""
+    out = np.empty(subset.shape[0], np.int64)
+    for r in range(subset.shape[0]):
+        s = subset[r]
+        u = permute1(code, val[s], val_key[s], index[r], val_block[s], window)
+        out[r] = val_window1(u, every, holdout_key[s])
+    return out
 
 
 class TokenStream:
@@ -108,8 +136,10 @@ class TokenStream:
         for shard in corpus.shards:
             if shard.subset in by_subset:
                 by_subset[shard.subset].append(shard)
-        self._subsets = tuple(self._subset(n, by_subset[n]) for n in self.subsets)
-        self._n_train = np.array([s.train for s in self._subsets], dtype=np.int64)
+        # Each subset's token stream as shards: O(shards) numpy metadata, nothing per document.
+        self.subset_tokens = tuple(SubsetTokens.from_shards(n, by_subset[n]) for n in self.subsets)
+        self._params = self._index_params()
+        self._code = SHUFFLES[config.shuffle]
         self.components = {
             "data": shards_fingerprint([s for n in self.subsets for s in by_subset[n]],
                                        corpus.manifest.tokenizer.sha256),
@@ -117,24 +147,33 @@ class TokenStream:
             "seed": str(config.seed),
             "seq_len": str(config.seq_len),
             "split": json.dumps([STREAM_FORMAT, self.every, config.shuffle, config.shuffle_window,
-                                 [s.block for s in self._subsets]]),
+                                 self._params.block.tolist()]),
         }
         self.fingerprint = hashlib.sha256(json.dumps(self.components, sort_keys=True).encode()).hexdigest()
         self._validation: Mixture | None = None
+        self._table: ShardTable | None = None
 
-    def _subset(self, name: str, shards: list) -> _Subset:
-        tokens = SubsetTokens.from_shards(name, shards)
-        windows = window_count(tokens.tokens, self.config.seq_len)
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_table": None}
+
+    def _index_params(self) -> _Params:
+        seq_len, seed = self.config.seq_len, self.config.seed
+        windows = np.array([window_count(t.tokens, seq_len) for t in self.subset_tokens], dtype=np.int64)
         train, val = holdout.split_sizes(windows, self.every)
-        if train < 1:
-            raise LoaderConfigError(
-                f"subset {name!r} has {tokens.tokens} tokens: no training sequence of {self.config.seq_len} + 1 "
-                "tokens fits; give it weight 0, or lower seq_len", path=name, actual=tokens.tokens)
-        block = self.config.shuffle_block
-        if block is None:  # about one shard of sequences, so a pass reads each shard in ~1-2 blocks
-            block = max(1, round(tokens.tokens / max(1, len(shards)) / self.config.seq_len))
-        return _Subset(tokens, windows, train, val, block, derive_key(self.config.seed, "shuffle", name),
-                       derive_key(0, "holdout", name))
+        for t, n in zip(self.subset_tokens, train):
+            if n < 1:
+                raise LoaderConfigError(
+                    f"subset {t.name!r} has {t.tokens} tokens: no training sequence of {seq_len} + 1 tokens "
+                    "fits; give it weight 0, or lower seq_len", path=t.name, actual=t.tokens)
+        if self.config.shuffle_block is not None:
+            block = np.full(len(self.subset_tokens), self.config.shuffle_block, dtype=np.int64)
+        else:  # about one shard of sequences, so a pass reads each shard in ~1-2 blocks
+            block = np.array([max(1, round(t.tokens / max(1, len(t.shards)) / seq_len)) for t in self.subset_tokens],
+                             dtype=np.int64)
+        keys = lambda *label: np.array([derive_key(*label, t.name) for t in self.subset_tokens], dtype=np.uint64)  # noqa: E731
+        return _Params(windows=windows, train=train, val=val, block=block,
+                       val_block=np.maximum(1, block // max(1, self.every)), key=keys(seed, "shuffle"),
+                       val_key=keys(seed, "validation"), holdout_key=keys(0, "holdout"))
 
     @property
     def seq_len(self) -> int:
@@ -152,52 +191,50 @@ class TokenStream:
         if self._validation is None:
             # Each subset's held-out sequences exactly once, interleaved in proportion to their counts so that
             # the first few validation batches already cover every subset; quotas are whole at the end.
-            held = {s.tokens.name: s.val for s in self._subsets if s.val}
+            held = {t.name: int(n) for t, n in zip(self.subset_tokens, self._params.val) if n}
             if not held:
                 raise LoaderConfigError("no sequences are held out (val_fraction=0 or subsets too small)")
             self._validation = Mixture(list(held), list(held.values()), [Phase(held, sum(held.values()))],
                                        seed=self.config.seed)
+            self._val_subsets = np.array([self.subsets.index(n) for n in held], dtype=np.int64)
         return self._validation
 
-    def locate(self, positions, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
-        """``(subset index [k] int64, first stream token of the window [k] int64)`` of stream positions."""
+    def locate(self, positions: range | np.ndarray, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+        """``(subset index [k] int64, first stream token of the window [k] int64)`` of stream positions.
+
+        ``positions``: an array, or a ``range`` (faster for a batch; see `Mixture.locate`).
+        """
         mixture = self._mixture(split)
         subset, index = mixture.locate(positions)
-        if mixture is not self.mixture:  # the validation mixture has only the subsets that hold some out
-            subset = np.array([self.subsets.index(n) for n in mixture.subsets], dtype=np.int64)[subset]
-        window = np.empty_like(index)
-        for s in np.unique(subset):
-            sub = self._subsets[s]
-            rows = np.flatnonzero(subset == s)
-            if split == "train":
-                epoch, t = np.divmod(index[rows], sub.train)
-                for e in np.unique(epoch):
-                    at = rows[epoch == e]
-                    u = shuffle(self.config.shuffle, sub.train, int(sub_key(sub.key, np.uint64(e))),
-                                t[epoch == e], sub.block, self.config.shuffle_window)
-                    window[at] = holdout.train_windows(u, sub.windows, self.every, sub.holdout_key)
-            else:
-                u = shuffle(self.config.shuffle, sub.val, int(sub_key(sub.key, np.uint64(0xE7A1))), index[rows],
-                            max(1, sub.block // self.every), self.config.shuffle_window)
-                window[rows] = holdout.val_windows(u, self.every, sub.holdout_key)
+        p = self._params
+        if mixture is self.mixture:
+            window = _train_windows(self._code, subset, index, p.train, p.windows, self.every, p.key, p.holdout_key,
+                                    p.block, self.config.shuffle_window)
+        else:  # the validation mixture has only the subsets that hold some out
+            subset = self._val_subsets[subset]
+            window = _val_windows(self._code, subset, index, p.val, self.every, p.val_key, p.holdout_key,
+                                  p.val_block, self.config.shuffle_window)
         return subset, window * self.config.seq_len
 
-    def fill(self, positions, out: Batch, split: str = "train") -> Batch:
-        """Write the sequences at ``positions`` (``[B]``) into ``out`` (``B`` rows) and return it."""
-        positions = np.ascontiguousarray(positions, dtype=np.int64)
+    def fill(self, positions: range | np.ndarray, out: Batch, split: str = "train") -> Batch:
+        """Write the sequences at ``positions`` (``B`` of them) into ``out`` (``B`` rows) and return it."""
         subset, start = self.locate(positions, split)
-        pack_rows(self.source, [s.tokens for s in self._subsets], subset, start, self.config.seq_len, out)
+        if self._table is None:  # per process: DataLoader workers build their own
+            self._table = ShardTable(self.source, self.subset_tokens)
+        pack_rows(self._table, subset, start, self.config.seq_len, out)
         out.index[:] = positions
         return out
 
-    def read(self, positions, split: str = "train") -> Batch:
+    def read(self, positions: range | np.ndarray, split: str = "train") -> Batch:
         """The sequences at ``positions`` in fresh buffers (tests, inspection)."""
-        positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+        if not isinstance(positions, range):
+            positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
         return self.fill(positions, new_batch(len(positions), self.config.seq_len), split)
 
     def sizes(self, split: str = "train") -> dict[str, int]:
         """Sequences per subset in one pass (epoch) of ``split``."""
-        return {s.tokens.name: (s.train if split == "train" else s.val) for s in self._subsets}
+        return dict(zip(self.subsets, (int(n) for n in (self._params.train if split == "train" else
+                                                         self._params.val))))
 
     def served(self, position: int) -> dict[str, int]:
         """Training sequences of each subset served at positions ``< position``."""
@@ -205,4 +242,4 @@ class TokenStream:
 
     def passes(self, position: int) -> dict[str, float]:
         """How many passes (epochs) over its training sequences each subset has made by ``position``."""
-        return {name: c / int(n) for (name, c), n in zip(self.served(position).items(), self._n_train)}
+        return {name: c / int(n) for (name, c), n in zip(self.served(position).items(), self._params.train)}

@@ -1,0 +1,136 @@
+"""Ranks, workers and resume: the stream of sequences never depends on how it is read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import build_corpus
+from loader_checks import check_global_stream, take
+
+from marin_data.errors import LoaderStateMismatchError
+from marin_data.loader import LoaderConfig, Phase, TokenDataset, TokenLoader, TokenStream, make_loader
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 3 workers, 2 cores
+
+SEQ_LEN = 16
+STEPS = 3
+RESUME_AT = 1_234  # a resume position that is no multiple of any global batch below
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return build_corpus(tmp_path_factory.mktemp("corpus"), {"a": [40, 30], "b/x": [25], "b/y": [15, 20]},
+                        doc_tokens=(1, 30))
+
+
+@pytest.fixture(scope="module")
+def config():
+    return LoaderConfig(seq_len=SEQ_LEN, mixture=[Phase({"a": 0.5, "b": 0.5}, 1200), Phase({"a": 0.2, "b/x": 0.8})],
+                        val_fraction=0.05, mixture_block=64)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def _stream(corpus, config, cache, batch_size: int) -> TokenStream:
+    from dataclasses import replace
+
+    return TokenStream(corpus, replace(config, batch_size=batch_size), cache_dir=cache)
+
+
+def _ranks(corpus, config, cache, world: int, workers: int, batch: int, position: int) -> list[list[dict]]:
+    out = []
+    for rank in range(world):
+        dataset = TokenDataset(_stream(corpus, config, cache, batch), rank=rank, world_size=world,
+                               position=position, prefetch=0 if workers else 2)
+        out.append(take(TokenLoader(dataset, num_workers=workers), STEPS))
+    return out
+
+
+# Every world size, every batch size 1..5 in process; real DataLoader worker processes on a sample that
+# still covers every axis value (worker counts 1 and 3 with worlds 1, 2, 3 and 8, and batch sizes 1..5).
+IN_PROCESS = [(w, 0, b) for w in (1, 2, 3, 8) for b in range(1, 6)]
+WITH_WORKERS = [(1, 1, 5), (1, 3, 2), (2, 3, 1), (2, 1, 4), (3, 1, 3), (3, 3, 5), (8, 1, 2)]
+
+
+@pytest.mark.parametrize("world, workers, batch", IN_PROCESS + WITH_WORKERS)
+def test_stream_from_a_resume_position_is_the_uninterrupted_stream(corpus, config, cache, world, workers, batch):
+    reference = _stream(corpus, config, cache, 1).read(np.arange(RESUME_AT, RESUME_AT + STEPS * world * batch))
+    check_global_stream(_ranks(corpus, config, cache, world, workers, batch, RESUME_AT), RESUME_AT, reference)
+
+
+@pytest.mark.parametrize("first, second", [((2, 3, 3), (3, 0, 5)), ((1, 0, 4), (8, 1, 1)), ((3, 1, 2), (1, 3, 4))])
+def test_checkpoint_taken_mid_run_resumes_with_another_world_worker_count_and_batch(corpus, config, cache,
+                                                                                  first, second):
+    (w1, n1, b1), (w2, n2, b2) = first, second
+    loaders = [TokenLoader(TokenDataset(_stream(corpus, config, cache, b1), rank=r, world_size=w1, position=1190,
+                                        prefetch=0 if n1 else 3), num_workers=n1) for r in range(w1)]
+    before = [take(loader, 2) for loader in loaders]
+    state = loaders[0].state_dict()
+    assert state["position"] == 1190 + 2 * w1 * b1  # what the trainer got, not what workers produced
+    after = []
+    for r in range(w2):
+        loader = TokenLoader(TokenDataset(_stream(corpus, config, cache, b2), rank=r, world_size=w2), num_workers=n2)
+        loader.load_state_dict(state)
+        after.append(take(loader, 2))
+    uninterrupted = _stream(corpus, config, cache, 1)
+    check_global_stream(before, 1190, uninterrupted.read(np.arange(1190, state["position"])))
+    check_global_stream(after, state["position"],
+                        uninterrupted.read(np.arange(state["position"], state["position"] + 2 * w2 * b2)))
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_state_counts_batches_handed_to_the_trainer_not_those_prefetched(corpus, config, cache, workers):
+    loader = make_loader(corpus, config, num_workers=workers, prefetch=4, cache_dir=cache)
+    got = take(loader, 5, state_each=True)
+    assert [row["state_position"] for row in got] == [8 * (k + 1) for k in range(5)]
+    again = take(loader, 1)  # a new iter() continues where the trainer stopped, not where prefetch did
+    assert again[0]["index"][0] == 40
+
+
+def test_mismatched_fingerprint_is_refused_naming_what_differs_unless_not_strict(corpus, config, cache):
+    from dataclasses import replace
+
+    state = make_loader(corpus, config, cache_dir=cache).state_dict()
+    other = make_loader(corpus, replace(config, seed=1), cache_dir=cache)
+    with pytest.raises(LoaderStateMismatchError, match="seed"):
+        other.load_state_dict(state)
+    with pytest.raises(LoaderStateMismatchError, match="mixture"):
+        make_loader(corpus, replace(config, mixture={"a": 1}), cache_dir=cache, state=state)
+    with pytest.warns(UserWarning, match="strict=False"):
+        other.load_state_dict({**state, "position": 77}, strict=False)
+    assert other.position == 77
+    same = make_loader(corpus, replace(config, batch_size=3), world_size=4, rank=1, cache_dir=cache, state=state)
+    assert same.position == state["position"]
+
+
+def test_validation_stream_is_finite_and_ends_with_the_last_whole_global_batch(corpus, config, cache):
+    from dataclasses import replace
+
+    loader = make_loader(corpus, replace(config, batch_size=2), split="validation", cache_dir=cache)
+    total = loader.dataset.stream.stop("validation")
+    batches = take(loader, 10_000)
+    assert total % 2 and len(batches) == total // 2 > 0
+    assert np.array_equal(np.concatenate([b["index"] for b in batches]), np.arange(len(batches) * 2))
+
+
+def test_passes_report_how_often_each_subset_has_been_read(corpus, config, cache):
+    stream = _stream(corpus, config, cache, 8)
+    far = 50_000
+    passes = stream.passes(far)
+    served = stream.served(far)
+    assert sum(served.values()) == far
+    assert passes == {k: served[k] / n for k, n in stream.sizes().items()}
+    assert passes["b/x"] > passes["b/y"]  # b/y left the mixture after phase 0
+
+
+def test_prefetch_thread_errors_surface_in_the_trainer(corpus, config, tmp_path):
+    stream = TokenStream(corpus, config, cache_dir=tmp_path / "cache")
+    (corpus.root / corpus.shards[0].path).rename(tmp_path / "moved.parquet")
+    try:
+        with pytest.raises(FileNotFoundError, match="part-00000"):
+            take(TokenDataset(stream, prefetch=2), 50)
+    finally:
+        (tmp_path / "moved.parquet").rename(corpus.root / corpus.shards[0].path)
