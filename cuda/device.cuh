@@ -83,6 +83,19 @@ __device__ __forceinline__ void zero_unused_rows(V* __restrict__ out, int64_t ro
   }
 }
 
+// Calls fn(TypeTag<T>{}) with T the element type of a marin::DType code; cudaErrorInvalidValue for others.
+template <typename T> struct TypeTag { using type = T; };
+
+template <typename Fn>
+cudaError_t with_dtype(int dtype, Fn fn) {
+  switch (dtype) {
+    case kFloat32: return fn(TypeTag<float>{});
+    case kBFloat16: return fn(TypeTag<__nv_bfloat16>{});
+    case kFloat16: return fn(TypeTag<__half>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 // Device properties a launcher sizes its grid from, cached per device.
 inline int multiprocessor_count() {
   static int cached[64] = {0};

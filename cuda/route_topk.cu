@@ -1,4 +1,6 @@
 // route_topk and its backward: one warp per token, scores in registers (see route_topk.cuh).
+#include <type_traits>
+
 #include "device.cuh"
 #include "marin_kernels.h"
 #include "route_topk.cuh"
@@ -177,40 +179,17 @@ int route_grid(int64_t tokens) {
   return static_cast<int>(needed < cap ? needed : cap);
 }
 
-template <typename In>
-cudaError_t launch_route_topk(const In* logits, const float* bias, int64_t tokens, int num_experts, int k,
-                              int mode, float scale, bool renormalize, int n_group, int topk_group, int* ids,
-                              float* weights, int* counts, float* lse, cudaStream_t stream) {
-  const int grid = route_grid(tokens);
-#define MARIN_ROUTE_CASE(VPT)                                                                                \
-  case VPT:                                                                                                  \
-    route_topk_kernel<VPT, In><<<grid, kRouteThreads, 0, stream>>>(logits, bias, tokens, num_experts, k, mode, \
-                                                                  scale, renormalize, n_group, topk_group,  \
-                                                                  ids, weights, counts, lse);               \
-    break;
+// Calls launch(std::integral_constant<int, VPT>{}) with the scores-per-lane that E needs, then reports.
+template <typename Launch>
+cudaError_t with_vpt(int num_experts, Launch launch) {
   switch (vpt_for(num_experts)) {
-    MARIN_ROUTE_CASE(1) MARIN_ROUTE_CASE(2) MARIN_ROUTE_CASE(4) MARIN_ROUTE_CASE(8) MARIN_ROUTE_CASE(16)
+    case 1: launch(std::integral_constant<int, 1>{}); break;
+    case 2: launch(std::integral_constant<int, 2>{}); break;
+    case 4: launch(std::integral_constant<int, 4>{}); break;
+    case 8: launch(std::integral_constant<int, 8>{}); break;
+    case 16: launch(std::integral_constant<int, 16>{}); break;
     default: return cudaErrorInvalidValue;
   }
-#undef MARIN_ROUTE_CASE
-  return cudaGetLastError();
-}
-
-template <typename In>
-cudaError_t launch_route_topk_backward(const float* grad_weights, const float* grad_lse, const In* logits,
-                                       const int* ids, int64_t tokens, int num_experts, int k, int mode,
-                                       float scale, bool renormalize, In* grad_logits, cudaStream_t stream) {
-  const int grid = route_grid(tokens);
-#define MARIN_ROUTE_CASE(VPT)                                                                                 \
-  case VPT:                                                                                                   \
-    route_topk_backward_kernel<VPT, In><<<grid, kRouteThreads, 0, stream>>>(                                  \
-        grad_weights, grad_lse, logits, ids, tokens, num_experts, k, mode, scale, renormalize, grad_logits);  \
-    break;
-  switch (vpt_for(num_experts)) {
-    MARIN_ROUTE_CASE(1) MARIN_ROUTE_CASE(2) MARIN_ROUTE_CASE(4) MARIN_ROUTE_CASE(8) MARIN_ROUTE_CASE(16)
-    default: return cudaErrorInvalidValue;
-  }
-#undef MARIN_ROUTE_CASE
   return cudaGetLastError();
 }
 
@@ -231,22 +210,16 @@ extern "C" int marin_route_topk(const void* logits, int dtype, const float* bias
                                 int k, int mode, float scale, int renormalize, int n_group, int topk_group,
                                 int* expert_ids, float* weights, int* counts, float* lse, cudaStream_t stream) {
   if (!route_args_ok(tokens, num_experts, k, mode, n_group, topk_group)) return cudaErrorInvalidValue;
-  cudaError_t err = cudaMemsetAsync(counts, 0, sizeof(int) * num_experts, stream);
+  const cudaError_t err = cudaMemsetAsync(counts, 0, sizeof(int) * num_experts, stream);
   if (err != cudaSuccess || tokens == 0) return err;
-  switch (dtype) {
-    case kFloat32:
-      return launch_route_topk(static_cast<const float*>(logits), bias, tokens, num_experts, k, mode, scale,
-                               renormalize != 0, n_group, topk_group, expert_ids, weights, counts, lse, stream);
-    case kBFloat16:
-      return launch_route_topk(static_cast<const __nv_bfloat16*>(logits), bias, tokens, num_experts, k, mode,
-                               scale, renormalize != 0, n_group, topk_group, expert_ids, weights, counts, lse,
-                               stream);
-    case kFloat16:
-      return launch_route_topk(static_cast<const __half*>(logits), bias, tokens, num_experts, k, mode, scale,
-                               renormalize != 0, n_group, topk_group, expert_ids, weights, counts, lse, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return with_dtype(dtype, [&](auto type) {
+    using In = typename decltype(type)::type;
+    return with_vpt(num_experts, [&](auto vpt) {
+      route_topk_kernel<decltype(vpt)::value, In><<<route_grid(tokens), kRouteThreads, 0, stream>>>(
+          static_cast<const In*>(logits), bias, tokens, num_experts, k, mode, scale, renormalize != 0, n_group,
+          topk_group, expert_ids, weights, counts, lse);
+    });
+  });
 }
 
 extern "C" int marin_route_topk_backward(const float* grad_weights, const float* grad_lse, const void* logits,
@@ -255,20 +228,12 @@ extern "C" int marin_route_topk_backward(const float* grad_weights, const float*
                                          cudaStream_t stream) {
   if (!route_args_ok(tokens, num_experts, k, mode, 1, 1)) return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
-  switch (dtype) {
-    case kFloat32:
-      return launch_route_topk_backward(grad_weights, grad_lse, static_cast<const float*>(logits), expert_ids,
-                                        tokens, num_experts, k, mode, scale, renormalize != 0,
-                                        static_cast<float*>(grad_logits), stream);
-    case kBFloat16:
-      return launch_route_topk_backward(grad_weights, grad_lse, static_cast<const __nv_bfloat16*>(logits),
-                                        expert_ids, tokens, num_experts, k, mode, scale, renormalize != 0,
-                                        static_cast<__nv_bfloat16*>(grad_logits), stream);
-    case kFloat16:
-      return launch_route_topk_backward(grad_weights, grad_lse, static_cast<const __half*>(logits), expert_ids,
-                                        tokens, num_experts, k, mode, scale, renormalize != 0,
-                                        static_cast<__half*>(grad_logits), stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return with_dtype(dtype, [&](auto type) {
+    using In = typename decltype(type)::type;
+    return with_vpt(num_experts, [&](auto vpt) {
+      route_topk_backward_kernel<decltype(vpt)::value, In><<<route_grid(tokens), kRouteThreads, 0, stream>>>(
+          grad_weights, grad_lse, static_cast<const In*>(logits), expert_ids, tokens, num_experts, k, mode, scale,
+          renormalize != 0, static_cast<In*>(grad_logits));
+    });
+  });
 }

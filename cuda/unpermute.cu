@@ -160,13 +160,10 @@ extern "C" int marin_unpermute(const void* routed, int dtype, int64_t hidden, co
                                int top_k, const float* weights, void* out, cudaStream_t stream) {
   if (hidden < 0 || tokens < 0 || top_k < 0 || top_k > kMaxTopK) return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
-  switch (dtype) {
-    case kFloat32: return launch_unpermute<float>(routed, hidden, row_of, tokens, top_k, weights, out, stream);
-    case kBFloat16:
-      return launch_unpermute<__nv_bfloat16>(routed, hidden, row_of, tokens, top_k, weights, out, stream);
-    case kFloat16: return launch_unpermute<__half>(routed, hidden, row_of, tokens, top_k, weights, out, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_dtype(dtype, [&](auto type) {
+    return launch_unpermute<typename decltype(type)::type>(routed, hidden, row_of, tokens, top_k, weights, out,
+                                                           stream);
+  });
 }
 
 extern "C" int marin_unpermute_backward(const void* grad_out, const void* routed, int dtype, int64_t rows,
@@ -174,16 +171,9 @@ extern "C" int marin_unpermute_backward(const void* grad_out, const void* routed
                                         int top_k, const float* weights, void* grad_routed, float* grad_weights,
                                         cudaStream_t stream) {
   if (rows < 0 || hidden < 0 || tokens < 0 || top_k < 0 || top_k > kMaxTopK) return cudaErrorInvalidValue;
-  switch (dtype) {
-    case kFloat32:
-      return launch_unpermute_backward<float>(grad_out, routed, rows, hidden, row_of, src_of, tokens, top_k,
-                                              weights, grad_routed, grad_weights, stream);
-    case kBFloat16:
-      return launch_unpermute_backward<__nv_bfloat16>(grad_out, routed, rows, hidden, row_of, src_of, tokens,
-                                                      top_k, weights, grad_routed, grad_weights, stream);
-    case kFloat16:
-      return launch_unpermute_backward<__half>(grad_out, routed, rows, hidden, row_of, src_of, tokens, top_k,
-                                               weights, grad_routed, grad_weights, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_dtype(dtype, [&](auto type) {
+    return launch_unpermute_backward<typename decltype(type)::type>(grad_out, routed, rows, hidden, row_of, src_of,
+                                                                    tokens, top_k, weights, grad_routed,
+                                                                    grad_weights, stream);
+  });
 }
