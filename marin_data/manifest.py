@@ -44,6 +44,7 @@ __all__ = [
     "Manifest",
     "Corpus",
     "safe_relpath",
+    "check_subset_name",
     "select_subsets",
     "read_shard_index",
     "write_shard_index",
@@ -149,7 +150,7 @@ class Manifest:
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise InvalidManifestError(f"malformed manifest: {e!r}", path=path) from e
         for name in manifest.subsets:
-            _check_subset_name(name, path)
+            check_subset_name(name, path)
         for fname, rec in manifest.files.items():
             _check_digest(rec.sha256, f"{path} files[{fname}]")
         return manifest
@@ -189,8 +190,12 @@ def safe_relpath(path: str, *, where: str = MANIFEST) -> str:
     return path
 
 
-def _check_subset_name(name: str, where: str) -> None:
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", name) or ".." in name.split("/"):
+def check_subset_name(name: str, where: str) -> None:
+    """Subset names are relative paths (``pretrain/dclm``) that become folders under ``data/``: plain
+    components of letters, digits, ``_``, ``.`` and ``-``, never ``.`` or ``..``."""
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", name) or any(
+        part in (".", "..") for part in name.split("/")
+    ):
         raise InvalidManifestError(f"invalid subset name {name!r}", path=where, actual=name)
 
 
@@ -256,7 +261,7 @@ def read_shard_index(path: str | os.PathLike) -> list[ShardRecord]:
     shards = [ShardRecord(*values) for values in zip(*(cols[c] for c in _INDEX_COLUMNS))]
     for s in shards:
         safe_relpath(s.path, where=str(path))
-        _check_subset_name(s.subset, str(path))
+        check_subset_name(s.subset, str(path))
         _check_digest(s.sha256, f"{path} row {s.path}")
     return shards
 

@@ -73,7 +73,7 @@ from marin_data.manifest import (
     ShardRecord,
     SubsetInfo,
     TokenizerInfo,
-    _check_subset_name,
+    check_subset_name,
     commit_corpus,
     load_corpus,
 )
@@ -331,7 +331,7 @@ def shard_subset(
             ``out`` is a non-empty directory that is not a corpus.
         CorpusLockedError: another process is writing this corpus.
     """
-    _check_subset_name(subset, "--subset")
+    check_subset_name(subset, "--subset")
     if shard_tokens < 1:
         raise ValueError(f"shard_tokens must be positive, not {shard_tokens}")
     paths = expand_inputs(inputs)

@@ -37,8 +37,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                       "NAME/2025 is still selected by --subset NAME) or a new corpus"), 4),
     (E.InvalidTokenizerError, _with_fix("pass a tokenizer.json path or a Hugging Face repo id; name the EOS "
                                         "token with --eos-token if it has none marked special"), EXIT_USAGE),
-    (E.CorpusLockedError, _with_fix("another marin-data process is writing this corpus; wait for it "
-                                    "(or remove a stale lock file if none is running)"), 5),
+    (E.CorpusLockedError, _with_fix("another marin-data process is writing this corpus; wait for it to finish "
+                                    "(the lock is released when its holder exits, even if it is killed)"), 5),
     (E.InvalidMetadataError, _with_fix("fix the metadata file (the datasheet's answers); see "
                                        "datasheets/sample-meta.yaml for its shape"), EXIT_USAGE),
     (E.DatasheetIncompleteError, _with_fix("answer them in the --meta file, or drop --strict to mark them "

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from marin_data.errors import InvalidManifestError
-from marin_data.manifest import _check_subset_name
+from marin_data.manifest import check_subset_name
 from marin_data.sharding import DEFAULT_SHARD_TOKENS, ShardReport, shard_subset
 from marin_data.ui import format_table, human_bytes
 
@@ -33,7 +33,7 @@ class TokenCount(click.ParamType):
 
 def _subset_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
-        _check_subset_name(value, "--subset")
+        check_subset_name(value, "--subset")
     except InvalidManifestError as e:
         raise click.BadParameter(f"{value!r}: use letters, digits, '.', '_', '-', with '/' between parts") from e
     return value
