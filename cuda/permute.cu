@@ -26,9 +26,16 @@ permute_rank_kernel(const int* __restrict__ expert_ids, int64_t entries, int num
   }
   __syncthreads();
   const int64_t tile_first = static_cast<int64_t>(blockIdx.x) * kPermuteTile;
+  int expert_of[kPermuteRounds];  // all of this thread's loads first, then the rounds
+  MARIN_UNROLL
   for (int round = 0; round < kPermuteRounds; ++round) {
     const int64_t flat = tile_first + round * kPermuteThreads + threadIdx.x;
-    const int e = flat < entries ? routed_expert(expert_ids[flat], num_experts) : -1;
+    expert_of[round] = flat < entries ? routed_expert(expert_ids[flat], num_experts) : -1;
+  }
+  MARIN_UNROLL
+  for (int round = 0; round < kPermuteRounds; ++round) {
+    const int64_t flat = tile_first + round * kPermuteThreads + threadIdx.x;
+    const int e = expert_of[round];
     const uint32_t same = __match_any_sync(kFullMask, e);
     const bool last = is_last_of_group(same, lane);
     if (e >= 0 && last) warp_counts[warp][e] = popcount32(same);

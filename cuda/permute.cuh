@@ -50,13 +50,21 @@ MARIN_HD int tile_rank(int running, const int* warp_counts, int stride, int warp
 }
 
 // Exclusive scan of expert e's column of the [tile][expert] histogram, in place: each tile's count becomes
-// the number of e's entries in earlier tiles. Returns e's total.
+// the number of e's entries in earlier tiles. Returns e's total. Loads go kScanBatch at a time, so that one
+// thread has that many in flight instead of one.
+constexpr int kScanBatch = 16;
+
 MARIN_HD int scan_tile_column(int* hist, int64_t tiles, int num_experts, int e) {
   int running = 0;
-  for (int64_t tile = 0; tile < tiles; ++tile) {
-    const int count = hist[tile * num_experts + e];
-    hist[tile * num_experts + e] = running;
-    running += count;
+  for (int64_t first = 0; first < tiles; first += kScanBatch) {
+    int count[kScanBatch];
+    MARIN_UNROLL
+    for (int b = 0; b < kScanBatch; ++b) count[b] = first + b < tiles ? hist[(first + b) * num_experts + e] : 0;
+    MARIN_UNROLL
+    for (int b = 0; b < kScanBatch; ++b) {
+      if (first + b < tiles) hist[(first + b) * num_experts + e] = running;
+      running += count[b];
+    }
   }
   return running;
 }

@@ -215,8 +215,8 @@ def test_route_topk_backward_equals_the_reference(harness, mode, renormalize, E,
 
 
 # ------------------------------------------------------------------------------------------------- permute
-PERMUTE_CASES = [  # (T, K, E): T*K > 1024 spans several tiles of the ranking kernel
-    (1, 1, 7), (1, 5, 7), (37, 2, 7), (300, 5, 257), (700, 2, 384), (300, 16, 512), (129, 8, 512),
+PERMUTE_CASES = [  # (T, K, E): T*K > 1024 spans several tiles of the ranking kernel, > 16384 several scan batches
+    (1, 1, 7), (1, 5, 7), (37, 2, 7), (300, 5, 257), (700, 2, 384), (300, 16, 512), (129, 8, 512), (2100, 8, 384),
 ]
 
 
