@@ -16,8 +16,13 @@ from marin_model.moe import MoE, swiglu_expert
 __all__ = ["naive_moe_forward"]
 
 
-def naive_moe_forward(moe: MoE, x_TD: Tensor) -> tuple[Tensor, Tensor]:
-    """Returns (out [T,D], z-loss) of `moe` on x [T,D], computed expert by expert."""
+def naive_moe_forward(moe: MoE, x_TD: Tensor, index_stacked: bool = False) -> tuple[Tensor, Tensor]:
+    """Returns (out [T,D], z-loss) of `moe` on x [T,D], computed expert by expert.
+
+    index_stacked: take each expert's weights by indexing the stacked [E,...] tensors inside the loop, as code
+    written against stacked expert weights does; then every expert's backward writes a zero-filled gradient the
+    size of all the experts (E times the weights' size per step). By default the loop uses one view per expert,
+    as a ModuleList of experts would, which avoids that cost."""
     m, (T, _) = moe.cfg, x_TD.shape
     if m.n_group > 1:
         raise ValueError("naive_moe_forward does not implement device-limited routing (n_group > 1)")
@@ -37,11 +42,13 @@ def naive_moe_forward(moe: MoE, x_TD: Tensor) -> tuple[Tensor, Tensor]:
     capacity = math.ceil(m.capacity_factor * T * m.top_k / m.num_experts) if m.capacity_factor > 0 else T * m.top_k
     latent_TL = moe.down(x_TD)
     y_TL = torch.zeros(latent_TL.shape, dtype=torch.promote_types(latent_TL.dtype, torch.float32))
+    w13_EL2F, w2_EFL = moe.experts.w13_EL2F, moe.experts.w2_EFL
+    w13_L2F, w2_FL = (w13_EL2F, w2_EFL) if index_stacked else (w13_EL2F.unbind(0), w2_EFL.unbind(0))
     for e in range(m.num_experts):
         token_N, slot_N = torch.nonzero(expert_ids_TK == e, as_tuple=True)  # in flat order t*K+k
         token_N, slot_N = token_N[:capacity], slot_N[:capacity]  # the first `capacity` copies stay
         if token_N.numel():
-            out_NL = swiglu_expert(latent_TL[token_N], moe.experts.w13_EL2F[e], moe.experts.w2_EFL[e])
+            out_NL = swiglu_expert(latent_TL[token_N], w13_L2F[e], w2_FL[e])
             y_TL = y_TL.index_add(0, token_N, weights_TK[token_N, slot_N, None] * out_NL)
     out_TD = moe.up(y_TL.to(x_TD.dtype))
     if moe.shared is not None:

@@ -1,0 +1,111 @@
+"""MoE block forward+backward on CPU: the marin:: op chain vs naive per-expert masking loops (issue 6).
+
+All three run the same ``MoE`` module (same parameters, same routing) on the same tokens. "ops" goes through
+``route_topk -> permute -> grouped experts (torch._grouped_mm) -> unpermute``. The naive versions are
+``marin_model.naive`` (torch routing, then for each expert: mask its tokens, run it, ``index_add`` the weighted
+result, as Mixtral-style reference code does): "naive" takes one view per expert, as a ModuleList of experts
+would; "naive-stacked" indexes the stacked [E,...] weights inside the loop, as code written against stacked
+expert tensors does, so every expert's backward writes a zero-filled gradient the size of all the experts.
+
+One step = forward, a scalar loss with the z-loss, backward. The module is in eval mode so the balancing
+statistics (which the naive versions do not gather) are not timed. Timing: ``torch.utils.benchmark.Timer
+.blocked_autorange``; each repeat times the three back to back; figures are medians over the repeats.
+Default: one intra-op thread, because on a shared 2-core VM two OpenMP threads stall at every GEMM barrier
+whenever a neighbour takes a core (the same grouped GEMMs measured 2-5 s with 2 threads, 0.3-0.4 s with 1).
+``--clock cpu`` times process CPU time instead of wall time: steadier on a busy machine.
+
+    .venv/bin/python benchmarks/bench_moe_cpu.py                                  # the record: tiny and mid
+    .venv/bin/python benchmarks/bench_moe_cpu.py --repeats 1 --min-run-time 0.2   # quick check
+    .venv/bin/python benchmarks/bench_moe_cpu.py --threads 2 --dtype bfloat16     # other settings
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.utils.benchmark as benchmark
+
+from marin_model.config import PRESETS, with_overrides
+from marin_model.moe import MoE
+from marin_model.naive import naive_moe_forward
+
+SIZES = {
+    # name: (config, tokens per step). "mid" keeps Marin's proportions (latent = expert = shared width = D/2,
+    # two shared experts) at 1/12 of its width, with 64 experts of which 8 are active.
+    "tiny": (PRESETS["tiny"], 2048),
+    "mid": (with_overrides(PRESETS["tiny"], d_model=512, moe_num_experts=64, moe_top_k=8, moe_expert_dim=256,
+                           moe_latent_dim=256, moe_num_shared=2, moe_shared_dim=256), 2048),
+}
+
+
+def make_step(moe: MoE, x_TD: torch.Tensor, kind: str):
+    probe_TD = torch.randn_like(x_TD)
+
+    def step():
+        if kind == "ops":
+            out_TD, stats = moe(x_TD)
+            z_loss = stats.z_loss
+        else:
+            out_TD, z_loss = naive_moe_forward(moe, x_TD, index_stacked=kind == "naive-stacked")
+        ((out_TD.float() * probe_TD).sum() + z_loss).backward()
+        moe.zero_grad(set_to_none=True)
+
+    return step
+
+
+KINDS = ("ops", "naive", "naive-stacked")
+
+
+def run(sizes: list[str], repeats: int, min_run_time: float, dtype: torch.dtype, clock) -> list[dict]:
+    rows = []
+    for name in sizes:
+        cfg, tokens = SIZES[name]
+        torch.manual_seed(0)
+        moe = MoE(cfg).to(dtype).eval()
+        x_TD = torch.randn(tokens, cfg.d_model, dtype=dtype, requires_grad=True)
+        times = {kind: [] for kind in KINDS}
+        for _ in range(repeats):
+            for kind in KINDS:
+                step = make_step(moe, x_TD, kind)
+                step()  # warm-up (the first call probes grouped GEMM support)
+                timer = benchmark.Timer(stmt="step()", globals={"step": step}, timer=clock,
+                                        num_threads=torch.get_num_threads())
+                times[kind].append(timer.blocked_autorange(min_run_time=min_run_time).median)
+        ms = {kind: statistics.median(t) * 1e3 for kind, t in times.items()}
+        rows.append(dict(size=name, tokens=tokens, cfg=cfg, ms=ms))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="tiny,mid", help=f"comma-separated, from {', '.join(SIZES)}")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds per blocked_autorange")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1, see above)")
+    parser.add_argument("--clock", default="wall", choices=["wall", "cpu"])
+    args = parser.parse_args()
+    sizes = [s for s in args.sizes.split(",") if s]
+    unknown = set(sizes) - set(SIZES)
+    if unknown or args.repeats < 1 or args.threads < 1:
+        parser.error(f"unknown sizes {sorted(unknown)}" if unknown else "--repeats and --threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    print(f"torch {torch.__version__}, {args.threads} thread(s) of {os.cpu_count()} cores, "
+          f"{platform.processor() or platform.machine()}, {args.dtype}, {args.clock} clock, grouped GEMM "
+          f"{'present' if hasattr(torch, '_grouped_mm') else 'absent'}, median of {args.repeats}")
+    print("| size | tokens | E | k | d_model | latent | ops (ms) | naive (ms) | naive-stacked (ms) "
+          "| vs naive | vs naive-stacked |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in run(sizes, args.repeats, args.min_run_time, getattr(torch, args.dtype), clock):
+        m, ms = r["cfg"].moe, r["ms"]
+        print(f"| {r['size']} | {r['tokens']} | {m.num_experts} | {m.top_k} | {r['cfg'].d_model} | {m.latent_dim} "
+              f"| {ms['ops']:.1f} | {ms['naive']:.1f} | {ms['naive-stacked']:.1f} "
+              f"| {ms['naive'] / ms['ops']:.2f}x | {ms['naive-stacked'] / ms['ops']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
