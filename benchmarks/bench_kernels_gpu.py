@@ -247,9 +247,16 @@ def markdown(results, copy_bps: float) -> str:
     return "\n".join(lines)
 
 
+def write_report(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".part")
+    tmp.write_text(text + "\n")
+    tmp.replace(path)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[128, 4096, 16384], help="T values")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384, 128], help="T values (goal rows first)")
     parser.add_argument("--shapes", nargs="+", default=None, help="shape names (prefixes), default all")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile(dynamic=True) baseline")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke test of this script")
@@ -272,23 +279,24 @@ def main(argv=None) -> int:
         "unpermute": torch.compile(torch_unpermute, dynamic=True)}
     copy_bps = copy_bandwidth(timer, args.device)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    header = (f"Kernel benchmark, {datetime.date.today().isoformat()}, {device_name}, torch {torch.__version__}, "
+              f"timer: {timer.method}; bf16 rows, fp32 logits, align 1, no capacity limit.\n"
+              f"Device-to-device copy: {copy_bps / 1e9:.0f} GB/s (read + write).\n\n")
     results, skipped = [], []
-    for shape, tokens in itertools.product(shapes, args.tokens):
+    for tokens, shape in itertools.product(args.tokens, shapes):  # every shape at the first T first
         if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
             skipped.append(f"{shape.name} T={tokens}")
             continue
         for row in bench_shape(shape, tokens, timer, compiled, args.device):
             results.append((shape, tokens, row))
         print(f"done: {shape.name} T={tokens} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
-    report = "\n".join([
-        f"Kernel benchmark, {datetime.date.today().isoformat()}, {device_name}, torch {torch.__version__}, "
-        f"timer: {timer.method}; bf16 rows, fp32 logits, align 1, no capacity limit.",
-        f"Device-to-device copy: {copy_bps / 1e9:.0f} GB/s (read + write).", "", markdown(results, copy_bps)]
-        + ([f"\nNot run (over --budget-s): {', '.join(skipped)}"] if skipped else []))
+        if args.out is not None:  # after every shape, so a run cut short still leaves its rows
+            write_report(args.out, header + markdown(results, copy_bps) + "\n\n(partial: still running)")
+    report = header + markdown(results, copy_bps) + (f"\n\nNot run (over --budget-s): {', '.join(skipped)}"
+                                                     if skipped else "")
     print(report)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report + "\n")
+        write_report(args.out, report)
     return 0
 
 
