@@ -33,7 +33,10 @@ KERNELS = {"route_topk_kernel": 15, "route_topk_backward_kernel": 15, "permute_r
 def built(tmp_path_factory):
     if kernels.find_nvcc() is None:
         pytest.skip("nvcc not found (set MARIN_NVCC or CUDA_HOME): cannot build cuda/")
-    return kernels.build_library(out_dir=tmp_path_factory.mktemp("cuda-build"), archs=["90"])
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one build per test session: workers share it (file lock)
+        base = base.parent
+    return kernels.build_library(out_dir=base / "cuda-build", archs=["90"])
 
 
 def family(mangled):
