@@ -41,7 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ROUTING_MODES", "route_topk", "route_topk_backward", "permute", "unpermute", "unpermute_backward"]
+__all__ = ["ROUTING_MODES", "route_topk", "route_topk_backward", "permute", "unpermute", "unpermute_backward",
+           "permute_rows", "check_route_topk_args", "check_permute_args", "check_unpermute_args"]
 
 ROUTING_MODES = ("sigmoid", "softmax_topk", "topk_softmax")
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
