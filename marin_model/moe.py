@@ -176,10 +176,12 @@ class MoE(nn.Module):
         self.up = nn.Linear(width, D, bias=False) if m.latent_dim else nn.Identity()
         self.experts = GroupedExperts(m.num_experts, width, m.expert_dim, cfg.init_std)
         self.shared = SwiGLU(D, m.num_shared * m.shared_dim) if m.num_shared else None
-        # Balancing state: the bias (fp32, kept fp32 by _apply) and the load counted since the last update.
+        # Balancing state: the bias (fp32, kept fp32 by _apply; checkpointed) and the load counted since the
+        # last update (reset by every update, so not checkpointed).
         self.register_buffer("bias_E", torch.zeros(m.num_experts))
-        self.register_buffer("load_E", torch.zeros(m.num_experts, dtype=torch.long))
-        self.register_buffer("margin_hist_EB", torch.zeros(m.num_experts, m.hist_bins, dtype=torch.long))
+        self.register_buffer("load_E", torch.zeros(m.num_experts, dtype=torch.long), persistent=False)
+        self.register_buffer("margin_hist_EB", torch.zeros(m.num_experts, m.hist_bins, dtype=torch.long),
+                             persistent=False)
 
     def forward(self, x_TD: Tensor) -> tuple[Tensor, RouterStats]:
         m, T = self.cfg, x_TD.shape[0]

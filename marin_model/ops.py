@@ -29,16 +29,21 @@ Contract (the CUDA kernels must match it exactly; ``S`` below is an op's accumul
 * ``unpermute_backward(grad_out, routed, row_of, src_of, weights?) -> (grad_routed[R,H], grad_weights[T,K])``;
   grad_weights has weights' dtype, and is all zeros (fp32) when weights is None.
 
-Floating dtypes (a decision of this module, issue 6): logits may be fp32 or bf16 (also fp16), hidden states
-fp32, bf16 or fp16; math runs in fp32 (``S`` = fp32) and the float routing outputs (weights, lse) and
-grad_weights are fp32. fp64 is accepted everywhere by the CPU reference so ``gradcheck`` can check it: any
-fp64 input makes ``S`` fp64 and those outputs fp64. The CUDA kernels need not support fp64.
+The signatures are the ones the issue-6 brief gave both helpers, unchanged. Where it left a choice, this
+module decided (issue 6):
+
+* Floating dtypes: logits fp32 or bf16 (fp16 works too), hidden states fp32, bf16 or fp16, bias and combine
+  weights fp32; math runs in fp32 (``S`` = fp32) and weights, lse and grad_weights are fp32. fp64 is accepted
+  everywhere by the CPU reference so that ``gradcheck`` can run: any fp64 input makes ``S`` fp64 and those
+  outputs fp64 (grad_weights takes the weights' dtype). The CUDA kernels need not take fp64.
+* ``unpermute_backward`` without weights returns grad_weights as zeros of shape [T,K], fp32 (not an empty
+  tensor), so the output's shape never depends on an optional input.
+* Inputs are checked by ``check_*_args`` (shared with the CUDA entry points): ValueError names the argument.
 """
 
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["ROUTING_MODES", "route_topk", "route_topk_backward", "permute", "unpermute", "unpermute_backward",
