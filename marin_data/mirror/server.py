@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -96,7 +97,11 @@ def running_mirror(root: str | os.PathLike, **options) -> Iterator[RunningMirror
 
 def serve(root: str | os.PathLike, *, on_ready: Callable[[RunningMirror], None] = lambda m: None,
           **options) -> None:
-    """Serve ``root`` until interrupted (Ctrl-C); ``options`` as for `start_mirror`."""
+    """Serve ``root`` until interrupted (Ctrl-C, or SIGTERM from a service manager); ``options`` as for
+    `start_mirror`. Stopping is graceful: open connections are closed, and an upload cut short never
+    leaves a file under its final name (writes are atomic)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     mirror = start_mirror(root, **options)
     try:
         on_ready(mirror)
@@ -105,6 +110,10 @@ def serve(root: str | os.PathLike, *, on_ready: Callable[[RunningMirror], None] 
         pass
     finally:
         mirror.stop()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
