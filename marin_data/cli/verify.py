@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import click
 
+from marin_data.cli._hf_options import check_hf_flags, hf_options
+from marin_data.cli._store_options import check_sha256, store_kwargs, store_options
 from marin_data.errors import VerificationFailedError
 from marin_data.ui import human_bytes
 from marin_data.verify import SCOPE_DOWNLOADED, VerifyReport, verify_corpus
@@ -27,8 +28,15 @@ __all__ = ["command"]
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
 @click.option("--manifest-sha256", metavar="HEX",
               help="Refuse the corpus unless manifest.json has this sha256 (the published root of trust).")
+@click.option("--remote", metavar="URL",
+              help="Instead of re-hashing local files, check that the published copy at URL (s3://bucket/prefix "
+                   "or hf://datasets/org/name) holds exactly what CORPUS's manifest lists, from the store's own "
+                   "checksums and sizes; no shard data is downloaded.")
+@store_options
+@hf_options
 def command(corpus: Path, subsets: tuple[str, ...], workers: int | None, deep: bool, as_json: bool,
-            manifest_sha256: str | None) -> None:
+            manifest_sha256: str | None, remote: str | None, endpoint_url: str | None, profile: str | None,
+            anonymous: bool, requester_pays: bool, endpoint: str | None, token: str | None) -> None:
     """Check that every file of CORPUS holds exactly the bytes its manifest lists.
 
     Reports each missing, truncated, oversized, modified and unlisted file by path. Exit status: 0 all
@@ -40,11 +48,27 @@ def command(corpus: Path, subsets: tuple[str, ...], workers: int | None, deep: b
       marin-data verify out/sample
       marin-data verify out/sample --subset 'prose/*' --deep
       marin-data verify corpus/ --manifest-sha256 3f5a...e9 --json > report.json
+      marin-data verify out/sample --remote s3://bucket/sample --endpoint-url http://127.0.0.1:9000
+      marin-data verify out/sample --remote hf://datasets/org/sample --endpoint http://127.0.0.1:8080
     """
-    if manifest_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", manifest_sha256.strip()):
-        raise click.UsageError(f"--manifest-sha256 must be 64 hex digits, got {manifest_sha256!r}")
-    report = verify_corpus(corpus, subsets=subsets or None, workers=workers, deep=deep,
-                           manifest_sha256=manifest_sha256)
+    check_sha256(manifest_sha256)
+    if remote is None:
+        if endpoint_url or profile or anonymous or requester_pays or endpoint or token:
+            raise click.UsageError("store options (--endpoint-url, --endpoint, --token, ...) need --remote URL")
+        report = verify_corpus(corpus, subsets=subsets or None, workers=workers, deep=deep,
+                               manifest_sha256=manifest_sha256)
+    else:
+        if deep:
+            raise click.UsageError("--deep reads shard footers and cannot be combined with --remote")
+        from marin_data.remote_verify import verify_remote
+
+        is_hf = check_hf_flags(remote, endpoint, token, **{"--endpoint-url": endpoint_url, "--profile": profile,
+                                                           "--anonymous": anonymous,
+                                                           "--requester-pays": requester_pays})
+        options = {k: v for k, v in {"endpoint": endpoint, "token": token}.items() if v} if is_hf else \
+            store_kwargs(endpoint_url, profile, anonymous, requester_pays)
+        report = verify_remote(corpus, remote, subsets=subsets or None, manifest_sha256=manifest_sha256,
+                               **({"workers": workers} if workers else {}), **options)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else _human(report))
     if not report.ok:
         n = len(report.problems)
