@@ -109,12 +109,33 @@ def test_cache_decodes_each_shard_once_into_memory_maps_equal_to_the_parquet(mak
     decoded = cache.open(shard)
     _, tokens, offsets = read_shard(corpus.root / shard.path)
     assert np.array_equal(decoded.tokens, tokens) and np.array_equal(decoded.offsets, offsets)
+    cache.wait()  # the decode is served at once and stored in the background
     tokens_path, _ = cache.paths(shard)
     mtime = tokens_path.stat().st_mtime_ns
     (corpus.root / shard.path).unlink()  # a second cache over the same directory never reads Parquet again
     again = DecodedShardCache(corpus.root, tmp_path / "cache").open(shard)
     assert np.array_equal(again.tokens, tokens) and tokens_path.stat().st_mtime_ns == mtime
     assert not list((tmp_path / "cache").rglob("*.part"))
+
+
+def test_other_caches_and_processes_reuse_a_decode_still_being_stored(make_corpus, tmp_path):
+    import subprocess
+    import sys
+
+    corpus = make_corpus({"a": [50]})
+    first = DecodedShardCache(corpus.root, tmp_path / "cache")
+    tokens = np.array(first.open(corpus.shards[0]).tokens)
+    (corpus.root / corpus.shards[0].path).unlink()  # from now on only the first decode can serve it
+    same_process = DecodedShardCache(corpus.root, tmp_path / "cache").open(corpus.shards[0])
+    assert np.array_equal(same_process.tokens, tokens)
+    code = ("import sys, numpy as np\nfrom marin_data.manifest import load_corpus\n"
+            "from marin_data.loader import DecodedShardCache\n"
+            "c = load_corpus(sys.argv[1])\n"
+            "print(int(DecodedShardCache(c.root, sys.argv[2]).open(c.shards[0]).tokens.astype(np.int64).sum()))")
+    out = subprocess.run([sys.executable, "-c", code, str(corpus.root), str(tmp_path / "cache")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == int(tokens.astype(np.int64).sum())
 
 
 def test_cache_names_a_missing_shard_and_refuses_one_that_disagrees_with_the_index(make_corpus, tmp_path):

@@ -11,14 +11,23 @@ decode, and a re-sharded file can never be served from a stale decode. Both file
 (`marin_data.atomic`), offsets first, so the presence of ``tokens.npy`` means both are complete; a file
 lock makes ranks and DataLoader workers on one host decode each shard once instead of racing.
 
+The first read does not wait for the disk: the shard is decoded straight into the temporary files'
+memory maps (only the ``tokens`` column; document ids are not needed), served from those maps at once,
+and a background thread fsyncs and renames them into place. *Measured* on 3M-token shards: the two
+fsyncs took as long as the decode itself, so waiting for them would halve the first pass.
+
 The interface the loader needs is one method, ``open(shard) -> DecodedShard``; issue 9 puts a remote,
 bounded LRU store behind the same method.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -28,9 +37,10 @@ import numpy as np
 from marin_data.atomic import atomic_path
 from marin_data.errors import ShardFormatError, ShardMissingError
 from marin_data.manifest import ShardRecord
-from marin_data.shards import read_shard
 
 __all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "default_cache_dir"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,9 +76,10 @@ class DecodedShardCache:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.max_open = max_open
         self._open: OrderedDict[str, DecodedShard] = OrderedDict()
+        self._publisher: ThreadPoolExecutor | None = None
 
-    def __getstate__(self) -> dict:  # DataLoader workers get the settings, not the open maps
-        return {**self.__dict__, "_open": OrderedDict()}
+    def __getstate__(self) -> dict:  # DataLoader workers get the settings, not open maps or threads
+        return {**self.__dict__, "_open": OrderedDict(), "_publisher": None}
 
     def paths(self, shard: ShardRecord) -> tuple[Path, Path]:
         """``(tokens.npy, offsets.npy)`` of a shard's decode."""
@@ -76,29 +87,9 @@ class DecodedShardCache:
         return d / "tokens.npy", d / "offsets.npy"
 
     def ensure(self, shard: ShardRecord) -> None:
-        """Decode ``shard`` unless its decode is already there."""
-        tokens_path, offsets_path = self.paths(shard)
-        if tokens_path.exists():
-            return
-        from filelock import FileLock
-
-        tokens_path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(tokens_path.parent / "decode.lock")):
-            if tokens_path.exists():  # another process decoded it while we waited
-                return
-            source = self.corpus_root / shard.path
-            if not source.exists():
-                raise ShardMissingError(f"shard of subset {shard.subset!r} is not on local disk",
-                                        path=str(source))
-            _, tokens, offsets = read_shard(source)
-            if len(tokens) != shard.tokens or len(offsets) != shard.docs + 1:
-                raise ShardFormatError(
-                    f"holds {len(offsets) - 1} documents / {len(tokens)} tokens, the index says "
-                    f"{shard.docs} / {shard.tokens}", path=str(source),
-                    expected=(shard.docs, shard.tokens), actual=(len(offsets) - 1, len(tokens)))
-            for path, array in ((offsets_path, offsets), (tokens_path, tokens)):  # tokens last: the marker
-                with atomic_path(path) as tmp, open(tmp, "wb") as f:
-                    np.save(f, array)
+        """Decode ``shard`` unless its decode is already there, and wait until it is on disk."""
+        if not self.paths(shard)[0].exists():
+            self._decode(shard, wait=True)
 
     def open(self, shard: ShardRecord) -> DecodedShard:
         """The shard's decoded arrays, decoding it first if needed (most recently used stay mapped)."""
@@ -106,11 +97,111 @@ class DecodedShardCache:
         if hit is not None:
             self._open.move_to_end(shard.sha256)
             return hit
-        self.ensure(shard)
         tokens_path, offsets_path = self.paths(shard)
-        decoded = DecodedShard(np.asarray(np.load(tokens_path, mmap_mode="r")),
-                               np.asarray(np.load(offsets_path, mmap_mode="r")))
+        if tokens_path.exists():
+            decoded = _map(tokens_path, offsets_path)
+        else:
+            with _pending_lock:
+                decoded = _pending.get(str(tokens_path))
+            if decoded is None:
+                decoded = self._decode(shard, wait=False)
         self._open[shard.sha256] = decoded
         while len(self._open) > self.max_open:
             self._open.popitem(last=False)
         return decoded
+
+    def wait(self) -> None:
+        """Block until every decode this cache started is stored under its final name."""
+        if self._publisher is not None:
+            self._publisher.shutdown(wait=True)
+            self._publisher = None
+
+    def _decode(self, shard: ShardRecord, *, wait: bool) -> DecodedShard:
+        """Decode into temporary files, map them, and publish them (now, or on the background thread)."""
+        from filelock import FileLock
+
+        tokens_path, offsets_path = self.paths(shard)
+        tokens_path.parent.mkdir(parents=True, exist_ok=True)
+        # thread_local=False: the publishing thread releases it, so other processes wait for the final files.
+        lock = FileLock(str(tokens_path.parent / "decode.lock"), thread_local=False)
+        lock.acquire()
+        try:
+            if tokens_path.exists():  # another process decoded it while we waited
+                lock.release()
+                return _map(tokens_path, offsets_path)
+            with contextlib.ExitStack() as files:
+                # Entered tokens first: the stack closes in reverse, publishing offsets before the tokens marker.
+                tokens_tmp = files.enter_context(atomic_path(tokens_path))
+                offsets_tmp = files.enter_context(atomic_path(offsets_path))
+                _decode_into(self.corpus_root / shard.path, shard, tokens_tmp, offsets_tmp)
+                decoded = _map(tokens_tmp, offsets_tmp)
+                publish = files.pop_all()
+        except BaseException:
+            lock.release()
+            raise
+        if wait:
+            _publish(publish, lock, shard, str(tokens_path))
+        else:
+            with _pending_lock:
+                _pending[str(tokens_path)] = decoded
+            if self._publisher is None:
+                self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="marin-decode-publish")
+            self._publisher.submit(_publish, publish, lock, shard, str(tokens_path))
+        return decoded
+
+
+# Decodes of this process still being stored, by final tokens path: another cache object in this process
+# (another rank's dataset, say) maps the same temporary files instead of waiting on the file lock, which
+# the storing thread holds (filelock refuses a second acquisition from one thread as a deadlock).
+_pending: dict[str, DecodedShard] = {}
+_pending_lock = threading.Lock()
+
+
+def _publish(files: contextlib.ExitStack, lock, shard: ShardRecord, key: str) -> None:
+    """fsync and rename the decoded files into place (offsets, then tokens), then let other processes in."""
+    try:
+        files.close()
+    except OSError as e:  # the maps stay valid; the next process to need the shard decodes it again
+        log.warning("could not store the decode of %s: %s", shard.path, e)
+    finally:
+        with _pending_lock:
+            _pending.pop(key, None)
+        lock.release()
+
+
+def _map(tokens_path: Path, offsets_path: Path) -> DecodedShard:
+    return DecodedShard(np.asarray(np.load(tokens_path, mmap_mode="r")),
+                        np.asarray(np.load(offsets_path, mmap_mode="r")))
+
+
+def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_path: Path) -> None:
+    """Decode a shard's ``tokens`` column straight into ``.npy`` memory maps (one copy, no ids).
+
+    Raises:
+        ShardMissingError: the shard file is not there (a partial download).
+        ShardFormatError: unreadable, or its document/token counts differ from the index's.
+    """
+    import pyarrow.parquet as pq
+
+    if not source.exists():
+        raise ShardMissingError(f"shard of subset {shard.subset!r} is not on local disk", path=str(source))
+    try:
+        column = pq.read_table(source, columns=["tokens"]).column("tokens")
+    except (OSError, ValueError, KeyError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
+        raise ShardFormatError(f"not a readable shard: {e}", path=str(source)) from e
+    spans = [(np.asarray(c.offsets, dtype=np.int64), c) for c in column.chunks]
+    docs, tokens = len(column), sum(int(o[-1] - o[0]) for o, _ in spans)
+    if (docs, tokens) != (shard.docs, shard.tokens):
+        raise ShardFormatError(f"holds {docs} documents / {tokens} tokens, the index says {shard.docs} / "
+                               f"{shard.tokens}", path=str(source), expected=(shard.docs, shard.tokens),
+                               actual=(docs, tokens))
+    out_tokens = np.lib.format.open_memmap(tokens_path, mode="w+", dtype=np.uint32, shape=(tokens,))
+    out_offsets = np.lib.format.open_memmap(offsets_path, mode="w+", dtype=np.int64, shape=(docs + 1,))
+    t = d = 0
+    for offsets, chunk in spans:
+        n, k = int(offsets[-1] - offsets[0]), len(chunk)
+        out_tokens[t : t + n] = np.asarray(chunk.values)[offsets[0] : offsets[-1]]
+        out_offsets[d : d + k] = offsets[:-1] - offsets[0] + t
+        t, d = t + n, d + k
+    out_offsets[d] = t
+    del out_tokens, out_offsets  # dirty pages stay in the page cache; the publisher's fsync writes them

@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from marin_data.errors import LoaderStateMismatchError
-from marin_data.loader.packing import Batch, new_batch
+from marin_data.loader.packing import Batch, batch_layout, new_batch
 from marin_data.loader.stream import SPLITS, STREAM_FORMAT, LoaderConfig, TokenStream
 from marin_data.manifest import Corpus
 
@@ -57,17 +57,27 @@ def distributed_rank(rank: int | None = None, world_size: int | None = None) -> 
     return rank, world_size
 
 
-def to_tensors(batch: Batch) -> dict[str, torch.Tensor]:
-    """The batch contract of `packing` as torch tensors sharing the numpy buffers (no copy)."""
-    window = torch.from_numpy(batch.window)
-    return {
-        "input_ids": window[:, :-1],
-        "labels": window[:, 1:],
-        "segment_ids": torch.from_numpy(batch.segment_ids),
-        "positions": torch.from_numpy(batch.positions),
-        "subset": torch.from_numpy(batch.subset),
-        "index": torch.from_numpy(batch.index),
-    }
+_TORCH = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
+
+
+def to_tensors(batch: Batch, *, one_storage: bool = False) -> dict[str, torch.Tensor]:
+    """The batch contract of `packing` as torch tensors viewing the batch's buffer (no copy).
+
+    ``one_storage``: make every tensor a view of one torch storage. A DataLoader worker hands each storage
+    to the main process through its own shared-memory segment, so one storage per batch instead of five
+    made worker batches ~2.5x faster (*measured*); in-process, separate ``from_numpy`` views are cheaper.
+    """
+    if not one_storage:
+        window = torch.from_numpy(batch.window)
+        views = {name: torch.from_numpy(getattr(batch, name)) for name in ("segment_ids", "positions", "subset",
+                                                                            "index")}
+    else:
+        buffer = torch.from_numpy(batch.buffer)
+        rows, seq_len = batch.segment_ids.shape
+        views = {name: buffer[offset : offset + size].view(_TORCH[dtype]).view(shape)
+                 for name, offset, size, shape, dtype in batch_layout(rows, seq_len)}
+        window = views.pop("window")
+    return {"input_ids": window[:, :-1], "labels": window[:, 1:], **views}
 
 
 class TokenDataset(IterableDataset):
@@ -102,7 +112,8 @@ class TokenDataset(IterableDataset):
         """This rank's part of the global batch that starts at stream position ``start``."""
         first = start + self.rank * self.batch_size
         out = new_batch(self.batch_size, self.stream.seq_len)
-        return to_tensors(self.stream.fill(range(first, first + self.batch_size), out, self.split))
+        return to_tensors(self.stream.fill(range(first, first + self.batch_size), out, self.split),
+                          one_storage=get_worker_info() is not None)
 
     def _starts(self, worker: int, workers: int) -> Iterator[int]:
         stop = self.stream.stop(self.split)

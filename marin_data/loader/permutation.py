@@ -17,13 +17,15 @@ anywhere in the pass. This is MosaicML streaming's "py1br" idea with O(1) arithm
 materialised arrays.
 
 Every algorithm is a pure function ``(n, key, i, block, window) -> indices`` of the same shape, chosen by
-name from `SHUFFLES` (STYLE.md rule 12) through `shuffle` (numpy arrays) or `permute1` (jitted callers). ``key`` carries the seed, subset, epoch and purpose at once: derive
-it with `derive_key` so that different subsets and epochs get independent permutations.
+name from `SHUFFLES` (STYLE.md rule 12) through `shuffle` (numpy arrays) or `permute1` (jitted callers).
+``key`` carries the seed, subset, epoch and purpose at once: derive it with `derive_key` (and `sub_key`
+per epoch) so that different subsets and epochs get independent permutations.
 """
 
 from __future__ import annotations
 
 import hashlib
+
 import numba
 import numpy as np
 
@@ -37,7 +39,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def derive_key(seed: int, *parts: object) -> int:
-    """A 64-bit key from a seed and any labels (subset name, purpose, phase...), stable across runs.
+    """A 63-bit key from a seed and any labels (subset name, purpose, phase...), stable across runs.
 
     blake2b rather than Python's ``hash`` (salted per process) so every rank and every restart agrees.
     """
@@ -55,7 +57,11 @@ def _mix(z):
 
 @numba.njit(cache=True)
 def sub_key(key, label):
-    """Key for a sub-problem (an epoch, a group, a mixture block) of the permutation keyed ``key``."""
+    """Key for a sub-problem (an epoch, a group, a mixture block) of the permutation keyed ``key``.
+
+    Called from Python it returns a Python int of up to 64 bits: wrap it in ``np.uint64`` before handing
+    it to another jitted function (numba types a Python int as int64).
+    """
     return _mix(np.uint64(key) ^ _mix(np.uint64(label) + _GOLDEN))
 
 

@@ -23,17 +23,15 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numba
 import numpy as np
 
 from marin_data.errors import LoaderConfigError
-from marin_data.loader import holdout
 from marin_data.loader.cache import DecodedShardCache, ShardSource
+from marin_data.loader.holdout import holdout_every, split_sizes, train_window1, val_window1
 from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
 from marin_data.loader.packing import Batch, ShardTable, SubsetTokens, new_batch, pack_rows, window_count
-from marin_data.loader.holdout import train_window1, val_window1
 from marin_data.loader.permutation import SHUFFLES, derive_key, permute1, sub_key
 from marin_data.manifest import Corpus, load_corpus, select_subsets, shards_fingerprint
 
@@ -123,7 +121,7 @@ class TokenStream:
         self.corpus = corpus
         self.source = source if source is not None else DecodedShardCache(corpus.root, cache_dir)
         try:
-            self.every = holdout.holdout_every(config.val_fraction)
+            self.every = holdout_every(config.val_fraction)
         except ValueError as e:
             raise LoaderConfigError(str(e), actual=config.val_fraction) from None
         names = select_subsets(corpus.manifest.subsets, config.subsets)
@@ -159,7 +157,7 @@ class TokenStream:
     def _index_params(self) -> _Params:
         seq_len, seed = self.config.seq_len, self.config.seed
         windows = np.array([window_count(t.tokens, seq_len) for t in self.subset_tokens], dtype=np.int64)
-        train, val = holdout.split_sizes(windows, self.every)
+        train, val = split_sizes(windows, self.every)
         for t, n in zip(self.subset_tokens, train):
             if n < 1:
                 raise LoaderConfigError(
@@ -168,9 +166,12 @@ class TokenStream:
         if self.config.shuffle_block is not None:
             block = np.full(len(self.subset_tokens), self.config.shuffle_block, dtype=np.int64)
         else:  # about one shard of sequences, so a pass reads each shard in ~1-2 blocks
-            block = np.array([max(1, round(t.tokens / max(1, len(t.shards)) / seq_len)) for t in self.subset_tokens],
-                             dtype=np.int64)
-        keys = lambda *label: np.array([derive_key(*label, t.name) for t in self.subset_tokens], dtype=np.uint64)  # noqa: E731
+            block = np.array([max(1, round(t.tokens / max(1, len(t.shards)) / seq_len))
+                              for t in self.subset_tokens], dtype=np.int64)
+
+        def keys(seed: int, purpose: str) -> np.ndarray:
+            return np.array([derive_key(seed, purpose, t.name) for t in self.subset_tokens], dtype=np.uint64)
+
         return _Params(windows=windows, train=train, val=val, block=block,
                        val_block=np.maximum(1, block // max(1, self.every)), key=keys(seed, "shuffle"),
                        val_key=keys(seed, "validation"), holdout_key=keys(0, "holdout"))
@@ -208,8 +209,8 @@ class TokenStream:
         subset, index = mixture.locate(positions)
         p = self._params
         if mixture is self.mixture:
-            window = _train_windows(self._code, subset, index, p.train, p.windows, self.every, p.key, p.holdout_key,
-                                    p.block, self.config.shuffle_window)
+            window = _train_windows(self._code, subset, index, p.train, p.windows, self.every, p.key,
+                                    p.holdout_key, p.block, self.config.shuffle_window)
         else:  # the validation mixture has only the subsets that hold some out
             subset = self._val_subsets[subset]
             window = _val_windows(self._code, subset, index, p.val, self.every, p.val_key, p.holdout_key,
