@@ -67,6 +67,7 @@ __all__ = [
     "read_download_record",
     "plan_download",
     "download",
+    "fetch_file",
 ]
 
 PARTIAL_SUFFIX = ".marin-download.part"  # data/x/part-00000.parquet.marin-download.part
@@ -252,6 +253,27 @@ def download(
             atomic_write_bytes(root / RECORD, record.to_json())
             load_corpus(root, manifest_sha256=plan.manifest_sha256)  # the local root of trust holds
     return report
+
+
+def fetch_file(root: str | os.PathLike, task: FileTask, stores: Sequence[Store], *,
+               policy: RetryPolicy = DOWNLOAD_POLICY) -> int:
+    """Fetch one file to ``root/task.path`` on the machinery of `download`: hashed while it streams, renamed
+    into place only once its size and SHA-256 match ``task``, retried, then tried on the next store.
+
+    The loader's remote shard cache (`marin_data.loader.remote_cache`) fetches shards through it.
+
+    Returns:
+        Bytes received (counting any that were discarded and fetched again).
+
+    Raises:
+        TransferFailedError: every store failed; ``failures`` holds one ``(path, why)`` naming each store's error.
+    """
+    meter = _Meter(progress_bar(None, "fetch", disable=True))
+    why = _fetch_file(Path(root), task, stores, policy, meter)
+    if why is not None:
+        raise TransferFailedError(f"could not fetch a verified copy: {why}", path=task.path,
+                                  failures=[(task.path, why)])
+    return meter.received
 
 
 def _read_or_none(path: Path) -> bytes | None:

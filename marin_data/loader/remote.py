@@ -1,0 +1,222 @@
+"""Remote corpora as the loader's source: ``s3://bucket/prefix``, ``hf://datasets/org/name`` or a mirror (issue 9).
+
+Order of work:
+
+1. ``manifest.json`` (checked against ``manifest_sha256`` when pinned: the root of trust) and the shard
+   index, through the downloader's own `plan_download`, so a tampered mirror cannot vouch for itself. They
+   are kept under ``CACHE/meta/<manifest sha256>/`` and opened with `load_corpus`, which checks them again.
+2. A `RemoteStream`: the same `TokenStream` as for a local copy — the same fingerprint, since it covers the
+   selected shards' paths, sizes and digests, not where they are — whose shards come from a
+   `RemoteShardCache` (bounded, verified, pinned while in use; see that module).
+
+**Prefetch from the order.** The sequence at stream position ``i`` is a pure function of ``i``, and a
+process reads positions ``p, p + stride, p + 2·stride, ...`` (``stride`` = the global batch: rank ``r``
+reads rows ``r·b .. r·b + b`` of each). So before packing the batch at ``p`` the stream computes which
+shards the next ``lookahead`` batches read (`shards_at`: locate the windows, then two ``searchsorted`` over
+the shards' cumulative token counts) and hands them, in order of first use, to the cache, which fetches the
+first few missing ones on background threads and evicts the ones needed last. The hierarchical shuffle
+reads each shard in about one stretch per pass (a mixture block permutes the order of a subset's
+sequences within it, so a stretch interleaves a few shards), so with a cache that holds the working set
+(a few shards per subset, plus the prefetch) every shard is fetched once per pass. The horizon is extended
+by one batch per batch (one ``locate`` of ``b`` rows), not recomputed.
+
+After each batch the stream drops its table of open shards (the rows are already copied out), so only
+the batch being built pins cache space; reopening a cached shard is two ``np.load`` memory maps.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from marin_data.atomic import atomic_write_bytes
+from marin_data.download import DOWNLOAD_POLICY, plan_download
+from marin_data.loader.cache import default_cache_dir
+from marin_data.loader.dataset import TokenDataset, TokenLoader, distributed_rank
+from marin_data.loader.packing import Batch
+from marin_data.loader.remote_cache import DEFAULT_CACHE_BYTES, RemoteShardCache
+from marin_data.loader.stream import LoaderConfig, TokenStream
+from marin_data.manifest import MANIFEST, SHARDS_INDEX, Corpus, ShardRecord, load_corpus
+from marin_data.retry import RetryPolicy
+from marin_data.stores import Store, open_store
+
+__all__ = ["RemoteStream", "open_remote_corpus", "make_remote_loader", "is_remote", "remote_cache_root"]
+
+
+def is_remote(source: object) -> bool:
+    """Whether ``source`` names a remote corpus (``s3://``, ``hf://``) rather than a local path or `Corpus`."""
+    return isinstance(source, str) and source.split("://", 1)[0] in ("s3", "hf") and "://" in source
+
+
+def remote_cache_root() -> Path:
+    """``$MARIN_CACHE_DIR/remote``, else ``~/.cache/marin/remote``: beside the local decoded-shard cache."""
+    return default_cache_dir().parent / "remote"
+
+
+def open_remote_corpus(stores: Sequence[Store], *, meta_dir: str | os.PathLike, manifest_sha256: str | None = None,
+                       policy: RetryPolicy = DOWNLOAD_POLICY) -> Corpus:
+    """Fetch and check a remote corpus's manifest and shard index; keep them under ``meta_dir``.
+
+    Args:
+        stores: the corpus, primary first, then mirrors (tried in turn).
+        meta_dir: where ``<manifest sha256>/{manifest.json, shards.parquet}`` are kept.
+        manifest_sha256: the pinned digest of ``manifest.json``.
+        policy: retries per store.
+
+    Returns:
+        A `Corpus` whose ``root`` holds only the metadata (its shards are remote).
+
+    Raises:
+        ManifestHashMismatchError: no store has a manifest matching the pin.
+        InvalidManifestError: a malformed manifest or index.
+        RemoteError: no store could serve them.
+    """
+    plan, manifest_bytes, index_bytes = plan_download(stores, subsets=None, manifest_sha256=manifest_sha256,
+                                                      policy=policy)
+    root = Path(meta_dir) / plan.manifest_sha256
+    for name, data in ((SHARDS_INDEX, index_bytes), (MANIFEST, manifest_bytes)):  # the manifest last
+        path = root / name
+        if not path.exists() or path.read_bytes() != data:
+            atomic_write_bytes(path, data)
+    return load_corpus(root, manifest_sha256=plan.manifest_sha256)
+
+
+class RemoteStream(TokenStream):
+    """A `TokenStream` over a remote corpus: shards through a `RemoteShardCache`, prefetched from the order.
+
+    Args:
+        corpus: the remote corpus's metadata (`open_remote_corpus`).
+        config: what to serve.
+        cache: the shard cache (this stream's `source`).
+        stride: positions between the batches one process reads (the global batch size); None: the batch
+            size (one rank).
+        lookahead: stream positions ahead whose shards are handed to the cache (it prefetches the first few
+            missing ones and evicts the ones needed last); None: two mixture blocks, which covers the order in
+            which a block's slots are permuted, i.e. every shard a subset reads again soon.
+    """
+
+    def __init__(self, corpus: Corpus, config: LoaderConfig, *, cache: RemoteShardCache, stride: int | None = None,
+                 lookahead: int | None = None) -> None:
+        super().__init__(corpus, config, source=cache)
+        self.stride = stride or config.batch_size
+        positions = lookahead if lookahead is not None else 2 * max(ph.block for ph in self.mixture.phases)
+        self.lookahead = max(1, -(-positions // self.stride))  # in batches
+        self._records: list[ShardRecord] = [s for t in self.subset_tokens for s in t.shards]
+        # Every subset's stream laid end to end: subset s's token x is global token base[s] + x, and global
+        # shard g (in `_records` order) holds global tokens [cum[g], cum[g+1]).
+        ends = np.cumsum([t.tokens for t in self.subset_tokens], dtype=np.int64)
+        self._base = np.concatenate(([0], ends[:-1])).astype(np.int64)
+        self._cum = np.concatenate([b + t.cumulative[:-1] for b, t in zip(self._base, self.subset_tokens)]
+                                   + [ends[-1:]]).astype(np.int64)
+        self._horizon: deque[tuple[int, np.ndarray]] = deque()  # (first position, shard ids) of coming batches
+        self._horizon_key: tuple[str, int] | None = None  # (split, rows) the horizon was computed for
+
+    def shards_at(self, positions: range | np.ndarray, split: str = "train") -> np.ndarray:
+        """Global shard ids (sorted, ``[k]`` int64) that the sequences at ``positions`` read."""
+        subset, start = self.locate(positions, split)
+        first = self._base[subset] + start
+        lo = np.searchsorted(self._cum, first, side="right") - 1
+        hi = np.searchsorted(self._cum, first + self.seq_len, side="right") - 1  # a window has seq_len + 1 tokens
+        spans = hi - lo
+        return np.unique(np.concatenate([lo[spans >= d] + d for d in range(int(spans.max(initial=0)) + 1)]))
+
+    def upcoming(self, positions: range | np.ndarray, split: str = "train") -> list[ShardRecord]:
+        """The shards of the batch at ``positions`` and of the next ``lookahead`` batches, in order of first use."""
+        rows = np.asarray(positions, dtype=np.int64)
+        first, width = int(rows[0]), int(rows[-1] - rows[0])
+        if self._horizon_key != (split, len(rows)):
+            self._horizon.clear()
+        self._horizon_key = (split, len(rows))
+        while self._horizon and self._horizon[0][0] <= first:
+            self._horizon.popleft()
+        if self._horizon and self._horizon[0][0] != first + self.stride:  # a jump (resume, new iteration)
+            self._horizon.clear()
+        stop = self.stop(split)
+        nxt = self._horizon[-1][0] + self.stride if self._horizon else first + self.stride
+        while len(self._horizon) < self.lookahead and (stop is None or nxt + width < stop):
+            shifted = range(nxt, nxt + len(rows)) if isinstance(positions, range) else rows - first + nxt
+            self._horizon.append((nxt, self.shards_at(shifted, split)))
+            nxt += self.stride
+        ids = [self.shards_at(positions, split), *(ids for _, ids in self._horizon)]
+        return [self._records[g] for g in dict.fromkeys(np.concatenate(ids).tolist())]
+
+    def fill(self, positions: range | np.ndarray, out: Batch, split: str = "train") -> Batch:
+        """`TokenStream.fill`, with the cache told what comes next, and no shard left mapped afterwards."""
+        self.source.want(self.upcoming(positions, split))
+        try:
+            return super().fill(positions, out, split)
+        finally:
+            self._table = None  # unmap: only the batch being built pins cache space (module docstring)
+
+    def close(self) -> None:
+        """Stop the cache's prefetch threads and release its directory."""
+        self.source.close()
+
+
+def make_remote_loader(
+    url: str,
+    config: LoaderConfig = LoaderConfig(),
+    *,
+    mirrors: Sequence[str] = (),
+    manifest_sha256: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+    prefetch_shards: int = 4,
+    fetch_workers: int = 2,
+    lookahead: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    split: str = "train",
+    prefetch: int = 2,
+    state: dict[str, Any] | None = None,
+    strict: bool = True,
+    policy: RetryPolicy = DOWNLOAD_POLICY,
+    **store_options: Any,
+) -> TokenLoader:
+    """A ready loader over a remote corpus, streaming its shards through a bounded local cache.
+
+    The stream equals that of a local copy with the same ``config`` (same fingerprint: a checkpoint taken on
+    one resumes on the other).
+
+    Args:
+        url: ``s3://bucket/prefix``, ``hf://datasets/org/name[@revision]`` (``endpoint=`` for a mirror such as
+            ``marin-data serve``), or a local corpus directory read like a remote one.
+        config: what to serve (`LoaderConfig`).
+        mirrors: fallback stores, tried in order for any file the previous ones failed.
+        manifest_sha256: the pinned sha256 of ``manifest.json``.
+        cache_dir: the cache root (metadata under ``meta/``, shards under ``<manifest>-rank<r>/``); default
+            `remote_cache_root`.
+        cache_bytes: disk limit for this rank's shards.
+        prefetch_shards: missing shards fetched ahead at once; fetch_workers: threads fetching them.
+        lookahead: stream positions ahead whose shards are planned (`RemoteStream`).
+        rank, world_size: default to `torch.distributed` when initialised.
+        split, prefetch, state, strict: as for `make_loader` (``prefetch``: batches built ahead by a thread).
+        policy: retries per store.
+        **store_options: for `open_store`: ``endpoint_url``, ``anonymous``, ``profile`` (S3), ``endpoint``,
+            ``token`` (Hugging Face).
+
+    Call ``loader.dataset.stream.close()`` when done (the cache's threads and directory lock; they also end
+    with the process). ``loader.dataset.stream.source.stats()`` reports fetches, hits and the cache's
+    high-water mark.
+    """
+    rank, world_size = distributed_rank(rank, world_size)
+    stores = [open_store(u, **store_options) for u in (url, *mirrors)]
+    root = Path(cache_dir) if cache_dir is not None else remote_cache_root()
+    corpus = open_remote_corpus(stores, meta_dir=root / "meta", manifest_sha256=manifest_sha256, policy=policy)
+    cache = RemoteShardCache(stores, root / f"{corpus.manifest_sha256[:16]}-rank{rank}", max_bytes=cache_bytes,
+                             prefetch=prefetch_shards, workers=fetch_workers, policy=policy)
+    try:
+        stream = RemoteStream(corpus, config, cache=cache, stride=config.batch_size * world_size,
+                              lookahead=lookahead)
+        dataset = TokenDataset(stream, rank=rank, world_size=world_size, split=split, prefetch=prefetch)
+        if state is not None:
+            dataset.load_state_dict(state, strict=strict)
+    except BaseException:
+        cache.close()
+        raise
+    return TokenLoader(dataset)

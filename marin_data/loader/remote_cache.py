@@ -1,0 +1,379 @@
+"""A bounded on-disk cache of a remote corpus's shards: the loader's `ShardSource` for ``s3://``/``hf://`` (issue 9).
+
+What it guarantees, and how:
+
+- **Nothing unverified is ever read.** A shard is fetched with `marin_data.download.fetch_file`, the
+  downloader's machinery: hashed while it streams, renamed into place only once its size and SHA-256 match
+  the manifest's shard index, retried (a corrupted body is fetched again), then fetched from the next mirror.
+  Only then is it decoded (`DecodedShardCache.ensure`, which also checks its document and token counts) and
+  its Parquet bytes deleted.
+- **A byte limit that holds at every instant.** Before a fetch starts, its peak footprint (the Parquet
+  bytes plus an upper bound of the decoded arrays) is *reserved*; after decoding, the reservation shrinks
+  to the decoded files' real size. Reservations are made under one lock and never exceed ``max_bytes``, so
+  the files on disk never do either (`CacheStats.high_water` is the most ever reserved).
+- **In-use shards are pinned.** A shard is in use while a memory map of it is alive — the loader's shard
+  table holds maps while it packs a batch. Maps are tracked with ``weakref.finalize``, so the count is
+  exact whoever holds them; a mapped shard is never evicted (deleting a mapped file would not free its
+  space anyway).
+- **Prefetch ahead of use, evicting what is needed last.** `want` hands the cache the shards the next
+  batches read, in order of first use (the loader's order is a pure function of the position, so
+  `marin_data.loader.remote.RemoteStream` computes it). Background threads fetch the first ``prefetch``
+  of them that are missing. To make room, the cache evicts first the least recently used shard nobody wants
+  soon, then — only for a shard needed sooner — the wanted shard whose use lies farthest ahead (Belady's
+  rule, exact within the lookahead). A prefetch never evicts a shard needed before its own.
+- **Warm restarts.** Decoded shards are named by their SHA-256; a new cache over the same directory adopts
+  the complete ones it finds (evicting the oldest beyond the limit) and deletes partial files.
+
+One process owns a cache directory (an OS file lock, released when the process dies): the byte limit is
+per directory, so ranks on one host each get their own (`remote.make_remote_loader` appends the rank).
+Memory maps cannot cross into DataLoader worker processes, so remote corpora are read in-process, which is
+the loader's fast path anyway.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from marin_data.download import DOWNLOAD_POLICY, PARTIAL_SUFFIX, FileTask, fetch_file
+from marin_data.errors import CorpusLockedError, LoaderConfigError, ShardFormatError
+from marin_data.loader.cache import DecodedShard, DecodedShardCache
+from marin_data.manifest import ShardRecord
+from marin_data.retry import RetryPolicy
+from marin_data.stores import Store
+from marin_data.ui import human_bytes
+
+__all__ = ["RemoteShardCache", "CacheStats", "DEFAULT_CACHE_BYTES", "decoded_bytes"]
+
+DEFAULT_CACHE_BYTES = 64 << 30  # a training node's scratch disk holds this easily; production shards are <= 6 GiB decoded
+_NPY_HEADER = 4096  # bound on one .npy header (numpy writes 128 bytes for a 1-d array): reservations are upper bounds
+_LOCK = ".cache.lock"
+
+
+def decoded_bytes(shard: ShardRecord) -> int:
+    """Upper bound on the disk bytes of a shard's decode: ``tokens.npy`` (uint32) and ``offsets.npy`` (int64)."""
+    return 4 * shard.tokens + 8 * (shard.docs + 1) + 2 * _NPY_HEADER
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """What the cache did so far (a snapshot; `RemoteShardCache.stats`)."""
+
+    max_bytes: int
+    used_bytes: int  # on disk or reserved now
+    high_water: int  # the most ever on disk or reserved: never above max_bytes
+    fetches: Counter = field(default_factory=Counter)  # shard path -> times fetched and decoded
+    bytes_fetched: int = 0  # received over the network, including bodies discarded and fetched again
+    hits: int = 0  # `open` found the shard ready
+    misses: int = 0  # `open` had to wait for a fetch (its own or a prefetch in flight)
+    evictions: int = 0
+    wait_seconds: float = 0.0  # time `open` spent waiting for shards: the loader's share of data wait
+    resident: int = 0  # shards ready on disk now
+
+
+@dataclass
+class _Entry:
+    sha256: str
+    shard: ShardRecord | None  # None for a decode adopted from an earlier run that this corpus does not list
+    bytes: int  # on disk (ready) or reserved (fetching)
+    ready: bool = False
+    maps: int = 0  # live memory maps: pinned while > 0
+    used: float = 0.0  # LRU clock: time of the last `open`
+
+
+class RemoteShardCache:
+    """Serve a remote corpus's shards as decoded memory maps through a bounded local directory.
+
+    Args:
+        stores: where the corpus lives, the primary first, then mirrors (`marin_data.stores.open_store`).
+        cache_dir: the cache's own directory (created; locked for this process's lifetime).
+        max_bytes: the disk limit for shard data (fetched Parquet, decoded arrays, partial files).
+        prefetch: missing shards fetched ahead of use at once, at most (from the order given to `want`).
+        workers: background fetch threads.
+        policy: retries per store (`marin_data.retry`); then the next store.
+
+    Raises:
+        CorpusLockedError: another process (or cache object) uses ``cache_dir``.
+    """
+
+    def __init__(self, stores: Sequence[Store], cache_dir: str | Path, *, max_bytes: int = DEFAULT_CACHE_BYTES,
+                 prefetch: int = 4, workers: int = 2, policy: RetryPolicy = DOWNLOAD_POLICY) -> None:
+        from filelock import FileLock, Timeout
+
+        if max_bytes <= 0 or prefetch < 0 or workers < 1:
+            raise LoaderConfigError(f"max_bytes must be > 0, prefetch >= 0 and workers >= 1, got {max_bytes}, "
+                                    f"{prefetch}, {workers}")
+        self.stores = list(stores)
+        self.root = Path(cache_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._flock = FileLock(str(self.root / _LOCK), timeout=0)
+        try:
+            self._flock.acquire()
+        except Timeout as e:
+            raise CorpusLockedError("this shard cache directory is in use by another loader; give each process "
+                                    "its own cache_dir", path=str(self.root)) from e
+        self.max_bytes, self.prefetch, self.policy = int(max_bytes), prefetch, policy
+        self._fetch_root = self.root / "fetch"  # verified Parquet, deleted once decoded
+        self._decoder = DecodedShardCache(self._fetch_root, self.root / "decoded")
+        self._cond = threading.Condition(threading.RLock())  # re-entrant: map finalizers may run under it
+        self._entries: dict[str, _Entry] = {}
+        self._failed: dict[str, BaseException] = {}  # prefetches that failed; `open` tries once more
+        self._wanted: list[ShardRecord] = []
+        self._rank: dict[str, int] = {}  # sha256 -> position in `_wanted` (0 = needed first)
+        self._stats = CacheStats(max_bytes=self.max_bytes, used_bytes=0, high_water=0)
+        self._used = 0
+        self._closed = False
+        self._threads = [threading.Thread(target=self._prefetch_loop, name=f"marin-shard-fetch-{i}", daemon=True)
+                         for i in range(workers if prefetch else 0)]
+        self._adopt()
+        for t in self._threads:
+            t.start()
+
+    # --- public ---------------------------------------------------------------------------------------
+    def open(self, shard: ShardRecord) -> DecodedShard:
+        """The shard's decoded arrays as memory maps, fetching it first if it is not cached (the `ShardSource`
+        method). The shard stays pinned while the returned arrays are alive.
+
+        Raises:
+            TransferFailedError: no store served a verified copy.
+            LoaderConfigError: ``max_bytes`` cannot hold this shard next to the shards in use.
+        """
+        t0, hit = time.perf_counter(), True
+        while True:
+            with self._cond:
+                self._check_open()
+                entry, fetch = self._claim(shard)
+                if not fetch:
+                    hit = hit and entry.ready
+                    while not entry.ready and self._entries.get(shard.sha256) is entry:  # a prefetch is on it
+                        self._cond.wait(timeout=1.0)
+                        self._check_open()
+                    if entry.ready:
+                        waited = 0.0 if hit else time.perf_counter() - t0
+                        self._stats = replace(self._stats, hits=self._stats.hits + hit,
+                                              misses=self._stats.misses + (not hit),
+                                              wait_seconds=self._stats.wait_seconds + waited)
+                        return self._map(entry)
+                    continue  # the prefetch failed: claim it again and fetch it here, once more
+            hit = False
+            self._fetch(entry)
+
+    def want(self, shards: Sequence[ShardRecord]) -> None:
+        """The shards the next batches read, in order of first use (duplicates ignored): prefetch the first
+        ``prefetch`` missing ones in the background, and keep the soonest-needed from eviction."""
+        order = list({s.sha256: s for s in reversed(shards)}.values())[::-1]  # first occurrence of each
+        with self._cond:
+            self._wanted = order
+            self._rank = {s.sha256: i for i, s in enumerate(order)}
+            self._cond.notify_all()
+
+    def stats(self) -> CacheStats:
+        with self._cond:
+            ready = sum(e.ready for e in self._entries.values())
+            return replace(self._stats, used_bytes=self._used, fetches=Counter(self._stats.fetches), resident=ready)
+
+    def close(self) -> None:
+        """Stop the prefetch threads (waiting for fetches in flight, bounded) and release the directory."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=30)
+        self._flock.release()
+
+    def __enter__(self) -> RemoteShardCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        raise TypeError("a remote shard cache cannot be sent to another process (DataLoader workers): read remote "
+                        "corpora in-process (num_workers=0)")
+
+    # --- claiming space -------------------------------------------------------------------------------
+    def _claim(self, shard: ShardRecord) -> tuple[_Entry, bool]:
+        """Under the lock: the shard's entry, and whether the caller must fetch it (space reserved)."""
+        while True:
+            entry = self._entries.get(shard.sha256)
+            if entry is not None:
+                if entry.shard is None:  # adopted from an earlier run: now we know what it is
+                    entry.shard = shard
+                return entry, False
+            self._failed.pop(shard.sha256, None)
+            if self._reserve(shard, -1):
+                return self._add(shard), True
+
+    def _add(self, shard: ShardRecord) -> _Entry:
+        entry = self._entries[shard.sha256] = _Entry(shard.sha256, shard, _footprint(shard))
+        return entry
+
+    def _reserve(self, shard: ShardRecord, rank: int) -> bool:
+        """Make room for ``shard``'s fetch and reserve it. ``rank`` -1 is a demand (may wait, evicts any
+        unpinned shard, raises when nothing can ever make room); a prefetch's rank is its place in `_wanted`
+        (evicts only shards needed later, returns False when there is no room now)."""
+        need = _footprint(shard)
+        if need > self.max_bytes:
+            raise LoaderConfigError(f"shard {shard.path} needs {human_bytes(need)} to fetch and decode, more than "
+                                    f"the cache's whole limit of {human_bytes(self.max_bytes)}: raise it",
+                                    path=str(self.root), expected=need, actual=self.max_bytes)
+        while self._used + need > self.max_bytes:
+            victim = self._victim(rank)
+            if victim is not None:
+                self._evict(victim)
+                continue
+            if rank >= 0:
+                return False
+            if any(not e.ready for e in self._entries.values()):  # fetches in flight will become evictable
+                self._cond.wait(timeout=1.0)
+                self._check_open()
+                if shard.sha256 in self._entries:  # a prefetch took it meanwhile
+                    return False
+                continue
+            pinned = sum(e.bytes for e in self._entries.values() if e.maps)
+            raise LoaderConfigError(
+                f"the shard cache limit ({human_bytes(self.max_bytes)}) cannot hold {shard.path} "
+                f"({human_bytes(need)}) next to the {human_bytes(pinned)} of shards in use: raise the limit to at "
+                "least a few batches' worth of shards", path=str(self.root), expected=need, actual=self.max_bytes)
+        self._used += need
+        self._stats = replace(self._stats, high_water=max(self._stats.high_water, self._used))
+        return True
+
+    def _victim(self, rank: int) -> _Entry | None:
+        """The entry to evict for a fetch of priority ``rank`` (see `_reserve`), or None."""
+        free = [e for e in self._entries.values() if e.ready and not e.maps]
+        unwanted = [e for e in free if e.sha256 not in self._rank]
+        if unwanted:
+            return min(unwanted, key=lambda e: e.used)
+        later = [e for e in free if self._rank[e.sha256] > rank]
+        return max(later, key=lambda e: self._rank[e.sha256]) if later else None
+
+    def _evict(self, entry: _Entry) -> None:
+        shutil.rmtree(self._decoded_dir(entry.sha256), ignore_errors=True)
+        del self._entries[entry.sha256]
+        self._used -= entry.bytes
+        self._stats = replace(self._stats, evictions=self._stats.evictions + 1)
+
+    # --- fetching -------------------------------------------------------------------------------------
+    def _fetch(self, entry: _Entry) -> None:
+        """Fetch, verify and decode ``entry``'s shard (space is reserved); on failure forget it and re-raise."""
+        shard = entry.shard
+        parquet = self._fetch_root / shard.path
+        try:
+            try:
+                received = fetch_file(self._fetch_root, FileTask(shard.path, shard.bytes, shard.sha256,
+                                                                 shard.subset), self.stores, policy=self.policy)
+                self._decoder.ensure(shard)
+            finally:
+                parquet.unlink(missing_ok=True)
+                parquet.with_name(parquet.name + PARTIAL_SUFFIX).unlink(missing_ok=True)
+        except BaseException:
+            shutil.rmtree(self._decoded_dir(shard.sha256), ignore_errors=True)  # files first, then the account
+            with self._cond:
+                del self._entries[shard.sha256]
+                self._used -= entry.bytes
+                self._cond.notify_all()
+            raise
+        size = _dir_bytes(self._decoded_dir(shard.sha256))
+        with self._cond:
+            self._used += size - entry.bytes
+            entry.bytes, entry.ready, entry.used = size, True, time.monotonic()
+            fetches = Counter(self._stats.fetches)
+            fetches[shard.path] += 1
+            self._stats = replace(self._stats, fetches=fetches, bytes_fetched=self._stats.bytes_fetched + received)
+            self._cond.notify_all()
+
+    def _prefetch_loop(self) -> None:
+        while True:
+            with self._cond:
+                entry = None
+                while not self._closed and (entry := self._next_prefetch()) is None:
+                    self._cond.wait(timeout=1.0)
+                if self._closed:
+                    return
+            try:
+                self._fetch(entry)
+            except Exception as e:  # noqa: BLE001 - kept for `open`, which tries again and raises
+                with self._cond:
+                    self._failed[entry.shard.sha256] = e
+
+    def _next_prefetch(self) -> _Entry | None:
+        """Under the lock: claim the first wanted shard that is missing, if there is room for it."""
+        missing = 0
+        for rank, shard in enumerate(self._wanted):
+            if shard.sha256 in self._entries and self._entries[shard.sha256].ready:
+                continue
+            missing += 1
+            if missing > self.prefetch:
+                return None
+            if shard.sha256 in self._entries or shard.sha256 in self._failed:
+                continue
+            return self._add(shard) if self._reserve(shard, rank) else None
+        return None
+
+    # --- maps and disk --------------------------------------------------------------------------------
+    def _map(self, entry: _Entry) -> DecodedShard:
+        """Under the lock: memory maps of a ready entry, each pinning it until it is garbage."""
+        shard = entry.shard
+        tokens_path, offsets_path = self._decoder.paths(shard)
+        tokens, offsets = np.load(tokens_path, mmap_mode="r"), np.load(offsets_path, mmap_mode="r")
+        if tokens.shape != (shard.tokens,) or offsets.shape != (shard.docs + 1,):
+            del tokens, offsets
+            self._evict(entry)
+            raise ShardFormatError(f"cached decode holds {tokens_path.stat().st_size} bytes, not the "
+                                   f"{shard.tokens} tokens the index lists; it was deleted, run again",
+                                   path=str(tokens_path))
+        for m in (tokens, offsets):
+            entry.maps += 1
+            weakref.finalize(m, self._unmapped, entry).atexit = False
+        entry.used = time.monotonic()
+        return DecodedShard(np.asarray(tokens), np.asarray(offsets))
+
+    def _unmapped(self, entry: _Entry) -> None:
+        with self._cond:
+            entry.maps -= 1
+            if not entry.maps:
+                self._cond.notify_all()
+
+    def _decoded_dir(self, sha256: str) -> Path:
+        return self.root / "decoded" / sha256[:2] / sha256
+
+    def _adopt(self) -> None:
+        """Take over the complete decodes an earlier run left (oldest first out); delete partial files."""
+        shutil.rmtree(self._fetch_root, ignore_errors=True)
+        found = []
+        for d in sorted((self.root / "decoded").glob("??/*")):
+            complete = (d / "tokens.npy").is_file() and (d / "offsets.npy").is_file()
+            if not complete or any(p.name.endswith(".part") for p in d.iterdir()):
+                shutil.rmtree(d, ignore_errors=True)
+                continue
+            found.append((d.stat().st_mtime, d.name, _dir_bytes(d)))
+        for mtime, sha, size in sorted(found):
+            self._entries[sha] = _Entry(sha, None, size, ready=True, used=mtime - time.time() + time.monotonic())
+            self._used += size
+        while self._used > self.max_bytes:
+            self._evict(min(self._entries.values(), key=lambda e: e.used))
+        self._stats = replace(self._stats, high_water=self._used)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the remote shard cache is closed")
+
+
+def _footprint(shard: ShardRecord) -> int:
+    """Peak disk bytes while a shard is fetched and decoded: its Parquet file beside its decode."""
+    return shard.bytes + decoded_bytes(shard)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
