@@ -35,7 +35,19 @@ def main() -> None:
          str(corpus), "--meta", "datasheets/sample-meta.yaml")
     publish_and_download(corpus)
     serve_and_download(corpus)
+    train_on_it(corpus)
     print(f"\nDone. The sample corpus is in {corpus.relative_to(ROOT)}.")
+
+
+def train_on_it(corpus: Path) -> None:
+    """Iterate the loader over the sample with a two-phase mixture, checkpoint it, resume on another world size."""
+    demo = ["-m", "marin_data.loader.demo", str(corpus.relative_to(ROOT)), "--cache-dir",
+            str((OUT / "loader-cache").relative_to(ROOT))]
+    print(f"\n== Feed training: a mixture schedule, a checkpoint, an exact resume on 2 ranks\n$ python "
+          f"{shlex.join(demo)}", flush=True)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, *demo], check=True, cwd=ROOT)
+    print(f"   ({time.perf_counter() - t0:.1f}s)", flush=True)
 
 
 def publish_and_download(corpus: Path) -> None:
