@@ -39,6 +39,8 @@ __all__ = [
     "RetryableRemoteError",
     "ObjectTooLargeError",
     "TransferFailedError",
+    "MissingExtraError",
+    "EngineError",
 ]
 
 
@@ -212,3 +214,14 @@ class TransferFailedError(MarinDataError):
     def __init__(self, message: str, *, path: str | None = None, failures: list | tuple = ()) -> None:
         MarinDataError.__init__(self, message, path=path)
         self.failures = list(failures)
+
+
+# --- compute engines (issue 10) -------------------------------------------------------------------
+class MissingExtraError(ImportError, MarinDataError):
+    """An optional dependency is not installed: install the extra the message names
+    (``pip install 'marin[ray]'``). Abort; nothing was done."""
+
+
+class EngineError(RuntimeError, MarinDataError):
+    """The compute engine failed: a Ray cluster that does not answer, or a task whose worker process or
+    node died more times than it is retried. Finished work is kept: fix the cluster, run the command again."""

@@ -23,7 +23,8 @@ A run has four steps:
    index, ``SHA256SUMS`` and the manifest, last (`marin_data.manifest.commit_corpus`); delete the staging.
 
 Steps 2 and 3 run top-level functions over picklable jobs on an engine (`marin_data.engine`): a local
-process pool today, Ray tasks later — the same functions, so the same bytes.
+process pool, or Ray tasks on a cluster (`marin_data.ray_engine`) — the same functions, so the same bytes,
+and the same done markers, so a re-run on either engine redoes only what no engine finished.
 
 A crash at any point leaves finished staging outputs (reused), ``*.part`` files (never a final name), and
 at worst shards of an uncommitted subset already renamed, which the re-run checks by sha256. The manifest
@@ -293,6 +294,7 @@ def shard_subset(
     out: str | os.PathLike,
     workers: int | None = None,
     engine: str | Engine = "local",
+    engine_address: str | None = None,
     text_field: str = "text",
     id_field: str = "id",
     add_bos: bool = False,
@@ -315,6 +317,8 @@ def shard_subset(
         workers: worker processes (None: one per usable CPU).
         engine: the name of a registered engine (`marin_data.engine.ENGINES`), or a running engine to share
             between runs (the caller closes it; ``workers`` is then ignored).
+        engine_address: for ``engine="ray"``, the Ray cluster (``auto``, ``HOST:PORT``); None starts a local
+            Ray instance. The cluster's nodes must see ``inputs`` and ``out`` at the same paths.
         text_field, id_field: the record fields (Parquet columns) holding text and id.
         add_bos, eos_token, bos_token: framing, see `marin_data.tokenize.load_tokenizer`.
         skip_bad: skip malformed records and count them by reason instead of stopping.
@@ -330,6 +334,7 @@ def shard_subset(
         CorpusConflictError: the subset exists with other inputs or settings, a name/version differs, or
             ``out`` is a non-empty directory that is not a corpus.
         CorpusLockedError: another process is writing this corpus.
+        MissingExtraError, EngineError: ``engine="ray"`` without Ray installed, or a Ray cluster that fails.
     """
     check_subset_name(subset, "--subset")
     if shard_tokens < 1:
@@ -352,7 +357,8 @@ def shard_subset(
             manifest = existing.manifest
         staging = root / STAGING / urllib.parse.quote(subset, safe="")
         owned = isinstance(engine, str)
-        with contextlib.closing(make_engine(engine, workers)) if owned else contextlib.nullcontext(engine) as pool:
+        pool = make_engine(engine, workers, address=engine_address) if owned else engine
+        with contextlib.closing(pool) if owned else contextlib.nullcontext(pool):
             units, reused = _tokenize(pool, files, staging / "units", root / TOKENIZER, info,
                                       text_field=text_field, id_field=id_field, skip_bad=skip_bad)
             skipped, examples = _merge_skips(units)

@@ -11,6 +11,10 @@ thread pool, largest first: `sha256_file` reads into one reused 8 MiB buffer, an
 files: 1 thread 1.44 GB/s, 2 threads 2.70 GB/s, 2 processes 2.69 GB/s (median of 5). Threads also share
 one progress bar without a queue. Memory is bounded: one 8 MiB buffer per worker, whatever the shard size.
 
+Beyond one machine (issue 10): ``engine="ray"`` runs the same per-file check (`check_file`, over picklable
+`CheckJob` s) as Ray tasks on the nodes of a cluster that share the corpus's file system, and builds the
+same report from their results; the progress bar then moves a file at a time, as tasks finish.
+
 ``deep=True`` also opens each shard whose bytes are right and reads its Parquet footer (`inspect_shard`):
 schema, token-value encodings (BYTE_STREAM_SPLIT, no dictionary), the tokenizer fingerprint in the file's
 key-value metadata, and document, token and row-group counts against the index. It does not decode the
@@ -42,11 +46,12 @@ they appear legitimately while a writer is running, and they are safe to delete 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -54,7 +59,7 @@ from typing import Any
 
 from marin_data.atomic import sha256_file
 from marin_data.datasheet import UNLISTED as UNLISTED_ON_PURPOSE
-from marin_data.engine import default_workers
+from marin_data.engine import Engine, default_workers, make_engine
 from marin_data.download import RECORD, read_download_record
 from marin_data.errors import InvalidManifestError, ShardFormatError
 from marin_data.lock import LOCK_NAME
@@ -64,7 +69,7 @@ from marin_data.shards import inspect_shard
 from marin_data.ui import progress as progress_bar
 
 __all__ = ["IGNORED_NAMES", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind", "Problem", "VerifyReport",
-           "verify_corpus"]
+           "CheckJob", "FileCheck", "check_file", "verify_corpus"]
 
 # Top-level names that belong to writers, not to the corpus: the write lock and the staging folder.
 IGNORED_NAMES = frozenset({LOCK_NAME, STAGING})
@@ -155,6 +160,24 @@ class _Target:
     shard: ShardRecord | None = None
 
 
+@dataclass(frozen=True)
+class CheckJob:
+    """One listed file to check, as plain data, so that any engine can run `check_file` on it."""
+
+    root: str  # the corpus directory
+    target: _Target
+    deep: bool
+    tokenizer_sha256: str  # the corpus's, for the deep check
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """What checking one file found, and how many bytes it hashed."""
+
+    problems: tuple[Problem, ...]
+    bytes: int
+
+
 def verify_corpus(
     root: str | os.PathLike,
     *,
@@ -163,6 +186,8 @@ def verify_corpus(
     deep: bool = False,
     manifest_sha256: str | None = None,
     progress: bool | None = None,
+    engine: str = "local",
+    engine_address: str | None = None,
 ) -> VerifyReport:
     """Re-hash every listed file of a local corpus and look for files nobody listed.
 
@@ -171,10 +196,14 @@ def verify_corpus(
         subsets: ``--subset`` names or globs: only their shards and ``data/<subset>/`` folders. None checks
             the metadata files, the whole tree and every subset, or, in a partial download (which has a
             `marin_data.download.RECORD`), the subsets it holds.
-        workers: hashing threads; default one per available core.
+        workers: hashing threads; default one per available core. With ``engine="ray"``: Ray tasks at once
+            (default: every CPU of the Ray cluster, or of this machine for a local instance).
         deep: also read each shard's footer and check format, tokenizer and counts against the index.
         manifest_sha256: the pinned sha256 of ``manifest.json`` (the root of trust).
         progress: show a bytes/s progress bar; None shows it when stderr is a terminal.
+        engine: ``"local"`` hashes on threads here; ``"ray"`` runs the checks as Ray tasks.
+        engine_address: for ``engine="ray"``, the Ray cluster (``auto``, ``HOST:PORT``); None starts a local
+            Ray instance. Its nodes must see the corpus at ``root``.
 
     Returns:
         A `VerifyReport`; the caller decides what a finding means (the CLI exits 1).
@@ -182,6 +211,7 @@ def verify_corpus(
     Raises:
         InvalidManifestError: (and subclasses) the manifest or index cannot be trusted, ``subsets``
             matches nothing, or a download record names another manifest. Nothing was checked.
+        MissingExtraError, EngineError: ``engine="ray"`` without Ray installed, or a Ray cluster that fails.
     """
     corpus = load_corpus(root, manifest_sha256=manifest_sha256)
     chosen, scope = _choose(corpus, list(subsets or []))
@@ -189,11 +219,22 @@ def verify_corpus(
     if scope != SCOPE_FILTER:
         targets += [_Target(p, r.bytes, r.sha256) for p, r in corpus.manifest.files.items()]
     unlisted, partial = _scan_tree(corpus, chosen if scope == SCOPE_FILTER else None)
-    workers = max(1, min(workers or default_workers(), len(targets) or 1))
+    jobs = [CheckJob(str(corpus.root), t, deep, corpus.manifest.tokenizer.sha256)
+            for t in sorted(targets, key=lambda t: -t.bytes)]  # largest first: the last file to start is small
 
     t0 = time.perf_counter()
-    problems, nbytes = _hash_all(corpus, targets, workers=workers, deep=deep, progress=progress)
+    with progress_bar(sum(t.bytes for t in targets), "verify", unit="B", unit_scale=True,
+                      disable=None if progress is None else not progress) as bar:
+        if engine == "local":
+            workers = max(1, min(workers or default_workers(), len(targets) or 1))
+            results = list(_on_threads(jobs, workers, bar.update))
+        else:
+            with contextlib.closing(make_engine(engine, workers, address=engine_address)) as pool:
+                results = list(_on_engine(jobs, pool, bar.update))
+                workers = pool.workers or 1
     seconds = time.perf_counter() - t0
+    problems = [p for r in results for p in r.problems]
+    nbytes = sum(r.bytes for r in results)
     problems += [Problem(p, ProblemKind.UNLISTED, "not listed in the shard index or manifest") for p in unlisted]
     return VerifyReport(
         root=str(corpus.root), manifest_sha256=corpus.manifest_sha256, subsets=tuple(chosen), scope=scope,
@@ -218,56 +259,61 @@ def _choose(corpus: Corpus, patterns: list[str]) -> tuple[list[str], str]:
     return (select_subsets(corpus.manifest.subsets, record.subsets) if record.subsets else []), SCOPE_DOWNLOADED
 
 
-def _hash_all(
-    corpus: Corpus, targets: list[_Target], *, workers: int, deep: bool, progress: bool | None
-) -> tuple[list[Problem], int]:
-    """Check every target on a thread pool, largest first (so the last file to start is a small one)."""
+def _on_threads(jobs: list[CheckJob], workers: int, on_bytes: Callable[[int], None]) -> Iterator[FileCheck]:
+    """Check files on a thread pool: `sha256_file` releases the GIL, and the bar moves with every chunk."""
     lock = threading.Lock()
-    done = [0]
-    bar = progress_bar(sum(t.bytes for t in targets), "verify", unit="B", unit_scale=True,
-                       disable=None if progress is None else not progress)
 
-    def on_bytes(n: int) -> None:
+    def counted(n: int) -> None:
         with lock:
-            done[0] += n
-            bar.update(n)
+            on_bytes(n)
 
-    problems: list[Problem] = []
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verify")
     try:
-        futures = [pool.submit(_check, corpus, t, deep, on_bytes)
-                   for t in sorted(targets, key=lambda t: -t.bytes)]
+        futures = [pool.submit(check_file, job, counted) for job in jobs]
         for fut in as_completed(futures):
-            problems += fut.result()
+            yield fut.result()
     finally:
         # On Ctrl-C, drop the queued files; running ones finish their current file.
         pool.shutdown(wait=True, cancel_futures=True)
-        bar.close()
-    return problems, done[0]
 
 
-def _check(corpus: Corpus, target: _Target, deep: bool, on_bytes) -> list[Problem]:
-    path = corpus.root / target.path
+def _on_engine(jobs: list[CheckJob], engine: Engine, on_bytes: Callable[[int], None]) -> Iterator[FileCheck]:
+    """Check files as an engine's tasks; the bar moves a file at a time (a task elsewhere cannot move it)."""
+    for i, result in engine.map_unordered(check_file, jobs):
+        on_bytes(jobs[i].target.bytes)
+        yield result
+
+
+def check_file(job: CheckJob, on_bytes: Callable[[int], None] | None = None) -> FileCheck:
+    """Hash one listed file against its listed size and sha256 and, with ``job.deep``, inspect a shard.
+
+    A top-level function of plain data, so a thread here or a Ray task on another node runs the same check.
+    """
+    target = job.target
+    path = Path(job.root) / target.path
     want = {"bytes": target.bytes, "sha256": target.sha256}
+    read = 0
+
+    def found(kind: ProblemKind, message: str, actual: Any = None) -> FileCheck:
+        return FileCheck((Problem(target.path, kind, message, expected=want, actual=actual),), read)
+
     try:
-        digest, size = sha256_file(path, on_bytes=on_bytes)
+        digest, read = sha256_file(path, on_bytes=on_bytes)
     except (FileNotFoundError, NotADirectoryError):
-        return [Problem(target.path, ProblemKind.MISSING, "listed but not on disk", expected=want)]
+        return found(ProblemKind.MISSING, "listed but not on disk")
     except OSError as e:
-        return [Problem(target.path, ProblemKind.UNREADABLE, f"cannot be read: {e.strerror or e}", expected=want,
-                        actual=str(e))]
-    got = {"bytes": size, "sha256": digest}
-    if size < target.bytes:
-        return [Problem(target.path, ProblemKind.TRUNCATED, f"{size} bytes, {target.bytes} listed", want, got)]
-    if size > target.bytes:
-        return [Problem(target.path, ProblemKind.OVERSIZED, f"{size} bytes, {target.bytes} listed", want, got)]
+        return found(ProblemKind.UNREADABLE, f"cannot be read: {e.strerror or e}", str(e))
+    got = {"bytes": read, "sha256": digest}
+    if read < target.bytes:
+        return found(ProblemKind.TRUNCATED, f"{read} bytes, {target.bytes} listed", got)
+    if read > target.bytes:
+        return found(ProblemKind.OVERSIZED, f"{read} bytes, {target.bytes} listed", got)
     if digest != target.sha256:
-        return [Problem(target.path, ProblemKind.MODIFIED,
-                        f"sha256 {digest[:12]}… differs from the listed {target.sha256[:12]}… (same size)",
-                        want, got)]
-    if deep and target.shard is not None:
-        return _inspect(path, target.shard, corpus.manifest.tokenizer.sha256)
-    return []
+        return found(ProblemKind.MODIFIED,
+                     f"sha256 {digest[:12]}… differs from the listed {target.sha256[:12]}… (same size)", got)
+    if job.deep and target.shard is not None:
+        return FileCheck(tuple(_inspect(path, target.shard, job.tokenizer_sha256)), read)
+    return FileCheck((), read)
 
 
 def _inspect(path: Path, shard: ShardRecord, tokenizer_sha256: str) -> list[Problem]:

@@ -58,6 +58,10 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.RetryableRemoteError, _with_fix("a transient network failure outlasted the retries: run the same "
                                        "command again to resume"), 7),
     (E.RemoteError, _with_fix("check the URL, credentials and endpoint"), 8),
+    (E.MissingExtraError, _with_fix("install the optional extra it names (in a checkout: pip install -e "
+                                    "'.[NAME]')"), 13),
+    (E.EngineError, _with_fix("check the cluster (`ray status` on its head node), then run the same command "
+                              "again: finished work is kept"), 14),
     (E.MarinDataError, str, 9),
 ]
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from marin_data.cli._engine_options import engine_kwargs, engine_options
 from marin_data.errors import InvalidManifestError
 from marin_data.manifest import check_subset_name
 from marin_data.sharding import DEFAULT_SHARD_TOKENS, ShardReport, shard_subset
@@ -47,7 +48,9 @@ def _subset_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), metavar="CORPUS",
               help="The corpus directory (created if needed).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Worker processes. Default: one per available core.")
+              help="Worker processes (with --engine ray: Ray tasks at once). Default: one per available core "
+                   "(a Ray cluster: all its CPUs).")
+@engine_options
 @click.option("--text-field", default="text", show_default=True, help="Field (Parquet: column) holding the text.")
 @click.option("--id-field", default="id", show_default=True,
               help="Field holding the document id; records without one get FILE:LINE.")
@@ -62,9 +65,10 @@ def _subset_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Most tokens per shard (suffixes K, M, G, Ki, Mi, Gi). The default gives ~350 MB shards.")
 @click.option("--corpus-name", help="Name of a new corpus (default: the directory's name).")
 @click.option("--corpus-version", help="Version of a new corpus (default: 0.1.0).")
-def command(inputs: tuple[str, ...], subset: str, tokenizer: str, out: Path, workers: int | None, text_field: str,
-            id_field: str, add_bos: bool, eos_token: str | None, bos_token: str | None, skip_bad: bool,
-            license_: str, shard_tokens: int, corpus_name: str | None, corpus_version: str | None) -> None:
+def command(inputs: tuple[str, ...], subset: str, tokenizer: str, out: Path, workers: int | None, engine: str,
+            ray_address: str | None, text_field: str, id_field: str, add_bos: bool, eos_token: str | None,
+            bos_token: str | None, skip_bad: bool, license_: str, shard_tokens: int, corpus_name: str | None,
+            corpus_version: str | None) -> None:
     """Tokenize INPUT files into subset --subset of the corpus --out.
 
     INPUT is a file, a directory or a glob of .jsonl / .ndjson / .json (JSON Lines, optionally .gz,
@@ -83,11 +87,13 @@ def command(inputs: tuple[str, ...], subset: str, tokenizer: str, out: Path, wor
           --out corpus --license CC-BY-4.0
       marin-data shard raw/math.parquet --subset midtrain/math --tokenizer tok/tokenizer.json --out corpus \\
           --text-field content --skip-bad --workers 8
+      marin-data shard /shared/raw/web --subset pretrain/web --tokenizer meta-llama/Llama-3.1-8B \\
+          --out /shared/corpus --engine ray --ray-address auto     # on a node of a Ray cluster
     """
     report = shard_subset(inputs, subset=subset, tokenizer=tokenizer, out=out, workers=workers,
                           text_field=text_field, id_field=id_field, add_bos=add_bos, eos_token=eos_token,
                           bos_token=bos_token, skip_bad=skip_bad, license=license_, shard_tokens=shard_tokens,
-                          name=corpus_name, version=corpus_version)
+                          name=corpus_name, version=corpus_version, **engine_kwargs(engine, ray_address))
     click.echo(summary(report))
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from marin_data.cli._engine_options import engine_kwargs, engine_options
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import check_sha256, store_kwargs, store_options
 from marin_data.errors import VerificationFailedError
@@ -22,7 +23,9 @@ __all__ = ["command"]
               help="Check only these subsets (repeatable; names, globs or parent paths). Default: all (in a "
                    "partial download: the subsets it fetched), plus the metadata files.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Hashing threads. Default: one per available core.")
+              help="Hashing threads (with --engine ray: Ray tasks at once). Default: one per available core "
+                   "(a Ray cluster: all its CPUs).")
+@engine_options
 @click.option("--deep", is_flag=True,
               help="Also read each shard's footer: schema, encodings, tokenizer, document/token counts.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
@@ -35,7 +38,7 @@ __all__ = ["command"]
 @store_options
 @hf_options
 def command(corpus: Path, subsets: tuple[str, ...], workers: int | None, deep: bool, as_json: bool,
-            manifest_sha256: str | None, remote: str | None, endpoint_url: str | None, profile: str | None,
+            manifest_sha256: str | None, engine: str, ray_address: str | None, remote: str | None, endpoint_url: str | None, profile: str | None,
             anonymous: bool, requester_pays: bool, endpoint: str | None, token: str | None) -> None:
     """Check that every file of CORPUS holds exactly the bytes its manifest lists.
 
@@ -48,6 +51,7 @@ def command(corpus: Path, subsets: tuple[str, ...], workers: int | None, deep: b
       marin-data verify out/sample
       marin-data verify out/sample --subset 'prose/*' --deep
       marin-data verify corpus/ --manifest-sha256 3f5a...e9 --json > report.json
+      marin-data verify /shared/corpus --deep --engine ray --ray-address auto   # on a node of a Ray cluster
       marin-data verify out/sample --remote s3://bucket/sample --endpoint-url http://127.0.0.1:9000
       marin-data verify out/sample --remote hf://datasets/org/sample --endpoint http://127.0.0.1:8080
     """
@@ -56,10 +60,12 @@ def command(corpus: Path, subsets: tuple[str, ...], workers: int | None, deep: b
         if endpoint_url or profile or anonymous or requester_pays or endpoint or token:
             raise click.UsageError("store options (--endpoint-url, --endpoint, --token, ...) need --remote URL")
         report = verify_corpus(corpus, subsets=subsets or None, workers=workers, deep=deep,
-                               manifest_sha256=manifest_sha256)
+                               manifest_sha256=manifest_sha256, **engine_kwargs(engine, ray_address))
     else:
         if deep:
             raise click.UsageError("--deep reads shard footers and cannot be combined with --remote")
+        if engine != "local" or ray_address:
+            raise click.UsageError("--engine ray hashes local files and cannot be combined with --remote")
         from marin_data.remote_verify import verify_remote
 
         is_hf = check_hf_flags(remote, endpoint, token, **{"--endpoint-url": endpoint_url, "--profile": profile,
