@@ -28,6 +28,7 @@ COMMANDS = {
     "shard": "marin_data.cli.shard",
     "info": "marin_data.cli.info",
     "sample": "marin_data.cli.sample",
+    "train": "marin_data.cli.train",
 }
 
 

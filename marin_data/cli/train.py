@@ -1,0 +1,101 @@
+"""``marin-train`` (also ``marin-data train`` and ``python -m marin_model.train``): train on a corpus, local or remote."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+from marin_data.cli._store_options import check_sha256, store_kwargs, store_options
+
+__all__ = ["command", "main"]
+
+
+def _mixture(values: tuple[str, ...]) -> dict[str, float] | None:
+    out = {}
+    for value in values:
+        name, sep, weight = value.rpartition("=")
+        try:
+            out[name] = float(weight)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise click.UsageError(f"--mixture takes NAME_OR_GLOB=WEIGHT, got {value!r}")
+    return out or None
+
+
+@click.command("train", context_settings={"max_content_width": 100})
+@click.option("--data", "source", required=True, metavar="CORPUS",
+              help="A corpus: a local directory, s3://bucket/prefix or hf://datasets/org/name.")
+@click.option("--preset", default="tiny", show_default=True, help="Training preset (model shape and defaults).")
+@click.option("--mixture", multiple=True, metavar="SUBSET=W", help="Mixture weight of a subset or glob (repeat).")
+@click.option("--steps", type=int, help="Optimizer steps (default: the preset's).")
+@click.option("--batch-size", type=int, help="Sequences per rank per micro-batch.")
+@click.option("--accumulation", type=int, help="Micro-batches per optimizer step.")
+@click.option("--seq-len", type=int, help="Tokens per sequence.")
+@click.option("--lr", type=float, help="Peak learning rate.")
+@click.option("--checkpoint-dir", metavar="DIR", help="Write checkpoints here; a run resumes from the newest.")
+@click.option("--checkpoint-every", type=int, help="Steps between checkpoints (default: only at the end).")
+@click.option("--no-resume", is_flag=True, help="Start afresh even if --checkpoint-dir holds a checkpoint.")
+@click.option("--log-every", type=int, help="Steps between log lines.")
+@click.option("--seed", type=int, help="Model init and data order.")
+@click.option("--mirror", "mirrors", multiple=True, metavar="URL", help="Fallback store of a remote corpus (repeat).")
+@click.option("--manifest-sha256", metavar="HEX", help="Pin the corpus manifest's sha256.")
+@click.option("--endpoint", metavar="URL", help="Hugging Face endpoint of an hf:// corpus (e.g. marin-data serve).")
+@click.option("--cache-dir", metavar="DIR", help="Remote shard cache root (default ~/.cache/marin/remote).")
+@click.option("--cache-gb", type=float, help="Remote shard cache limit per rank, in GiB (default 64).")
+@store_options
+def command(source, preset, mixture, steps, batch_size, accumulation, seq_len, lr, checkpoint_dir, checkpoint_every,
+            no_resume, log_every, seed, mirrors, manifest_sha256, endpoint, cache_dir, cache_gb, endpoint_url, profile,
+            anonymous, requester_pays) -> None:
+    """Train the Marin MoE model on a corpus, streaming it from S3 or a Hub mirror when remote.
+
+    Logs loss, tokens/s, time waiting for data and router statistics; checkpoints (model, optimizer,
+    loader position, balancing bias, RNG, step) are atomic, and a run resumes exactly from the newest.
+    Under torchrun each process trains on its slice of every global batch (gloo on CPU, NCCL on GPU).
+
+    \b
+    EXAMPLES
+      marin-train --data out/sample --steps 50 --checkpoint-dir out/run
+      marin-train --data s3://bucket/corpus --endpoint-url http://127.0.0.1:9000 \\
+                  --mixture 'code/*=0.3' --mixture 'prose/*=0.7' --cache-gb 4
+      marin-train --data hf://datasets/marin/sample --endpoint http://127.0.0.1:8000 --steps 100
+      torchrun --nproc-per-node 2 -m marin_model.train --data out/sample --steps 20
+    """
+    from marin_model.train import TRAIN_PRESETS, DataConfig
+
+    from marin_data.training import run_training
+
+    if preset not in TRAIN_PRESETS:
+        raise click.UsageError(f"unknown --preset {preset!r}; choose one of {', '.join(TRAIN_PRESETS)}")
+    check_sha256(manifest_sha256)
+    options = store_kwargs(endpoint_url, profile, anonymous, requester_pays)
+    if endpoint:
+        options["endpoint"] = endpoint
+    base = TRAIN_PRESETS[preset]
+    data = DataConfig(source=source, mixture=_mixture(mixture), mirrors=tuple(mirrors),
+                      manifest_sha256=manifest_sha256, cache_dir=cache_dir, store_options=options,
+                      cache_bytes=int(cache_gb * (1 << 30)) if cache_gb else base.data.cache_bytes)
+    changes = {"steps": steps, "batch_size": batch_size, "accumulation": accumulation, "seq_len": seq_len, "lr": lr,
+               "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every, "log_every": log_every,
+               "seed": seed}
+    try:
+        cfg = dataclasses.replace(base, data=data, **{k: v for k, v in changes.items() if v is not None})
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    result = run_training(cfg, resume=not no_resume, log=lambda line: click.echo(line))
+    if result.records:
+        first, last = result.records[0], result.records[-1]
+        wait = sum(r["data_wait"] for r in result.records) / sum(r["seconds"] for r in result.records)
+        click.echo(f"done: step {result.steps}, loss {first['loss']:.4f} -> {last['loss']:.4f}, "
+                   f"data wait {wait:.2%} of step time" + (f", checkpoint {result.checkpoint}" if result.checkpoint
+                                                           else ""))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``marin-train``: `command` with marin-data's error messages and exit codes."""
+    import sys
+
+    from marin_data.cli import main as cli_main
+
+    cli_main(["train", *(sys.argv[1:] if argv is None else argv)])

@@ -1,0 +1,54 @@
+"""The data side of ``marin-train``: a loader for a `marin_model.train.TrainConfig`, then the training loop.
+
+`marin_model.train` imports only torch and numpy, so the loader is built here: a local corpus through
+`make_loader`, a remote one (``s3://``, ``hf://``) through `make_remote_loader`, with this process's rank
+and world size from ``torch.distributed``. The model's vocabulary is the corpus tokenizer's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from marin_data.errors import LoaderConfigError
+
+if TYPE_CHECKING:
+    from marin_model.train import TrainConfig, TrainResult
+
+__all__ = ["run_training", "training_loader"]
+
+
+def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: int | None = None):
+    """The `TokenLoader` that ``cfg.data`` describes, serving ``cfg.batch_size`` x ``cfg.seq_len`` batches."""
+    from marin_data.loader import LoaderConfig, make_loader
+    from marin_data.loader.remote import is_remote, make_remote_loader
+    from marin_data.manifest import load_corpus
+
+    data = cfg.data
+    if not data.source:
+        raise LoaderConfigError("no training data: set DataConfig.source (--data) to a corpus path or URL")
+    config = LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, mixture=data.mixture, seed=cfg.seed,
+                          val_fraction=data.val_fraction)
+    if is_remote(data.source):
+        return make_remote_loader(data.source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
+                                  cache_dir=data.cache_dir, cache_bytes=data.cache_bytes, rank=rank,
+                                  world_size=world_size, **dict(data.store_options))
+    corpus = load_corpus(data.source, manifest_sha256=data.manifest_sha256)
+    return make_loader(corpus, config, rank=rank, world_size=world_size)
+
+
+def run_training(cfg: TrainConfig, *, resume: bool = True, log: Callable[[str], None] = print) -> TrainResult:
+    """Build the loader, then `marin_model.train.train` (joining ``torchrun``'s process group if there is one)."""
+    from marin_model.train import init_distributed, train
+
+    _, _, device = init_distributed()
+    loader = training_loader(cfg)
+    stream = loader.dataset.stream
+    vocab = stream.corpus.manifest.tokenizer.vocab_size
+    cfg = dataclasses.replace(cfg, model_overrides={"vocab_size": vocab, **cfg.model_overrides})
+    try:
+        return train(cfg, loader, resume=resume, log=log, device=device)
+    finally:
+        if hasattr(stream, "close"):  # a remote stream: its cache's threads and directory lock
+            stream.close()
