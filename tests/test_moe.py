@@ -166,6 +166,7 @@ def test_casting_the_block_keeps_the_balancing_bias_in_fp32():
 
 
 def _rank_update(rank: int, world: int, init_file: str, rule: str, out_dir: str) -> None:
+    torch.set_num_threads(1)  # the same GEMM blocking as the single process, so the same routing to the bit
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         moe = make_moe(bias_update=rule, bias_rate=0.05)
@@ -182,12 +183,18 @@ def _rank_update(rank: int, world: int, init_file: str, rule: str, out_dir: str)
 @pytest.mark.parametrize("rule", ["quantile", "sign"])
 def test_bias_update_uses_the_load_summed_over_ranks(rule, tmp_path):
     """Two ranks, each with half the batch (skewed in opposite ways), end with the bias that one process gets
-    from the whole batch."""
+    from both halves (as two micro-batches: the same GEMM shapes, hence the same routing)."""
     mp.spawn(_rank_update, args=(2, str(tmp_path / "init"), rule, str(tmp_path)), nprocs=2, join=True)
     moe = make_moe(bias_update=rule, bias_rate=0.05)
     x = skewed_batch(moe, two_sided=True)
-    with torch.no_grad():
-        moe.train()(x)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            for half in x.chunk(2):
+                moe.train()(half)
+    finally:
+        torch.set_num_threads(threads)
     moe.update_bias()
     for rank in range(2):
         torch.testing.assert_close(torch.load(tmp_path / f"bias{rank}.pt"), moe.bias_E, atol=0, rtol=0)
