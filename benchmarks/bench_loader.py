@@ -45,6 +45,7 @@ from marin_data.shards import shard_path, write_shard
 VOCAB = 128_256
 WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
 SEQ_LEN, BATCH = 4096, 8
+STEP_S = 0.002  # a simulated training step (GPU time)
 
 
 def make_corpus(root: Path, tokens_per_subset: int, shards_per_subset: int, seed: int = 0) -> None:
@@ -68,7 +69,7 @@ def make_corpus(root: Path, tokens_per_subset: int, shards_per_subset: int, seed
 
 def floor_rate(stream: TokenStream, maps: list[np.ndarray], start: int, steps: int) -> float:
     """numpy copies of the loader's sequences from one memory map per subset into a preallocated batch."""
-    subset, first = stream.locate(np.arange(start, start + steps * BATCH))
+    subset, first = (a.tolist() for a in stream.locate(np.arange(start, start + steps * BATCH)))
     out = np.empty((BATCH, SEQ_LEN + 1), np.int64)
     t0 = time.perf_counter()
     for step in range(steps):
@@ -78,9 +79,13 @@ def floor_rate(stream: TokenStream, maps: list[np.ndarray], start: int, steps: i
     return steps * BATCH * SEQ_LEN / (time.perf_counter() - t0)
 
 
-def loader_rate(stream: TokenStream, start: int, steps: int, *, prefetch: int = 0,
-                workers: int = 0) -> tuple[float, float]:
-    """(tokens/s, CPU seconds per step) of a loop that takes ``steps`` batches from the loader."""
+def loader_rate(stream: TokenStream, start: int, steps: int, *, prefetch: int = 0, workers: int = 0,
+                step_s: float = 0.0) -> tuple[float, float]:
+    """(tokens/s, CPU seconds per step) of a loop that takes ``steps`` batches from the loader.
+
+    ``step_s``: the loop also "trains" that long per batch, in ``time.sleep``, which releases the GIL as a
+    training step waiting on its GPU does.
+    """
     dataset = TokenDataset(stream, position=start, prefetch=prefetch)
     loader = TokenLoader(dataset, num_workers=workers, prefetch_factor=4)
     it = iter(loader)
@@ -89,6 +94,8 @@ def loader_rate(stream: TokenStream, start: int, steps: int, *, prefetch: int = 
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         next(it)
+        if step_s:
+            time.sleep(step_s)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     del it
     return steps * BATCH * SEQ_LEN / wall, cpu / steps
@@ -110,10 +117,11 @@ def steady_state(root: Path, cache: Path, steps: int, repeats: int) -> dict:
             part = stream.source.open(shard).tokens
             whole[lo : lo + len(part)] = part
         whole.flush()
-        maps.append(np.load(path, mmap_mode="r"))
+        maps.append(np.asarray(np.load(path, mmap_mode="r")))  # a plain ndarray: no memmap subclass overhead
     for f in cache.rglob("*.npy"):
         f.read_bytes()  # warm page cache
-    rows: dict[str, list] = {k: [] for k in ("floor", "sync", "sync_cpu", "thread", "thread_cpu", "workers2")}
+    rows: dict[str, list] = {k: [] for k in ("floor", "sync", "sync_cpu", "thread", "thread_cpu", "workers2",
+                                              "sync_wait", "thread_wait")}
     for rep in range(repeats):
         start = 1_000_000 + rep * steps * BATCH * 4  # fresh positions each repeat, as training would read
         rows["floor"].append(floor_rate(stream, maps, start, steps))
@@ -124,6 +132,9 @@ def steady_state(root: Path, cache: Path, steps: int, repeats: int) -> dict:
         rows["thread"].append(rate)
         rows["thread_cpu"].append(cpu)
         rows["workers2"].append(loader_rate(stream, start + 2 * steps * BATCH, steps, workers=2)[0])
+        for k, prefetch in (("sync_wait", 0), ("thread_wait", 2)):  # what a 2 ms training step waits for data
+            rate, _ = loader_rate(stream, start + 3 * steps * BATCH, steps // 4, prefetch=prefetch, step_s=STEP_S)
+            rows[k].append(BATCH * SEQ_LEN / rate - STEP_S)
     out = {k: statistics.median(v) for k, v in rows.items()}
     out["decode_all_s"] = decode_s
     return out
@@ -208,6 +219,9 @@ def main() -> None:
               f"{steady[key + '_cpu'] * 1e6:.0f} us |")
     print(f"| loader, 2 DataLoader worker processes | {steady['workers2'] / m:.0f} | "
           f"{steady['workers2'] / steady['floor']:.2f} | |")
+    print(f"\nA loop whose steps take {STEP_S * 1e3:.0f} ms with the GIL released (a GPU step) waits "
+          f"{steady['sync_wait'] * 1e6:.0f} us per step for data in-process, "
+          f"{steady['thread_wait'] * 1e6:.0f} us with the prefetch thread")
     print(f"\nFirst pass from Parquet ({cold['shards_decoded']}/{cold['shards']} shards decoded on the way): "
           f"loader {cold['loader'] / m:.0f}M tokens/s vs pyarrow decode floor {cold['floor'] / m:.0f}M tokens/s "
           f"({cold['loader'] / cold['floor']:.2f}); decoding every shard up front took {steady['decode_all_s']:.1f} s")
