@@ -167,7 +167,7 @@ def _all_reduce_mean(tensors: list[torch.Tensor], world: int) -> None:
 
 
 def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable[[str], None] = print,
-          device: torch.device | None = None) -> TrainResult:
+          device: torch.device | None = None, until: int | None = None) -> TrainResult:
     """Train ``cfg.model_config()`` on ``data`` up to ``cfg.steps`` optimizer steps.
 
     Args:
@@ -176,6 +176,8 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
         resume: continue from the newest checkpoint in ``cfg.checkpoint_dir`` when there is one.
         log: where log lines go (rank 0 only).
         device: default from `init_distributed`.
+        until: stop after this step (a checkpoint is written there) — a time-limited job's share of the run;
+            the learning-rate schedule still spans ``cfg.steps``.
 
     Returns:
         A `TrainResult`: the step reached, per-step metrics, the last checkpoint, the model.
@@ -196,7 +198,8 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
     records: list[dict[str, float]] = []
     checkpoint: str | None = None
     batches = iter(data)
-    while step < cfg.steps:
+    stop = min(cfg.steps, until or cfg.steps)
+    while step < stop:
         t0, waited = time.perf_counter(), 0.0
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, step)
@@ -236,9 +239,9 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
                         "imbalance": float((load.max(1).values / load.mean(1).clamp(min=1e-9)).mean()),
                         "seconds": seconds, "data_wait": waited, "tokens": tokens_per_step,
                         "tokens_per_s": tokens_per_step / seconds})
-        if step == 1 or step % cfg.log_every == 0 or step == cfg.steps:
+        if step == 1 or step % cfg.log_every == 0 or step == stop:
             log(_format(records[-1], cfg.steps))
-        if cfg.checkpoint_dir and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
+        if cfg.checkpoint_dir and (step == stop or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
             checkpoint = save_checkpoint(cfg, step=step, model=model, optimizer=optimizer, data=data, rank=rank,
                                          records=records[-(cfg.checkpoint_every or len(records)):])
             log(f"checkpoint {checkpoint}")

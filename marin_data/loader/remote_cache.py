@@ -316,8 +316,8 @@ class RemoteShardCache:
             missing += 1
             if missing > self.prefetch:
                 return None
-            if shard.sha256 in self._entries or shard.sha256 in self._failed:
-                continue
+            if shard.sha256 in self._entries or shard.sha256 in self._failed or _footprint(shard) > self.max_bytes:
+                continue  # in flight, or failed / too large: `open` retries it and raises
             return self._add(shard) if self._reserve(shard, rank) else None
         return None
 

@@ -1,0 +1,210 @@
+"""Remote corpora in the loader (issue 9): S3 (moto behind the fault proxy) and `marin-data serve` (hf://).
+
+Every test streams with a cache smaller than the corpus and checks the batches against a local read of the
+same corpus with the same config.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import build_corpus
+from faultproxy import Fault
+from s3_env import FAST, bucket_url, moto, proxy, s3_client  # noqa: F401 - fixtures
+
+from marin_data.errors import LoaderConfigError, TransferFailedError
+from marin_data.loader import LoaderConfig, TokenStream, make_loader
+from marin_data.loader.remote import make_remote_loader
+from marin_data.loader.remote_cache import decoded_bytes
+from marin_data.publish import publish
+
+CONFIG = LoaderConfig(seq_len=64, batch_size=8, shuffle_window=1, val_fraction=0.01)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """One subset of 16 shards of ~30k tokens (~120 KiB decoded each)."""
+    return build_corpus(tmp_path_factory.mktemp("remote") / "corpus", {"a": [300] * 16}, doc_tokens=(50, 150), seed=1)
+
+
+@pytest.fixture
+def published(corpus, bucket_url, moto, tmp_path):  # noqa: F811
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(corpus.root, copy)  # publish records the bucket in the copy's manifest, not the fixture's
+    publish(copy, to=bucket_url, endpoint_url=moto, progress=False)
+    return bucket_url, copy
+
+
+def corpus_decoded(corpus) -> int:
+    return sum(decoded_bytes(s) for s in corpus.shards)
+
+
+def one_pass(stream: TokenStream) -> int:
+    """Positions of whole batches that stay within every subset's first pass."""
+    sizes, p = stream.sizes(), 0
+    while all(stream.served(p + CONFIG.batch_size)[k] <= v for k, v in sizes.items()):
+        p += CONFIG.batch_size
+    return p
+
+
+class DiskWatch:
+    """Samples the bytes of shard files under a cache directory on a thread: the real high-water mark."""
+
+    def __init__(self, root: Path):
+        self.root, self.peak, self._stop = root, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total = 0
+            for dirpath, _, files in os.walk(self.root):
+                if "meta" in Path(dirpath).relative_to(self.root).parts[:1]:
+                    continue
+                for name in files:
+                    try:
+                        total += os.stat(os.path.join(dirpath, name)).st_size
+                    except FileNotFoundError:
+                        pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(0.002)
+
+    def __enter__(self) -> DiskWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def stream_and_compare(loader, local: TokenStream, stop: int) -> None:
+    for batch in loader:
+        first = int(batch["index"][0])
+        if first >= stop:
+            break
+        ref = local.read(range(first, first + CONFIG.batch_size))
+        np.testing.assert_array_equal(batch["input_ids"].numpy(), ref.window[:, :-1])
+        np.testing.assert_array_equal(batch["segment_ids"].numpy(), ref.segment_ids)
+
+
+def test_s3_pass_stays_under_the_cache_limit_fetches_each_shard_about_once_and_equals_a_local_read(
+        corpus, published, proxy, tmp_path):  # noqa: F811
+    url, _ = published
+    limit = int(0.7 * corpus_decoded(corpus))  # smaller than the corpus
+    local = TokenStream(corpus, CONFIG, cache_dir=tmp_path / "local")
+    loader = make_remote_loader(url, CONFIG, cache_dir=tmp_path / "cache", cache_bytes=limit, policy=FAST,
+                                endpoint_url=proxy.endpoint)
+    stream = loader.dataset.stream
+    assert stream.fingerprint == local.fingerprint  # the same stream: a checkpoint resumes on either
+    with DiskWatch(tmp_path / "cache") as disk:
+        stream_and_compare(loader, local, one_pass(local))
+    stats = stream.source.stats()
+    stream.close()
+    assert stats.high_water <= limit and disk.peak <= limit and disk.peak > 0
+    # Every shard was read, and fetched by exactly the GETs the cache counted (none wasted).
+    gets = {s.path: len(proxy.requests(s.path)) for s in corpus.shards}
+    assert gets == dict(stats.fetches) and set(gets) == {s.path for s in corpus.shards}
+    # A window straddles two shards, so a shard is also read where its neighbour's block is, at another
+    # time of the pass: with 70% of the corpus cached, a few shards are fetched twice, none more.
+    assert max(gets.values()) <= 2 and sum(gets.values()) <= len(corpus.shards) + 3
+
+
+def test_a_corrupted_response_is_refetched_and_never_fed_to_the_model(corpus, published, proxy, tmp_path):  # noqa: F811
+    url, _ = published
+    victim = corpus.shards[0].path
+    proxy.add(Fault("corrupt", match=victim, times=1))
+    local = TokenStream(corpus, CONFIG, cache_dir=tmp_path / "local")
+    loader = make_remote_loader(url, CONFIG, cache_dir=tmp_path / "cache", cache_bytes=corpus_decoded(corpus),
+                                policy=FAST, endpoint_url=proxy.endpoint)
+    stream_and_compare(loader, local, one_pass(local))
+    loader.dataset.stream.close()
+    assert [r.fault for r in proxy.requests(victim)] == ["corrupt", None]
+
+
+def test_a_shard_corrupt_on_the_server_fails_over_to_a_mirror_or_fails_the_batch(corpus, published, proxy,
+                                                                                  moto, tmp_path):  # noqa: F811
+    url, copy = published
+    victim = corpus.shards[3].path
+    bucket, prefix = url[len("s3://"):].split("/", 1)
+    data = bytearray((corpus.root / victim).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    s3_client(moto).put_object(Bucket=bucket, Key=f"{prefix}/{victim}", Body=bytes(data))
+    local = TokenStream(corpus, CONFIG, cache_dir=tmp_path / "local")
+
+    with pytest.raises(TransferFailedError, match="differs from the listed"):
+        loader = make_remote_loader(url, CONFIG, cache_dir=tmp_path / "c1", cache_bytes=corpus_decoded(corpus),
+                                    policy=FAST, endpoint_url=proxy.endpoint)
+        try:
+            stream_and_compare(loader, local, one_pass(local))
+        finally:
+            loader.dataset.stream.close()
+
+    proxy.reset_counts()
+    loader = make_remote_loader(url, CONFIG, mirrors=[str(copy)], cache_dir=tmp_path / "c2",
+                                cache_bytes=corpus_decoded(corpus), policy=FAST, endpoint_url=proxy.endpoint)
+    stream_and_compare(loader, local, one_pass(local))
+    stats = loader.dataset.stream.source.stats()
+    loader.dataset.stream.close()
+    assert len(proxy.requests(victim)) == 1 + FAST.max_retries  # every try on S3 was bad; the mirror's was good
+    assert stats.fetches[victim] == 1
+
+
+def test_hf_mirror_streams_the_same_batches_under_the_limit(corpus, tmp_path):
+    from marin_data.mirror import running_mirror
+
+    import shutil
+
+    root = tmp_path / "hub"
+    shutil.copytree(corpus.root, root / "marin" / "remote", copy_function=os.link)
+    limit = int(0.7 * corpus_decoded(corpus))
+    local = TokenStream(corpus, CONFIG, cache_dir=tmp_path / "local")
+    with running_mirror(root) as mirror:
+        loader = make_remote_loader("hf://datasets/marin/remote", CONFIG, cache_dir=tmp_path / "cache",
+                                    cache_bytes=limit, policy=FAST, endpoint=mirror.url,
+                                    manifest_sha256=corpus.manifest_sha256)
+        stream_and_compare(loader, local, one_pass(local))
+        stats = loader.dataset.stream.source.stats()
+        loader.dataset.stream.close()
+    assert stats.high_water <= limit and set(stats.fetches) == {s.path for s in corpus.shards}
+
+
+def test_remote_state_resumes_on_a_local_copy_and_a_warm_cache_fetches_nothing(corpus, published, proxy,
+                                                                               tmp_path):  # noqa: F811
+    url, _ = published
+    options = dict(cache_dir=tmp_path / "cache", cache_bytes=corpus_decoded(corpus), policy=FAST,
+                   endpoint_url=proxy.endpoint)
+    loader = make_remote_loader(url, CONFIG, **options)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = loader.state_dict()
+    it.close()
+    loader.dataset.stream.close()
+    resumed = make_loader(corpus, CONFIG, cache_dir=tmp_path / "local", state=state)
+    expected = next(iter(resumed))
+    proxy.reset_counts()
+    again = make_remote_loader(url, CONFIG, state=state, **options)  # the same cache directory: warm
+    got = next(iter(again))
+    stream = again.dataset.stream
+    needed = [stream._records[g].path for g in stream.shards_at(range(state["position"],
+                                                                      state["position"] + CONFIG.batch_size))]
+    stats = stream.source.stats()
+    stream.close()
+    np.testing.assert_array_equal(got["input_ids"].numpy(), expected["input_ids"].numpy())
+    assert stats.hits >= len(needed) and not any(stats.fetches[p] for p in needed)
+    assert not any(proxy.requests(p) for p in needed)  # the shards the batch read came from disk
+
+
+def test_a_limit_below_one_shard_is_refused_with_the_size_needed(corpus, published, tmp_path, moto):  # noqa: F811
+    url, _ = published
+    loader = make_remote_loader(url, CONFIG, cache_dir=tmp_path / "cache", cache_bytes=1000, policy=FAST,
+                                endpoint_url=moto)
+    with pytest.raises(LoaderConfigError, match="raise it"):
+        next(iter(loader))
+    loader.dataset.stream.close()
