@@ -14,26 +14,37 @@ Typical use::
     ckpt["loader"] = loader.state_dict()          # later: make_loader(..., state=ckpt["loader"])
 """
 
-from marin_data.loader.cache import DecodedShard, DecodedShardCache, ShardSource, default_cache_dir
-from marin_data.loader.dataset import TokenDataset, TokenLoader, distributed_rank, make_loader, to_tensors
-from marin_data.loader.mixture import Mixture, Phase, phases_by_fraction
-from marin_data.loader.permutation import SHUFFLES
-from marin_data.loader.stream import LoaderConfig, TokenStream
+from __future__ import annotations
 
-__all__ = [
-    "LoaderConfig",
-    "Phase",
-    "phases_by_fraction",
-    "Mixture",
-    "SHUFFLES",
-    "TokenStream",
-    "TokenDataset",
-    "TokenLoader",
-    "make_loader",
-    "to_tensors",
-    "distributed_rank",
-    "DecodedShard",
-    "DecodedShardCache",
-    "ShardSource",
-    "default_cache_dir",
-]
+import importlib
+
+# Imported on first use (PEP 562): `marin_data.loader.cache` or `.permutation` alone need neither torch nor
+# the rest, and a CLI command that touches one of them should not pay for torch's import.
+_EXPORTS = {
+    "LoaderConfig": "stream",
+    "TokenStream": "stream",
+    "Phase": "mixture",
+    "phases_by_fraction": "mixture",
+    "Mixture": "mixture",
+    "SHUFFLES": "permutation",
+    "TokenDataset": "dataset",
+    "TokenLoader": "dataset",
+    "make_loader": "dataset",
+    "to_tensors": "dataset",
+    "distributed_rank": "dataset",
+    "DecodedShard": "cache",
+    "DecodedShardCache": "cache",
+    "ShardSource": "cache",
+    "default_cache_dir": "cache",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
