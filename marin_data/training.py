@@ -38,7 +38,8 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
     return make_loader(corpus, config, rank=rank, world_size=world_size)
 
 
-def run_training(cfg: TrainConfig, *, resume: bool = True, log: Callable[[str], None] = print) -> TrainResult:
+def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = None,
+                 log: Callable[[str], None] = print) -> TrainResult:
     """Build the loader, then `marin_model.train.train` (joining ``torchrun``'s process group if there is one)."""
     from marin_model.train import init_distributed, train
 
@@ -48,7 +49,13 @@ def run_training(cfg: TrainConfig, *, resume: bool = True, log: Callable[[str], 
     vocab = stream.corpus.manifest.tokenizer.vocab_size
     cfg = dataclasses.replace(cfg, model_overrides={"vocab_size": vocab, **cfg.model_overrides})
     try:
-        return train(cfg, loader, resume=resume, log=log, device=device)
+        result = train(cfg, loader, resume=resume, log=log, device=device, until=until)
+        if hasattr(stream, "close"):
+            s = stream.source.stats()
+            log(f"shard cache: {s.fetches.total()} fetches of {len(s.fetches)} shards "
+                f"({s.bytes_fetched / 2**20:.1f} MiB), {s.hits} hits, {s.evictions} evictions, high-water "
+                f"{s.high_water / 2**20:.1f} of {s.max_bytes / 2**20:.1f} MiB")
+        return result
     finally:
         if hasattr(stream, "close"):  # a remote stream: its cache's threads and directory lock
             stream.close()

@@ -30,6 +30,7 @@ def _mixture(values: tuple[str, ...]) -> dict[str, float] | None:
 @click.option("--preset", default="tiny", show_default=True, help="Training preset (model shape and defaults).")
 @click.option("--mixture", multiple=True, metavar="SUBSET=W", help="Mixture weight of a subset or glob (repeat).")
 @click.option("--steps", type=int, help="Optimizer steps (default: the preset's).")
+@click.option("--until", type=int, metavar="STEP", help="Stop after this step, checkpointed; a later run resumes.")
 @click.option("--batch-size", type=int, help="Sequences per rank per micro-batch.")
 @click.option("--accumulation", type=int, help="Micro-batches per optimizer step.")
 @click.option("--seq-len", type=int, help="Tokens per sequence.")
@@ -45,7 +46,7 @@ def _mixture(values: tuple[str, ...]) -> dict[str, float] | None:
 @click.option("--cache-dir", metavar="DIR", help="Remote shard cache root (default ~/.cache/marin/remote).")
 @click.option("--cache-gb", type=float, help="Remote shard cache limit per rank, in GiB (default 64).")
 @store_options
-def command(source, preset, mixture, steps, batch_size, accumulation, seq_len, lr, checkpoint_dir, checkpoint_every,
+def command(source, preset, mixture, steps, until, batch_size, accumulation, seq_len, lr, checkpoint_dir, checkpoint_every,
             no_resume, log_every, seed, mirrors, manifest_sha256, endpoint, cache_dir, cache_gb, endpoint_url, profile,
             anonymous, requester_pays) -> None:
     """Train the Marin MoE model on a corpus, streaming it from S3 or a Hub mirror when remote.
@@ -83,7 +84,7 @@ def command(source, preset, mixture, steps, batch_size, accumulation, seq_len, l
         cfg = dataclasses.replace(base, data=data, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    result = run_training(cfg, resume=not no_resume, log=lambda line: click.echo(line))
+    result = run_training(cfg, resume=not no_resume, until=until, log=lambda line: click.echo(line))
     if result.records:
         first, last = result.records[0], result.records[-1]
         wait = sum(r["data_wait"] for r in result.records) / sum(r["seconds"] for r in result.records)
