@@ -20,8 +20,11 @@ sequences within it, so a stretch interleaves a few shards), so with a cache tha
 (a few shards per subset, plus the prefetch) every shard is fetched once per pass. The horizon is extended
 by one batch per batch (one ``locate`` of ``b`` rows), not recomputed.
 
-After each batch the stream drops its table of open shards (the rows are already copied out), so only
-the batch being built pins cache space; reopening a cached shard is two ``np.load`` memory maps.
+The stream's table of open shards keeps them memory-mapped between batches, which pins them in the cache.
+When the cache needs room (a prefetch is waiting for it, or the next batch reads a shard that is not
+cached yet) the stream drops the table before packing the batch (its rows are copied out by then): only
+the batch being built then pins cache space, and reopening a cached shard costs two ``np.load`` memory
+maps. With a warm cache and no pressure, a batch costs what it costs from a local corpus.
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ class RemoteStream(TokenStream):
                                    + [ends[-1:]]).astype(np.int64)
         self._horizon: deque[tuple[int, np.ndarray]] = deque()  # (first position, shard ids) of coming batches
         self._horizon_key: tuple[str, int] | None = None  # (split, rows) the horizon was computed for
+        self._wanted: list[ShardRecord] = []  # what the cache was last told
 
     def shards_at(self, positions: range | np.ndarray, split: str = "train") -> np.ndarray:
         """Global shard ids (sorted, ``[k]`` int64) that the sequences at ``positions`` read."""
@@ -142,16 +146,21 @@ class RemoteStream(TokenStream):
             shifted = range(nxt, nxt + len(rows)) if isinstance(positions, range) else rows - first + nxt
             self._horizon.append((nxt, self.shards_at(shifted, split)))
             nxt += self.stride
-        ids = [self.shards_at(positions, split), *(ids for _, ids in self._horizon)]
-        return [self._records[g] for g in dict.fromkeys(np.concatenate(ids).tolist())]
+        ids = np.concatenate([self.shards_at(positions, split), *(ids for _, ids in self._horizon)])
+        _, first_use = np.unique(ids, return_index=True)
+        return [self._records[g] for g in ids[np.sort(first_use)].tolist()]
 
     def fill(self, positions: range | np.ndarray, out: Batch, split: str = "train") -> Batch:
-        """`TokenStream.fill`, with the cache told what comes next, and no shard left mapped afterwards."""
-        self.source.want(self.upcoming(positions, split))
-        try:
-            return super().fill(positions, out, split)
-        finally:
-            self._table = None  # unmap: only the batch being built pins cache space (module docstring)
+        """`TokenStream.fill`, with the cache told what comes next, and its open shards released when the cache
+        needs the room."""
+        coming = self.upcoming(positions, split)
+        if coming != self._wanted:
+            self.source.want(coming)
+            self._wanted = coming
+        if self._table is not None and (self.source.starved() or
+                                        not self.source.ready(self._records[g] for g in self.shards_at(positions, split))):
+            self._table = None  # unmap every shard the table holds, so the cache may evict them (module docstring)
+        return super().fill(positions, out, split)
 
     def close(self) -> None:
         """Stop the cache's prefetch threads and release its directory."""

@@ -131,6 +131,7 @@ class RemoteShardCache:
         self._stats = CacheStats(max_bytes=self.max_bytes, used_bytes=0, high_water=0)
         self._used = 0
         self._closed = False
+        self._starved = False  # the last prefetch found no room (see `starved`)
         self._threads = [threading.Thread(target=self._prefetch_loop, name=f"marin-shard-fetch-{i}", daemon=True)
                          for i in range(workers if prefetch else 0)]
         self._adopt()
@@ -174,6 +175,16 @@ class RemoteShardCache:
             self._wanted = order
             self._rank = {s.sha256: i for i, s in enumerate(order)}
             self._cond.notify_all()
+
+    def starved(self) -> bool:
+        """Whether a prefetch is waiting for room that only unmapping shards in use can make."""
+        with self._cond:
+            return self._starved
+
+    def ready(self, shards) -> bool:
+        """Whether every one of ``shards`` is cached, decoded, ready to map."""
+        with self._cond:
+            return all((e := self._entries.get(s.sha256)) is not None and e.ready for s in shards)
 
     def stats(self) -> CacheStats:
         with self._cond:
@@ -318,7 +329,9 @@ class RemoteShardCache:
                 return None
             if shard.sha256 in self._entries or shard.sha256 in self._failed or _footprint(shard) > self.max_bytes:
                 continue  # in flight, or failed / too large: `open` retries it and raises
-            return self._add(shard) if self._reserve(shard, rank) else None
+            self._starved = not self._reserve(shard, rank)
+            return None if self._starved else self._add(shard)
+        self._starved = False
         return None
 
     # --- maps and disk --------------------------------------------------------------------------------
