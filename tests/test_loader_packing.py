@@ -155,3 +155,19 @@ def test_a_subset_too_short_for_one_sequence_is_refused_by_name(make_corpus, tmp
     with pytest.raises(LoaderConfigError, match="tiny"):
         TokenStream(corpus, LoaderConfig(seq_len=64), cache_dir=tmp_path)
     assert TokenStream(corpus, LoaderConfig(seq_len=64, mixture={"a": 1, "tiny": 0}), cache_dir=tmp_path)
+
+
+def test_a_pass_reads_each_shard_within_at_most_two_shuffle_windows(make_corpus, tmp_path):
+    corpus = make_corpus({"a": [12] * 16}, doc_tokens=(20, 60))  # 16 shards of ~500 tokens
+    stream = TokenStream(corpus, LoaderConfig(seq_len=16, val_fraction=0.05, shuffle_window=2),
+                         cache_dir=tmp_path)
+    n = stream.sizes()["a"]
+    positions = np.arange(n)  # one subset: position j is its sequence j, so this is exactly one pass
+    _, start = stream.locate(positions)
+    shard = np.searchsorted(stream.subset_tokens[0].cumulative, start, side="right") - 1
+    block = int(stream._params.block[0])
+    assert 20 <= block <= 40  # about one shard of 16-token sequences
+    window_of_read = positions // (block * 2)
+    for s in range(16):
+        assert len(np.unique(window_of_read[shard == s])) <= 2, f"shard {s} is read in many places of the pass"
+    assert len(np.unique(window_of_read)) >= 6  # ... while the pass still moves through the whole subset

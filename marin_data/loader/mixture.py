@@ -25,8 +25,10 @@ block boundaries), except when its end quotas are whole numbers: then ``c_s(kB) 
 w_s·end`` and the short final block is monotone too (the validation stream relies on this to serve each
 held-out sequence exactly once).
 
-Locating position ``i`` costs one Hamilton apportionment of ``O(S log S)`` for its block (cached) and one
-Feistel evaluation: resuming at step 1,000,000 replays nothing.
+Locating position ``i`` costs two Hamilton apportionments (``O(S log S)``, exact integers) and one
+labelling pass over its block (``O(block)`` Feistel evaluations, numba), both done once per block and
+cached: resuming at step 1,000,000 replays nothing. Within a block each subset receives its sequence
+indices in position order, so a subset reads its own sequences in order and keeps its shuffle's locality.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ __all__ = ["Phase", "MixturePhase", "Mixture", "phases_by_fraction", "resolve_we
 
 DEFAULT_BLOCK = 1024  # positions per block when every weight is >= 1/1024
 _FEISTEL = SHUFFLES["feistel"]  # permutes each block's slots
+_CACHED_POSITIONS = 1 << 22  # blocks' labels kept at most (12 bytes each): a batch needs one or two blocks
 
 
 @dataclass(frozen=True)
@@ -143,16 +146,22 @@ def _block(numerators: tuple[int, ...], denominator: int, start: int, stop: int)
 
 
 @numba.njit(cache=True, nogil=True)
-def _assign(slot_of, size, key, cum, first):
-    """Positions ``slot_of`` of one block -> (subset, per-subset index): the keyed slot permutation, then
-    the subset owning the slot (``cum``: cumulative slots per subset) and its rank among that subset's slots."""
-    subset = np.empty(slot_of.shape[0], np.int64)
-    index = np.empty(slot_of.shape[0], np.int64)
-    for r in range(slot_of.shape[0]):
-        slot = permute1(_FEISTEL, size, key, slot_of[r], 1, 1)
-        s = np.searchsorted(cum, slot, side="right")
+def _block_labels(size, key, cum, before):
+    """Every position of one block -> (subset, per-subset sequence index).
+
+    Position ``r`` takes slot ``feistel(r)``; the slots ``[cum[s-1], cum[s])`` belong to subset ``s``. Each
+    subset's indices are handed out in *position* order (``before[s]``, ``before[s] + 1``, ...), not slot
+    order: a subset then reads its sequences in the order its shuffle laid them out, which keeps the
+    shuffle's locality (a block of the mixture can be far longer than a shuffle window when a weight is tiny).
+    """
+    subset = np.empty(size, np.int32)
+    index = np.empty(size, np.int64)
+    counter = before.copy()
+    for r in range(size):
+        s = np.searchsorted(cum, permute1(_FEISTEL, size, key, r, 1, 1), side="right")
         subset[r] = s
-        index[r] = first[s] + slot - (cum[s - 1] if s > 0 else 0)
+        index[r] = counter[s]
+        counter[s] += 1
     return subset, index
 
 
@@ -266,9 +275,9 @@ class Mixture:
             ph = self.phases[p]
             k = (first - ph.start) // ph.block
             if (ph.stop is None or last < ph.stop) and (last - ph.start) // ph.block == k:
-                start, size, key, cum, before = self._block_of(p, k)
-                offset = np.arange(first - ph.start - start, last + 1 - ph.start - start)
-                return _assign(offset, size, key, cum, before)
+                start, subset, index = self._block_of(p, k)
+                lo = first - ph.start - start
+                return subset[lo : lo + len(positions)].astype(np.int64), index[lo : lo + len(positions)].copy()
         pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
         if pos.size:
             self._check_bounds(int(pos.min()), int(pos.max()))
@@ -281,25 +290,27 @@ class Mixture:
             blocks = (pos[rows] - ph.start) // ph.block
             for k in np.unique(blocks):
                 at = rows[blocks == k]
-                start, size, key, cum, before = self._block_of(p, int(k))
-                subset[at], index[at] = _assign(pos[at] - (ph.start + start), size, key, cum, before)
+                start, block_subset, block_index = self._block_of(p, int(k))
+                offset = pos[at] - (ph.start + start)
+                subset[at], index[at] = block_subset[offset], block_index[offset]
         return subset, index
 
     def _check_bounds(self, first: int, last: int) -> None:
         if first < 0 or (self.stop is not None and last >= self.stop):
             raise IndexError(f"positions must lie in [0, {self.stop}) for this schedule")
 
-    def _block_of(self, p: int, k: int) -> tuple[int, int, np.uint64, np.ndarray, np.ndarray]:
-        """Block ``k`` of phase ``p``: its first offset in the phase, size, slot key, cumulative slots per
-        subset, and each subset's sequence count before it (earlier phases included)."""
+    def _block_of(self, p: int, k: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """Block ``k`` of phase ``p``: its first offset in the phase, and each position's subset and
+        per-subset index (`_block_labels`; computed once per block, O(block), and kept while recent)."""
         hit = self._blocks.get((p, k))
         if hit is None:
             ph = self.phases[p]
             start = k * ph.block
             stop = start + ph.block if ph.stop is None else min(start + ph.block, ph.stop - ph.start)
             before, cum = _block(ph.numerators, ph.denominator, start, stop)
-            hit = (start, stop - start, np.uint64(sub_key(ph.key, np.uint64(k))), cum, np.add(ph.base, before))
-            if len(self._blocks) >= 256:
+            key = np.uint64(sub_key(ph.key, np.uint64(k)))
+            hit = (start, *_block_labels(stop - start, key, cum, np.add(ph.base, before)))
+            if sum(len(h[1]) for h in self._blocks.values()) + len(hit[1]) > _CACHED_POSITIONS:
                 self._blocks.clear()
             self._blocks[(p, k)] = hit
         return hit
@@ -311,8 +322,7 @@ class Mixture:
         p = self.phase_at(position)
         ph = self.phases[p]
         k, r = divmod(position - ph.start, ph.block)
-        _, size, key, cum, before = self._block_of(p, k)
-        if not r:
-            return before.copy()
-        subset, _ = _assign(np.arange(r), size, key, cum, np.zeros_like(cum))
-        return before + np.bincount(subset, minlength=len(self.subsets))
+        before = apportion(ph.numerators, ph.denominator, k * ph.block)
+        if r:
+            before = before + np.bincount(self._block_of(p, k)[1][:r], minlength=len(self.subsets))
+        return np.add(ph.base, before)
