@@ -83,6 +83,10 @@ def to_tensors(batch: Batch, *, one_storage: bool = False) -> dict[str, torch.Te
 class TokenDataset(IterableDataset):
     """This rank's batches of a `TokenStream`, from `position` on.
 
+    Iterated in-process, it records each batch it hands over (``state_dict`` is then exact). Under a torch
+    ``DataLoader`` with worker processes it cannot see what the trainer took: use `TokenLoader` (or call
+    `consumed` with each batch taken).
+
     Args:
         stream: what to serve (`LoaderConfig.batch_size` sequences per rank per batch).
         rank, world_size: default to `torch.distributed` when initialised, else 0 and 1.
