@@ -13,7 +13,8 @@ one progress bar without a queue. Memory is bounded: one 8 MiB buffer per worker
 
 Beyond one machine (issue 10): ``engine="ray"`` runs the same per-file check (`check_file`, over picklable
 `CheckJob` s) as Ray tasks on the nodes of a cluster that share the corpus's file system, and builds the
-same report from their results; the progress bar then moves a file at a time, as tasks finish.
+same report from their results; the progress bar then moves a file at a time, as tasks finish, and the
+report's ``seconds`` include starting (or joining) Ray.
 
 ``deep=True`` also opens each shard whose bytes are right and reads its Parquet footer (`inspect_shard`):
 schema, token-value encodings (BYTE_STREAM_SPLIT, no dictionary), the tokenizer fingerprint in the file's
