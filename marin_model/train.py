@@ -197,6 +197,7 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.accumulation * world
     records: list[dict[str, float]] = []
     checkpoint: str | None = None
+    saved = 0  # records already appended to metrics.jsonl
     batches = iter(data)
     stop = min(cfg.steps, until or cfg.steps)
     while step < stop:
@@ -243,7 +244,8 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
             log(_format(records[-1], cfg.steps))
         if cfg.checkpoint_dir and (step == stop or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
             checkpoint = save_checkpoint(cfg, step=step, model=model, optimizer=optimizer, data=data, rank=rank,
-                                         records=records[-(cfg.checkpoint_every or len(records)):])
+                                         records=records[saved:])
+            saved = len(records)
             log(f"checkpoint {checkpoint}")
     return TrainResult(step, records, checkpoint, model)
 

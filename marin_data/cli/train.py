@@ -87,10 +87,11 @@ def command(source, preset, mixture, steps, until, batch_size, accumulation, seq
     result = run_training(cfg, resume=not no_resume, until=until, log=lambda line: click.echo(line))
     if result.records:
         first, last = result.records[0], result.records[-1]
-        wait = sum(r["data_wait"] for r in result.records) / sum(r["seconds"] for r in result.records)
-        click.echo(f"done: step {result.steps}, loss {first['loss']:.4f} -> {last['loss']:.4f}, "
-                   f"data wait {wait:.2%} of step time" + (f", checkpoint {result.checkpoint}" if result.checkpoint
-                                                           else ""))
+        rest = result.records[1:] or result.records  # the first step also sets the stream up
+        wait = sum(r["data_wait"] for r in rest) / sum(r["seconds"] for r in rest)
+        click.echo(f"done: step {result.steps}, loss {first['loss']:.4f} -> {last['loss']:.4f}, data wait "
+                   f"{wait:.2%} of step time after the first step"
+                   + (f", checkpoint {result.checkpoint}" if result.checkpoint else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
