@@ -38,8 +38,9 @@ __all__ = ["command"]
 @store_options
 @hf_options
 def command(corpus: Path, subsets: tuple[str, ...], workers: int | None, deep: bool, as_json: bool,
-            manifest_sha256: str | None, engine: str, ray_address: str | None, remote: str | None, endpoint_url: str | None, profile: str | None,
-            anonymous: bool, requester_pays: bool, endpoint: str | None, token: str | None) -> None:
+            manifest_sha256: str | None, engine: str, ray_address: str | None, remote: str | None,
+            endpoint_url: str | None, profile: str | None, anonymous: bool, requester_pays: bool,
+            endpoint: str | None, token: str | None) -> None:
     """Check that every file of CORPUS holds exactly the bytes its manifest lists.
 
     Reports each missing, truncated, oversized, modified and unlisted file by path. Exit status: 0 all
