@@ -208,3 +208,43 @@ def test_a_limit_below_one_shard_is_refused_with_the_size_needed(corpus, publish
     with pytest.raises(LoaderConfigError, match="raise it"):
         next(iter(loader))
     loader.dataset.stream.close()
+
+
+def test_a_mapped_shard_is_never_evicted_and_the_least_recently_used_free_one_is(corpus, tmp_path):
+    import gc
+
+    from marin_data.loader.remote_cache import RemoteShardCache, _footprint
+    from marin_data.stores import open_store
+
+    shards = corpus.shards[:4]
+    decoded = max(decoded_bytes(s) for s in shards)
+    room = max(_footprint(s) for s in shards) + decoded + decoded // 2  # one decode and one fetch, not two decodes
+    with RemoteShardCache([open_store(corpus.root)], tmp_path / "cache", max_bytes=room, prefetch=0) as cache:
+        held = cache.open(shards[0])  # mapped: pinned
+        cache.open(shards[1])  # dropped at once: free
+        cache.open(shards[2])  # must evict shards[1], the only unpinned one
+        stats = cache.stats()
+        assert stats.evictions == 1 and stats.high_water <= room
+        np.testing.assert_array_equal(cache.open(shards[0]).tokens, held.tokens)  # still cached: no refetch
+        assert cache.stats().fetches[shards[0].path] == 1
+        with pytest.raises(LoaderConfigError, match="in use"):  # shards[0] and [2] mapped: no room for [3]
+            pinned = cache.open(shards[2])
+            cache.open(shards[3])
+        del held, pinned
+        gc.collect()
+        cache.open(shards[3])  # now both are free again
+        assert cache.stats().high_water <= room
+
+
+def test_marin_train_cli_trains_checkpoints_and_resumes(corpus, tmp_path, capsys):
+    from marin_data.cli import main
+
+    args = ["train", "--data", str(corpus.root), "--steps", "3", "--batch-size", "2", "--seq-len", "32",
+            "--checkpoint-dir", str(tmp_path / "run"), "--log-every", "1"]
+    for until in ("2", "3"):
+        with pytest.raises(SystemExit) as exit_:
+            main([*args, "--until", until])
+        assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "step     2/3" in out and "resumed from" in out and "step     3/3" in out and "done: step 3" in out
+    assert sorted(p.name for p in (tmp_path / "run").glob("step-*.pt")) == ["step-00000002.pt", "step-00000003.pt"]
