@@ -132,8 +132,10 @@ class GroupedExperts(nn.Module):
         if _grouped_mm_ok(x_RL, self.w2_EFL.shape[1]):
             # The last group runs to row R, over the zero tail, so every output row is written (to zero).
             ends_E = torch.cat([offsets_E1[1:-1], offsets_E1.new_full((1,), x_RL.shape[0])])
-            gate_RF, up_RF = torch._grouped_mm(x_RL, self.w13_EL2F, offs=ends_E).chunk(2, dim=-1)
-            return torch._grouped_mm(F.silu(gate_RF) * up_RF, self.w2_EFL, offs=ends_E)
+            # torch._grouped_mm is on no autocast list: cast the weights as autocast would (gradients stay fp32).
+            w13_EL2F, w2_EFL = self.w13_EL2F.to(x_RL.dtype), self.w2_EFL.to(x_RL.dtype)
+            gate_RF, up_RF = torch._grouped_mm(x_RL, w13_EL2F, offs=ends_E).chunk(2, dim=-1)
+            return torch._grouped_mm(F.silu(gate_RF) * up_RF, w2_EFL, offs=ends_E)
         bounds = offsets_E1.tolist()  # one host sync; the loop needs the group sizes
         pieces = [swiglu_expert(x_RL[a:b], self.w13_EL2F[e], self.w2_EFL[e])
                   for e, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a]

@@ -89,3 +89,9 @@ def test_two_ranks_under_torchrun_read_disjoint_data_and_end_with_identical_weig
     assert ranks[0]["digest"] == ranks[1]["digest"]
     assert ranks[0]["loss"] == ranks[1]["loss"]  # the logged loss is the global mean
     assert "step     6/6" in run.stdout and run.stdout.count("step     6/6") == 1  # rank 0 logs
+
+
+def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
+    result = train(replace(CFG, steps=2, autocast="bf16"), loader_for(corpus, CFG, tmp_path / "c"), log=lambda _: None)
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in result.records)
+    assert all(p.dtype == torch.float32 for p in result.model.parameters())  # fp32 master weights
