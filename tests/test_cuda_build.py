@@ -6,7 +6,6 @@ PTX); the library exports the C ABI of cuda/marin_kernels.h and dlopens without 
 by content; dispatch falls back to the reference, silently, when there is no GPU.
 """
 
-import ctypes
 import os
 import re
 import shutil

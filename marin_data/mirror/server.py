@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from cheroot import wsgi
 
+from marin_data.loopback import free_port, stop_process
 from marin_data.mirror.app import DEFAULT_PAGE_SIZE, MirrorApp
 
 __all__ = ["RunningMirror", "start_mirror", "running_mirror", "serve", "mirror_process"]
@@ -125,7 +126,6 @@ def mirror_process(root: str | os.PathLike, *, host: str = "127.0.0.1", startup_
     Raises:
         RuntimeError: it exited, or did not answer within ``startup_timeout`` seconds.
     """
-    from marin_data.stores.local_s3 import free_port
 
     port = free_port(host)
     url = f"http://{host}:{port}"
@@ -143,9 +143,4 @@ def mirror_process(root: str | os.PathLike, *, host: str = "127.0.0.1", startup_
                 time.sleep(0.1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)

@@ -12,24 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 
-__all__ = ["LOCAL_S3_ENV", "free_port", "local_s3_server", "create_bucket"]
+from marin_data.loopback import free_port, stop_process
+
+__all__ = ["LOCAL_S3_ENV", "local_s3_server", "create_bucket"]
 
 # Dummy credentials and region: moto accepts any signature, but botocore refuses to sign without keys.
 LOCAL_S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -49,12 +44,7 @@ def local_s3_server(host: str = "127.0.0.1", *, startup_timeout: float = 30.0) -
         _wait_ready(proc, endpoint, startup_timeout)
         yield endpoint
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)
         if proc.stderr is not None:
             proc.stderr.close()
 
