@@ -248,3 +248,21 @@ def test_marin_train_cli_trains_checkpoints_and_resumes(corpus, tmp_path, capsys
     out = capsys.readouterr().out
     assert "step     2/3" in out and "resumed from" in out and "step     3/3" in out and "done: step 3" in out
     assert sorted(p.name for p in (tmp_path / "run").glob("step-*.pt")) == ["step-00000002.pt", "step-00000003.pt"]
+
+
+def test_two_ranks_stream_their_slices_through_their_own_caches(corpus, published, moto, tmp_path):  # noqa: F811
+    url, _ = published
+    local = TokenStream(corpus, CONFIG, cache_dir=tmp_path / "local")
+    loaders = [make_remote_loader(url, CONFIG, rank=r, world_size=2, cache_dir=tmp_path / "cache",
+                                  cache_bytes=int(0.7 * corpus_decoded(corpus)), policy=FAST, endpoint_url=moto)
+               for r in (0, 1)]
+    for r, loader in enumerate(loaders):
+        for step, batch in zip(range(40), loader):
+            first = step * 2 * CONFIG.batch_size + r * CONFIG.batch_size  # rank r's rows of global batch `step`
+            np.testing.assert_array_equal(batch["index"].numpy(), np.arange(first, first + CONFIG.batch_size))
+            ref = local.read(range(first, first + CONFIG.batch_size))
+            np.testing.assert_array_equal(batch["input_ids"].numpy(), ref.window[:, :-1])
+    roots = {loader.dataset.stream.source.root.name for loader in loaders}
+    for loader in loaders:
+        loader.dataset.stream.close()
+    assert len(roots) == 2 and all(name.endswith(("-rank0", "-rank1")) for name in roots)
