@@ -87,15 +87,20 @@ def publish_and_download(corpus: Path) -> None:
     step("Verify the downloaded subset", "verify", str(fetched), "--subset", subset)
 
 
+def train_args(data: str, *options: str, steps: int, cache: str) -> tuple[str, ...]:
+    """``marin-data train`` on ``data`` with the quickstart's mixture, run directory and a 20 MiB shard cache."""
+    return ("train", "--data", data, *options, "--mixture", "code/*=0.5", "--mixture", "prose/*=0.4", "--mixture",
+            "reference/*=0.1", "--steps", str(steps), "--checkpoint-dir", str(OUT / "run"), "--cache-dir",
+            str(OUT / cache), "--cache-gb", "0.02", "--log-every", "10")
+
+
 def train_from_s3(url: str, endpoint: str) -> None:
     """Train the tiny model streaming the sample from the bucket through a bounded shard cache, with a mixture;
     stop at a checkpoint, resume from it to the end (the cache is warm by then), and summarize."""
-    run, cache = OUT / "run", OUT / "shard-cache"
-    for old in (run, cache):
+    run = OUT / "run"
+    for old in (run, OUT / "shard-cache"):
         shutil.rmtree(old, ignore_errors=True)
-    args = ("train", "--data", url, "--endpoint-url", endpoint, "--mixture", "code/*=0.5", "--mixture", "prose/*=0.4",
-            "--mixture", "reference/*=0.1", "--steps", str(TRAIN_STEPS), "--checkpoint-dir", str(run),
-            "--cache-dir", str(cache), "--cache-gb", "0.02", "--log-every", "10")
+    args = train_args(url, "--endpoint-url", endpoint, steps=TRAIN_STEPS, cache="shard-cache")
     step(f"Train the tiny MoE model streaming from S3 (mixture 50/40/10, a 20 MiB shard cache); stop at step "
          f"{TRAIN_STEPS // 2}", *args, "--until", str(TRAIN_STEPS // 2))
     step("Resume from the checkpoint: same data position, optimizer, balancing bias and RNG", *args)
@@ -131,6 +136,11 @@ def serve_and_download(corpus: Path) -> None:
               f"$ marin-data serve {hub} --port {url.rpartition(':')[2]}", flush=True)
         step("Download one subset through the mirror: the same verifying, resumable machinery", "download",
              "hf://datasets/marin/sample", "--subset", subset, "--to", str(fetched), "--endpoint", url)
+        shutil.rmtree(OUT / "shard-cache-hf", ignore_errors=True)
+        step("Extend the training run by 20 steps, streaming from the mirror: its stream is the S3 one (the loader's "
+             "fingerprint covers the shards, not where they live), so the S3 run's checkpoint resumes",
+             *train_args("hf://datasets/marin/sample", "--endpoint", url, steps=TRAIN_STEPS + 20,
+                         cache="shard-cache-hf"))
     print("   (mirror stopped)", flush=True)
     step("Verify the subset downloaded through the mirror", "verify", str(fetched), "--subset", subset)
 
