@@ -266,3 +266,18 @@ def test_two_ranks_stream_their_slices_through_their_own_caches(corpus, publishe
     for loader in loaders:
         loader.dataset.stream.close()
     assert len(roots) == 2 and all(name.endswith(("-rank0", "-rank1")) for name in roots)
+
+
+def test_make_loader_streams_an_s3_url_like_make_remote_loader_and_refuses_worker_processes(
+        corpus, published, moto, tmp_path):  # noqa: F811
+    url, _ = published
+    loader = make_loader(url, CONFIG, cache_dir=tmp_path / "cache", cache_bytes=corpus_decoded(corpus),
+                         policy=FAST, endpoint_url=moto)
+    got = next(iter(loader))
+    loader.dataset.stream.close()
+    expected = next(iter(make_loader(corpus, CONFIG, cache_dir=tmp_path / "local")))
+    np.testing.assert_array_equal(got["input_ids"].numpy(), expected["input_ids"].numpy())
+    with pytest.raises(LoaderConfigError, match="in-process"):
+        make_loader(url, CONFIG, num_workers=2, endpoint_url=moto)
+    with pytest.raises(LoaderConfigError, match="remote corpus given for a local one"):
+        make_loader(corpus, CONFIG, endpoint_url=moto)

@@ -36,6 +36,8 @@ _EXPORTS = {
     "DecodedShardCache": "cache",
     "ShardSource": "cache",
     "default_cache_dir": "cache",
+    "make_remote_loader": "remote",
+    "is_remote": "remote",
 }
 __all__ = list(_EXPORTS)
 

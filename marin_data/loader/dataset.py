@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from marin_data.errors import LoaderStateMismatchError
+from marin_data.errors import LoaderConfigError, LoaderStateMismatchError
 from marin_data.loader.packing import Batch, batch_layout, new_batch
 from marin_data.loader.stream import SPLITS, STREAM_FORMAT, LoaderConfig, TokenStream
 from marin_data.manifest import Corpus
@@ -247,11 +247,13 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
                 rank: int | None = None, world_size: int | None = None, split: str = "train",
                 num_workers: int = 0, pin_memory: bool = False, prefetch: int = 2,
                 cache_dir: str | os.PathLike | None = None, state: dict[str, Any] | None = None,
-                strict: bool = True) -> TokenLoader:
-    """A ready loader over a local corpus: the one call a training loop needs.
+                strict: bool = True, **remote_options: Any) -> TokenLoader:
+    """A ready loader over a local or remote corpus: the one call a training loop needs.
 
     Args:
-        corpus: a `Corpus` or a local corpus directory.
+        corpus: a `Corpus`, a local corpus directory, or a remote one (``s3://bucket/prefix``,
+            ``hf://datasets/org/name``), which streams through a bounded, verified shard cache
+            (`marin_data.loader.remote.make_remote_loader`; it runs in-process, so ``num_workers`` must be 0).
         config: what to serve (`LoaderConfig`).
         rank, world_size: default to `torch.distributed` when initialised.
         split: ``"train"`` or ``"validation"``.
@@ -260,6 +262,8 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
         prefetch: batches built ahead (a thread in-process; DataLoader's prefetch factor with workers).
         cache_dir: where decoded shards are kept (`cache.default_cache_dir`).
         state: a `state_dict()` to resume from; ``strict=False`` accepts one of another stream.
+        **remote_options: for a remote corpus only: ``mirrors``, ``manifest_sha256``, ``cache_bytes``,
+            store options (``endpoint_url``, ``endpoint``...); see `make_remote_loader`.
 
     Example::
 
@@ -270,6 +274,16 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
             if step % 1000 == 0:
                 save({"model": ..., "loader": loader.state_dict()})
     """
+    from marin_data.loader.remote import is_remote, make_remote_loader
+
+    if is_remote(corpus):
+        if num_workers or pin_memory:
+            raise LoaderConfigError("a remote corpus streams in-process: num_workers=0, pin_memory=False")
+        return make_remote_loader(str(corpus), config, rank=rank, world_size=world_size, split=split,
+                                  prefetch=prefetch, cache_dir=cache_dir, state=state, strict=strict,
+                                  **remote_options)
+    if remote_options:
+        raise LoaderConfigError(f"options for a remote corpus given for a local one: {sorted(remote_options)}")
     stream = TokenStream(corpus, config, cache_dir=cache_dir)
     dataset = TokenDataset(stream, rank=rank, world_size=world_size, split=split,
                            prefetch=prefetch if num_workers == 0 else 0)
