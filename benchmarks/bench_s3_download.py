@@ -3,9 +3,13 @@
 All three fetch the same objects from the same moto server on 127.0.0.1, each as a fresh process into an
 empty directory; the figure is the median wall time of ``--runs`` runs. Ours includes hashing every byte
 and checking it against the manifest before the atomic rename; the others check nothing beyond the
-transfer. moto copies the whole object for every ranged GET, so tools that split files into ranges
-(aws: 8 MiB parts, s5cmd: 50 MiB parts) make the server do more work than one GET per file does; that is
-part of what is measured, and it is why marin-data streams one GET per file (see `marin_data.download`).
+transfer. moto copies the whole object for every ranged GET, so tools that split files into ranges make
+the server do far more work than one GET per file does (aws cli's default 8 MiB parts on 128 MiB objects
+hung moto for minutes here), which measures moto, not the client. So every tool is set to one GET per
+file, as marin-data does (see `marin_data.download`): aws through a config file with a multipart threshold
+above the shard size and ``--workers`` concurrent requests, s5cmd with ``--numworkers`` and a part size
+above the shard size. The tools run interleaved within each run, so they see the same machine load; a
+tool that exceeds ``--timeout`` is reported as such.
 
 The comparison tools are not package dependencies, and awscli pins its own botocore, so install them in a
 separate environment and point ``--tools-bin`` at it::
@@ -69,12 +73,18 @@ def commands(tool: str, endpoint: str, dest: Path, workers: int, tools_bin: Path
     if tool == "marin-data":
         return [sys.executable, "-m", "marin_data", "download", url, "--subset", SUBSET, "--to", str(dest),
                 "--workers", str(workers), "--endpoint-url", endpoint]
-    if tool == "aws s3 cp" and (aws := find("aws")):
+    if tool == "aws s3 cp" and (aws := find("aws")):  # one GET per file: AWS_CONFIG_FILE from aws_config()
         return [aws, "s3", "cp", "--recursive", "--only-show-errors", data, str(dest), "--endpoint-url", endpoint]
     if tool == "s5cmd cp" and (s5 := find("s5cmd")):
-        return [s5, "--endpoint-url", endpoint, "--numworkers", str(max(workers, 1)), "cp", f"{data}/*",
-                f"{dest}/"]
+        return [s5, "--endpoint-url", endpoint, "--numworkers", str(max(workers, 1)), "cp", "--part-size", "5000",
+                f"{data}/*", f"{dest}/"]
     return None
+
+
+def aws_config(path: Path, workers: int) -> Path:
+    """An aws cli config that downloads each object with one GET (no ranged parts), ``workers`` at a time."""
+    path.write_text(f"[default]\ns3 =\n  multipart_threshold = 5GB\n  max_concurrent_requests = {workers}\n")
+    return path
 
 
 def main() -> None:
@@ -84,6 +94,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="runs per tool; the median is reported")
     ap.add_argument("--workers", type=int, default=8, help="parallel files for marin-data and s5cmd")
     ap.add_argument("--tools-bin", type=Path, help="folder holding the aws and s5cmd executables")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds one tool's run may take")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
 
@@ -95,34 +106,40 @@ def main() -> None:
         nbytes = make_corpus(tmp / "corpus", args.size_mb, args.shard_mb)
         create_bucket(endpoint, BUCKET)
         publish(tmp / "corpus", to=f"s3://{BUCKET}/corpus", endpoint_url=endpoint, progress=False)
-        results = {}
-        for tool in ("marin-data", "s5cmd cp", "aws s3 cp"):
-            times = []
-            for _ in range(args.runs):
+        env["AWS_CONFIG_FILE"] = str(aws_config(tmp / "aws-config", args.workers))
+        tools = ("marin-data", "s5cmd cp", "aws s3 cp")
+        results: dict[str, list[float]] = {t: [] for t in tools}
+        for _ in range(args.runs):
+            for tool in tools:
                 dest = tmp / "dest"
                 shutil.rmtree(dest, ignore_errors=True)
                 cmd = commands(tool, endpoint, dest, args.workers, args.tools_bin)
                 if cmd is None:
-                    break
+                    continue
                 t0 = time.perf_counter()
-                subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-                times.append(time.perf_counter() - t0)
+                try:
+                    subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                   timeout=args.timeout)
+                except subprocess.TimeoutExpired:
+                    results[tool].append(float("inf"))
+                    continue
+                results[tool].append(time.perf_counter() - t0)
                 got = sum(p.stat().st_size for p in dest.rglob("part-*.parquet"))
                 if got != nbytes:
                     raise SystemExit(f"{tool} fetched {got} bytes of shards, expected {nbytes}")
-            results[tool] = times
 
     print(f"\n{nbytes / 1e9:.2f} GB in {len(range(0, nbytes, args.shard_mb << 20))} shards of {args.shard_mb} MiB, "
           f"{args.runs} runs, {args.workers} workers, moto_server on 127.0.0.1\n")
-    print("| tool | median wall s | MB/s | runs (s) | verifies SHA-256 |")
-    print("| --- | ---: | ---: | --- | --- |")
+    ours = statistics.median(results["marin-data"])
+    print("| tool | median wall s | MB/s | marin-data speed vs it | runs (s) | verifies SHA-256 |")
+    print("| --- | ---: | ---: | ---: | --- | --- |")
     for tool, times in results.items():
         if not times:
-            print(f"| {tool} | not installed | | | |")
+            print(f"| {tool} | not installed | | | | |")
             continue
         med = statistics.median(times)
-        print(f"| {tool} | {med:.2f} | {nbytes / med / 1e6:.0f} | {', '.join(f'{t:.2f}' for t in times)} | "
-              f"{'yes' if tool == 'marin-data' else 'no'} |")
+        print(f"| {tool} | {med:.2f} | {nbytes / med / 1e6:.0f} | {med / ours:.2f}x | "
+              f"{', '.join(f'{t:.2f}' for t in times)} | {'yes' if tool == 'marin-data' else 'no'} |")
     if args.json:
         args.json.write_text(json.dumps({"bytes": nbytes, "shard_mb": args.shard_mb, "workers": args.workers,
                                          "seconds": results}, indent=2))
