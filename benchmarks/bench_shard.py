@@ -102,18 +102,20 @@ def tokenizer_floor(tokenizer: Path, files: list[Path], workers: int) -> tuple[f
     return tokens / (max(t1 for _, _, t1 in out) - min(t0 for _, t0, _ in out)), tokens
 
 
-def run_pipeline(files: list[Path], tokenizer: Path, out: Path, workers: int) -> int:
+def run_pipeline(files: list[Path], tokenizer: Path, out: Path, workers: int, shard_tokens: int | None) -> int:
     """`marin_data.sharding.shard_subset` (what ``marin-data shard`` calls); returns the tokens written."""
     from marin_data.sharding import shard_subset
 
-    return shard_subset(files, subset="bench", tokenizer=str(tokenizer), out=out, workers=workers).tokens
+    extra = {} if shard_tokens is None else {"shard_tokens": shard_tokens}
+    return shard_subset(files, subset="bench", tokenizer=str(tokenizer), out=out, workers=workers, **extra).tokens
 
 
-def pipeline_rate(files: list[Path], tokenizer: Path, scratch: Path, workers: int) -> tuple[float, int]:
+def pipeline_rate(files: list[Path], tokenizer: Path, scratch: Path, workers: int,
+                  shard_tokens: int | None = None) -> tuple[float, int]:
     out = scratch / f"corpus-w{workers}"
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    tokens = run_pipeline(files, tokenizer, out, workers)
+    tokens = run_pipeline(files, tokenizer, out, workers, shard_tokens)
     rate = tokens / (time.perf_counter() - t0)
     shutil.rmtree(out, ignore_errors=True)
     return rate, tokens
@@ -126,6 +128,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to measure")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--shard-tokens", type=int, default=None,
+                    help="tokens per shard (default: the pipeline's 2^28, i.e. one shard at these sizes, packed "
+                         "by one worker; a real run over many GB cuts many shards, packed in parallel)")
     args = ap.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="bench_shard_", dir=args.dir))
@@ -142,7 +147,7 @@ def main() -> None:
             for w in args.workers:
                 rate, floor_tokens = tokenizer_floor(tokenizer, files, w)
                 floor[w].append(rate)
-                rate, tokens = pipeline_rate(files, tokenizer, scratch, w)
+                rate, tokens = pipeline_rate(files, tokenizer, scratch, w, args.shard_tokens)
                 if tokens != floor_tokens:
                     raise RuntimeError(f"pipeline wrote {tokens} tokens, the floor encoded {floor_tokens}")
                 pipe[w].append(rate)
