@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import abc
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from marin_data.errors import RemoteError
+from marin_data.errors import RemoteError, RetryableRemoteError
 
-__all__ = ["ObjectInfo", "ReadStream", "Store", "open_store", "READ_CHUNK"]
+__all__ = ["ObjectInfo", "ReadStream", "Store", "open_store", "READ_CHUNK", "body_start"]
 
 # Bytes per chunk of a streaming read: large enough that per-chunk Python overhead is noise at GB/s, small
 # enough that a dropped connection loses little and memory stays bounded (one chunk per worker).
@@ -63,6 +64,19 @@ class ReadStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def body_start(status: int, content_range: str | None, where: str, close: Callable[[], None]) -> int:
+    """Where a GET's body begins in the object: 0 for a 200 (the whole object, whatever ``Range`` asked),
+    the first byte of ``Content-Range`` for a 206. A 206 without a usable ``Content-Range`` is closed and
+    retried (`RetryableRemoteError`): writing its bytes at a guessed offset would corrupt the file."""
+    if status != 206:
+        return 0
+    m = re.match(r"bytes (\d+)-", content_range or "")
+    if m is None:
+        close()
+        raise RetryableRemoteError(f"206 without a usable Content-Range {content_range!r}", path=where)
+    return int(m[1])
 
 
 class Store(abc.ABC):

@@ -34,7 +34,7 @@ from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
 from marin_data.hub_ids import parse_hf_url
 from marin_data.manifest import MANIFEST
 from marin_data.retry import parse_retry_after, status_error
-from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store
+from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start
 
 __all__ = ["HfStore"]
 
@@ -91,13 +91,7 @@ class HfStore(Store):
         where = self.describe(path)
         headers = {**self._headers, "Accept-Encoding": "identity", **({"Range": f"bytes={start}-"} if start else {})}
         response = self._send("GET", url, where, headers=headers, stream=True)
-        begin = 0  # a 200: the whole file, whatever we asked for
-        if response.status_code == 206:
-            m = re.match(r"bytes (\d+)-", response.headers.get("Content-Range", ""))
-            if m is None:
-                response.close()
-                raise RetryableRemoteError("206 without a usable Content-Range", path=where)
-            begin = int(m[1])
+        begin = body_start(response.status_code, response.headers.get("Content-Range"), where, response.close)
 
         def chunks() -> Iterator[bytes]:
             with _mapped_errors(where):

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
 from marin_data.manifest import safe_relpath
 from marin_data.retry import parse_retry_after, status_error
-from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store
+from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start
 
 __all__ = ["S3Store", "SINGLE_PUT_LIMIT", "parse_s3_url"]
 
@@ -131,15 +131,7 @@ class S3Store(Store):
             r = self.client.get_object(Bucket=self.bucket, Key=self._key(path),
                                        **({"Range": f"bytes={start}-"} if start else {}), **self._payer)
         body = r["Body"]
-        status = r["ResponseMetadata"]["HTTPStatusCode"]
-        begin = 0  # a 200: the whole object, whatever we asked for
-        if status == 206:
-            m = re.match(r"bytes (\d+)-", r.get("ContentRange", ""))
-            if m is None:
-                body.close()
-                raise RetryableRemoteError(f"206 without a usable Content-Range {r.get('ContentRange')!r}",
-                                           path=where)
-            begin = int(m[1])
+        begin = body_start(r["ResponseMetadata"]["HTTPStatusCode"], r.get("ContentRange"), where, body.close)
 
         def chunks() -> Iterator[bytes]:
             with _mapped_errors(where):
