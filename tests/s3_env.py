@@ -11,19 +11,20 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import build_corpus
-from faultproxy import FaultProxy
+from faultproxy import Fault, FaultProxy
 
-from marin_data.download import DOWNLOAD_POLICY
+from marin_data.download import DOWNLOAD_POLICY, PARTIAL_SUFFIX
 from marin_data.stores.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
 
 __all__ = ["moto", "bucket_url", "proxy", "fault_corpus", "copy_corpus", "s3_client", "run_cli", "FAST",
-           "file_sha256"]
+           "file_sha256", "interrupt_download"]
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tiny waits, few retries: the fault tests exercise the retry paths without sleeping.
@@ -83,3 +84,26 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, **LOCAL_S3_ENV}
     return subprocess.run([sys.executable, "-m", "marin_data", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=timeout)
+
+
+def interrupt_download(args: list[str], proxy: FaultProxy, dest: Path, shards, sig: int) -> int:
+    """Run ``marin-data download ARGS --to DEST --workers 1`` slowly through ``proxy``; once one shard is final
+    and another partial, send ``sig`` (SIGINT, SIGKILL). Returns the exit code."""
+    proxy.add(Fault("slow", match="/data/", times=100, delay=0.004))
+    cmd = [sys.executable, "-m", "marin_data", "download", *args, "--to", str(dest), "--workers", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **LOCAL_S3_ENV}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            finals = [s for s in shards if (dest / s.path).exists()]
+            partials = [p for p in dest.rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
+            if finals and partials:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the download finished before it could be interrupted"
+        os.kill(proc.pid, sig)
+        return proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -7,21 +7,16 @@ final name, and no byte of a finished file fetched twice (the proxy counts bytes
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from s3_env import FAST, ROOT, bucket_url, copy_corpus, fault_corpus, moto, proxy, run_cli  # noqa: F401
+from s3_env import FAST, bucket_url, copy_corpus, fault_corpus, interrupt_download, moto, proxy, run_cli  # noqa: F401
 from faultproxy import Fault
 
 from marin_data.download import PARTIAL_SUFFIX, download, read_download_record
 from marin_data.publish import publish
 from marin_data.stores import READ_CHUNK
-from marin_data.stores.local_s3 import LOCAL_S3_ENV
 from marin_data.verify import verify_corpus
 
 
@@ -172,34 +167,11 @@ def test_a_store_that_keeps_failing_is_reported_and_a_mirror_takes_over(publishe
     _check_end_state(tmp_path / "d", fault_corpus, ["b"])
 
 
-def _interrupt_mid_run(url: str, proxy, dest: Path, shards, sig: int) -> int:
-    """Run the CLI download slowly through the proxy; once a file is final and another partial, send
-    ``sig``. Returns the exit code."""
-    proxy.add(Fault("slow", match="/data/", times=100, delay=0.004))
-    cmd = [sys.executable, "-m", "marin_data", "download", url, "--to", str(dest), "--workers", "1",
-           "--endpoint-url", proxy.endpoint]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **LOCAL_S3_ENV}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            finals = [s for s in shards if (dest / s.path).exists()]
-            partials = [p for p in dest.rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
-            if finals and partials:
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, "the download finished before it could be interrupted"
-        os.kill(proc.pid, sig)
-        return proc.wait(timeout=30)
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
 @pytest.mark.slow
 def test_ctrl_c_stops_promptly_and_keeps_the_partial_file(published, proxy, fault_corpus, tmp_path):
     url, _ = published
-    code = _interrupt_mid_run(url, proxy, tmp_path / "d", fault_corpus.shards, signal.SIGINT)
+    code = interrupt_download([url, "--endpoint-url", proxy.endpoint], proxy, tmp_path / "d", fault_corpus.shards,
+                              signal.SIGINT)
     assert code == 130
     (partial,) = [p for p in (tmp_path / "d").rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
     assert not partial.with_name(partial.name.removesuffix(PARTIAL_SUFFIX)).exists()
@@ -211,7 +183,7 @@ def test_kill_9_mid_run_then_rerun_resumes_without_refetching_finished_files(pub
     url, _ = published
     dest = tmp_path / "d"
     shards = list(fault_corpus.shards)
-    _interrupt_mid_run(url, proxy, dest, shards, signal.SIGKILL)
+    interrupt_download([url, "--endpoint-url", proxy.endpoint], proxy, dest, shards, signal.SIGKILL)
     finals = {s.path for s in shards if (dest / s.path).exists()}
     (partial,) = [p for p in dest.rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
     in_flight = partial.relative_to(dest).as_posix().removesuffix(PARTIAL_SUFFIX)

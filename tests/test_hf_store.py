@@ -3,17 +3,15 @@ with S3 and HF copies as fallbacks of each other, and a download killed mid-run 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from conftest import build_corpus
-from faultproxy import Fault, FaultProxy
-from s3_env import FAST, bucket_url, copy_corpus, fault_corpus, moto, s3_client  # noqa: F401 - fixtures
+from faultproxy import FaultProxy
+from s3_env import FAST, bucket_url, copy_corpus, fault_corpus, interrupt_download, moto, s3_client  # noqa: F401
 
 from marin_data.download import PARTIAL_SUFFIX, download
 from marin_data.errors import RemoteError
@@ -117,23 +115,8 @@ def test_a_killed_download_resumes_without_refetching_finished_files(mirror, fau
     shards = list(load_corpus(src.root).shards)
     dest = tmp_path / "d"
     with FaultProxy(mirror.url) as proxy:
-        proxy.add(Fault("slow", match="/data/", times=100, delay=0.004))
-        cmd = [sys.executable, "-m", "marin_data", "download", "hf://datasets/team/big", "--to", str(dest),
-               "--workers", "1", "--endpoint", proxy.endpoint]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and proc.poll() is None:
-                finals = [s for s in shards if (dest / s.path).exists()]
-                partials = [p for p in dest.rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
-                if finals and partials:
-                    break
-                time.sleep(0.02)
-            assert proc.poll() is None, "the download finished before it could be killed"
-            os.kill(proc.pid, signal.SIGKILL)
-        finally:
-            proc.kill()
-            proc.wait(timeout=10)
+        interrupt_download(["hf://datasets/team/big", "--endpoint", proxy.endpoint], proxy, dest, shards,
+                           signal.SIGKILL)
         finals = {s.path for s in shards if (dest / s.path).exists()}
         (partial,) = [p for p in dest.rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
         in_flight = partial.relative_to(dest).as_posix().removesuffix(PARTIAL_SUFFIX)
