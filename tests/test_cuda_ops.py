@@ -283,8 +283,9 @@ def test_ops_capture_in_a_cuda_graph():
 # ---------------------------------------------------------------------------------------------- the model
 @pytest.mark.slow
 def test_tiny_model_trains_on_gpu_with_the_kernels():
-    config = pytest.importorskip("marin_model.config")
-    model_mod = pytest.importorskip("marin_model.model")
+    from marin_model import config
+    from marin_model import model as model_mod
+
     cfg = config.get_preset("tiny")
     torch.manual_seed(0)
     model = model_mod.Transformer(cfg).cuda().train()

@@ -278,7 +278,6 @@ def test_model_urls_serve_a_tokenizer_repo(served, tmp_path):
     mirror, corpus = served
     path = hf_hub_download(REPO, "tokenizer.json", cache_dir=tmp_path, endpoint=mirror.url)
     assert Path(path).read_bytes() == (corpus / "tokenizer.json").read_bytes()
-    pytest.importorskip("marin_data.tokenize")
     code = ("from marin_data.tokenize import resolve_tokenizer_file\n"
             f"p, name = resolve_tokenizer_file({REPO!r})\nprint(open(p).read() == {(corpus / 'tokenizer.json').read_text()!r}, name)")
     out = hf_subprocess(mirror.url, code, tmp_path)
