@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from marin_data.download import DOWNLOAD_POLICY, PARTIAL_SUFFIX
 from marin_data.stores.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
 
 __all__ = ["moto", "bucket_url", "proxy", "fault_corpus", "copy_corpus", "s3_client", "run_cli", "FAST",
-           "file_sha256", "interrupt_download"]
+           "file_sha256", "interrupt_download", "kill_and_resume"]
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tiny waits, few retries: the fault tests exercise the retry paths without sleeping.
@@ -107,3 +108,27 @@ def interrupt_download(args: list[str], proxy: FaultProxy, dest: Path, shards, s
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def kill_and_resume(args: list[str], proxy: FaultProxy, dest: Path, shards, resume) -> None:
+    """``kill -9`` a CLI download (`interrupt_download`) with one shard final and one partial, then call
+    ``resume()`` (a download returning a report) and check it through ``proxy``: finished shards are not
+    fetched again, the in-flight one continues from its partial bytes with ``Range``, the rest come once."""
+    interrupt_download(args, proxy, dest, shards, signal.SIGKILL)
+    finals = {s.path for s in shards if (dest / s.path).exists()}
+    (partial,) = [p for p in dest.rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
+    in_flight = partial.relative_to(dest).as_posix().removesuffix(PARTIAL_SUFFIX)
+    kept = partial.stat().st_size
+    assert finals and in_flight not in finals
+
+    proxy.clear()
+    proxy.reset_counts()
+    assert resume().ok
+    for s in shards:
+        served = sum(n for key, n in proxy.served.items() if key.endswith("/" + s.path))
+        if s.path in finals:
+            assert served == 0, s.path  # finished before the kill: never fetched again
+        elif s.path == in_flight:
+            assert served == s.bytes - kept and proxy.requests(s.path)[0].range == f"bytes={kept}-"
+        else:
+            assert served == s.bytes

@@ -11,7 +11,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from s3_env import FAST, bucket_url, copy_corpus, fault_corpus, interrupt_download, moto, proxy, run_cli  # noqa: F401
+from s3_env import (  # noqa: F401 - fixtures
+    FAST, bucket_url, copy_corpus, fault_corpus, interrupt_download, kill_and_resume, moto, proxy, run_cli)
 from faultproxy import Fault
 
 from marin_data.download import PARTIAL_SUFFIX, download, read_download_record
@@ -183,25 +184,8 @@ def test_kill_9_mid_run_then_rerun_resumes_without_refetching_finished_files(pub
     url, _ = published
     dest = tmp_path / "d"
     shards = list(fault_corpus.shards)
-    interrupt_download([url, "--endpoint-url", proxy.endpoint], proxy, dest, shards, signal.SIGKILL)
-    finals = {s.path for s in shards if (dest / s.path).exists()}
-    (partial,) = [p for p in dest.rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
-    in_flight = partial.relative_to(dest).as_posix().removesuffix(PARTIAL_SUFFIX)
-    kept = partial.stat().st_size
-    assert finals and in_flight not in finals
-
-    proxy.clear()
-    proxy.reset_counts()
-    report = download(url, subsets=None, dest=dest, endpoint_url=proxy.endpoint, policy=FAST)
-    assert report.ok
-    for s in shards:
-        served = proxy.served[_key(url, s.path)]
-        if s.path in finals:
-            assert served == 0, s.path  # finished before the kill: never fetched again
-        elif s.path == in_flight:
-            assert served == s.bytes - kept and proxy.requests(s.path)[0].range == f"bytes={kept}-"
-        else:
-            assert served == s.bytes
+    kill_and_resume([url, "--endpoint-url", proxy.endpoint], proxy, dest, shards,
+                    lambda: download(url, subsets=None, dest=dest, endpoint_url=proxy.endpoint, policy=FAST))
     _check_end_state(dest, fault_corpus, ["a", "b"])
 
 

@@ -3,7 +3,6 @@ with S3 and HF copies as fallbacks of each other, and a download killed mid-run 
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import build_corpus
 from faultproxy import FaultProxy
-from s3_env import FAST, bucket_url, copy_corpus, fault_corpus, interrupt_download, moto, s3_client  # noqa: F401
+from s3_env import FAST, bucket_url, copy_corpus, fault_corpus, kill_and_resume, moto, s3_client  # noqa: F401
 
-from marin_data.download import PARTIAL_SUFFIX, download
+from marin_data.download import download
 from marin_data.errors import RemoteError
 from marin_data.manifest import MANIFEST, load_corpus
 from marin_data.mirror import running_mirror
@@ -115,23 +114,7 @@ def test_a_killed_download_resumes_without_refetching_finished_files(mirror, fau
     shards = list(load_corpus(src.root).shards)
     dest = tmp_path / "d"
     with FaultProxy(mirror.url) as proxy:
-        interrupt_download(["hf://datasets/team/big", "--endpoint", proxy.endpoint], proxy, dest, shards,
-                           signal.SIGKILL)
-        finals = {s.path for s in shards if (dest / s.path).exists()}
-        (partial,) = [p for p in dest.rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
-        in_flight = partial.relative_to(dest).as_posix().removesuffix(PARTIAL_SUFFIX)
-        kept = partial.stat().st_size
-
-        proxy.clear()
-        proxy.reset_counts()
-        assert download("hf://datasets/team/big", subsets=None, dest=dest, endpoint=proxy.endpoint, policy=FAST,
-                        progress=False).ok
-        for s in shards:
-            served = sum(n for path, n in proxy.served.items() if path.endswith("/" + s.path))
-            if s.path in finals:
-                assert served == 0, s.path  # finished before the kill: never fetched again
-            elif s.path == in_flight:
-                assert served == s.bytes - kept and proxy.requests(s.path)[0].range == f"bytes={kept}-"
-            else:
-                assert served == s.bytes
+        kill_and_resume(["hf://datasets/team/big", "--endpoint", proxy.endpoint], proxy, dest, shards,
+                        lambda: download("hf://datasets/team/big", subsets=None, dest=dest, endpoint=proxy.endpoint,
+                                         policy=FAST, progress=False))
     assert verify_corpus(dest, subsets=list(src.manifest.subsets)).ok
