@@ -27,6 +27,7 @@ continues bitwise: on CPU, 20 steps equal 10 steps + resume + 10 steps.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -136,6 +137,20 @@ def init_distributed() -> tuple[int, int, torch.device]:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     return rank, world, torch.device("cuda", local)
+
+
+def shutdown_distributed() -> None:
+    """Leaves the process group (if one is joined): barrier, destroy, then collect garbage at once.
+
+    The collection is what matters on gloo: the destroyed group is only freed by the garbage collector, and
+    if that first happens during interpreter shutdown, a run-loop thread still releasing tensors waits for the
+    GIL, Python ends the thread by unwinding through C++ code that forbids it, and the process aborts
+    (SIGABRT, "terminate called without an active exception") after all its work is done. Collecting here,
+    while the interpreter is whole, frees the group first (seen under load in about 1 run in 15 without)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+        gc.collect()
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:

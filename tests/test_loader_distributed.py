@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import numpy as np
@@ -12,34 +11,28 @@ import torch.multiprocessing as mp
 from loader_checks import check_global_stream, take
 
 from marin_data.loader import LoaderConfig, TokenStream, make_loader
+from marin_data.loopback import free_port
+from marin_model.train import shutdown_distributed
 
 CONFIG = LoaderConfig(seq_len=16, batch_size=3, mixture={"a": 0.7, "b": 0.3}, val_fraction=0.05, mixture_block=64)
 STEPS = 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_main(rank: int, port: int, root: str, cache: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        loader = make_loader(root, CONFIG, cache_dir=cache)  # rank and world size come from torch.distributed
-        batches = take(loader, STEPS)
-        # The ranks agree on the resume state without talking about it.
-        states = [None, None]
-        dist.all_gather_object(states, loader.state_dict())
-        assert states[0] == states[1]
-        np.savez(f"{out}/rank{rank}.npz", **{f"{k}{i}": v for i, b in enumerate(batches) for k, v in b.items()})
-    finally:
-        dist.destroy_process_group()
+    loader = make_loader(root, CONFIG, cache_dir=cache)  # rank and world size come from torch.distributed
+    batches = take(loader, STEPS)
+    # The ranks agree on the resume state without talking about it.
+    states = [None, None]
+    dist.all_gather_object(states, loader.state_dict())
+    assert states[0] == states[1]
+    np.savez(f"{out}/rank{rank}.npz", **{f"{k}{i}": v for i, b in enumerate(batches) for k, v in b.items()})
+    shutdown_distributed()
 
 
 def test_two_gloo_ranks_get_disjoint_slices_whose_union_is_the_global_batch(make_corpus, tmp_path):
     corpus = make_corpus({"a": [40, 30], "b": [50]}, doc_tokens=(1, 30))
-    ctx = mp.spawn(_rank_main, args=(_free_port(), str(corpus.root), str(tmp_path / "cache"), str(tmp_path)),
+    ctx = mp.spawn(_rank_main, args=(free_port(), str(corpus.root), str(tmp_path / "cache"), str(tmp_path)),
                    nprocs=2, join=False)
     deadline = time.monotonic() + 120
     while not ctx.join(timeout=5):  # True once both ranks exit; a rank's failure raises with its traceback

@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 from marin_model.config import PRESETS, with_overrides
 from marin_model.moe import MoE, GroupedExperts, histogram_quantile, margin_histogram, swiglu_expert
 from marin_model.naive import naive_moe_forward
+from marin_model.train import shutdown_distributed
 
 TINY = PRESETS["tiny"]
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
@@ -168,15 +169,13 @@ def test_casting_the_block_keeps_the_balancing_bias_in_fp32():
 def _rank_update(rank: int, world: int, init_file: str, rule: str, out_dir: str) -> None:
     torch.set_num_threads(1)  # the same GEMM blocking as the single process, so the same routing to the bit
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        moe = make_moe(bias_update=rule, bias_rate=0.05)
-        x = skewed_batch(moe, two_sided=True)
-        with torch.no_grad():
-            moe.train()(x.chunk(world)[rank])
-        moe.update_bias()
-        torch.save(moe.bias_E, os.path.join(out_dir, f"bias{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    moe = make_moe(bias_update=rule, bias_rate=0.05)
+    x = skewed_batch(moe, two_sided=True)
+    with torch.no_grad():
+        moe.train()(x.chunk(world)[rank])
+    moe.update_bias()
+    torch.save(moe.bias_E, os.path.join(out_dir, f"bias{rank}.pt"))
+    shutdown_distributed()
 
 
 @pytest.mark.slow

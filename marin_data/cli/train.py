@@ -63,7 +63,7 @@ def command(source, preset, mixture, steps, until, batch_size, accumulation, seq
       marin-train --data hf://datasets/marin/sample --endpoint http://127.0.0.1:8000 --steps 100
       torchrun --nproc-per-node 2 -m marin_model.train --data out/sample --steps 20
     """
-    from marin_model.train import TRAIN_PRESETS, DataConfig
+    from marin_model.train import TRAIN_PRESETS, DataConfig, shutdown_distributed
 
     from marin_data.training import run_training
 
@@ -85,6 +85,7 @@ def command(source, preset, mixture, steps, until, batch_size, accumulation, seq
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     result = run_training(cfg, resume=not no_resume, until=until, log=lambda line: click.echo(line))
+    shutdown_distributed()  # this process joined torchrun's group; it leaves it, so exit is clean
     if result.records:
         first, last = result.records[0], result.records[-1]
         rest = result.records[1:] or result.records  # the first step also sets the stream up
