@@ -1,15 +1,18 @@
-"""MoE block forward+backward on CPU: the marin:: op chain vs naive per-expert masking loops (issue 6).
+"""MoE block forward+backward on CPU: the marin:: op chain vs naive per-expert loops (issue 6).
 
-All three run the same ``MoE`` module (same parameters, same routing) on the same tokens. "ops" goes through
+All four run the same ``MoE`` module (same parameters, same routing) on the same tokens. "ops" goes through
 ``route_topk -> permute -> grouped experts (torch._grouped_mm) -> unpermute``. The naive versions are
-``marin_model.naive`` (torch routing, then for each expert: mask its tokens, run it, ``index_add`` the weighted
-result, as Mixtral-style reference code does): "naive" takes one view per expert, as a ModuleList of experts
-would; "naive-stacked" indexes the stacked [E,...] weights inside the loop, as code written against stacked
-expert tensors does, so every expert's backward writes a zero-filled gradient the size of all the experts.
+``marin_model.naive`` (torch routing, then a Python loop over experts): "naive" gathers each expert's tokens,
+runs it and ``index_add``s the weighted result (Mixtral-style reference code), with one view per expert as a
+ModuleList of experts would; "naive-stacked" is the same loop indexing the stacked [E,...] weights inside the
+loop, as code written against stacked expert tensors does, so every expert's backward writes a zero-filled
+gradient the size of all the experts; "naive-mask" is issue 6's literal baseline, per-expert masking: every
+expert runs on every token and its output is multiplied by a dense [T,E] gate, zero where the token is not
+routed to it (E/k times the expert FLOPs).
 
 One step = forward, a scalar loss with the z-loss, backward. The module is in eval mode so the balancing
 statistics (which the naive versions do not gather) are not timed. Timing: ``torch.utils.benchmark.Timer
-.blocked_autorange``; each repeat times the three back to back; figures are medians over the repeats.
+.blocked_autorange``; each repeat times the four back to back; figures are medians over the repeats.
 Default: one intra-op thread, because on a shared 2-core VM two OpenMP threads stall at every GEMM barrier
 whenever a neighbour takes a core (the same grouped GEMMs measured 2-5 s with 2 threads, 0.3-0.4 s with 1).
 ``--clock cpu`` times process CPU time instead of wall time: steadier on a busy machine.
@@ -39,6 +42,9 @@ SIZES = {
     "mid": (with_overrides(PRESETS["tiny"], d_model=512, moe_num_experts=64, moe_top_k=8, moe_expert_dim=256,
                            moe_latent_dim=256, moe_num_shared=2, moe_shared_dim=256), 2048),
 }
+# The naive kinds: naive_moe_forward options.
+NAIVE_OPTIONS = {"naive": {}, "naive-stacked": dict(index_stacked=True), "naive-mask": dict(dense_mask=True)}
+KINDS = ("ops", *NAIVE_OPTIONS)
 
 
 def make_step(moe: MoE, x_TD: torch.Tensor, kind: str):
@@ -49,14 +55,11 @@ def make_step(moe: MoE, x_TD: torch.Tensor, kind: str):
             out_TD, stats = moe(x_TD)
             z_loss = stats.z_loss
         else:
-            out_TD, z_loss = naive_moe_forward(moe, x_TD, index_stacked=kind == "naive-stacked")
+            out_TD, z_loss = naive_moe_forward(moe, x_TD, **NAIVE_OPTIONS[kind])
         ((out_TD.float() * probe_TD).sum() + z_loss).backward()
         moe.zero_grad(set_to_none=True)
 
     return step
-
-
-KINDS = ("ops", "naive", "naive-stacked")
 
 
 def run(sizes: list[str], repeats: int, min_run_time: float, dtype: torch.dtype, clock) -> list[dict]:
@@ -97,14 +100,14 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} thread(s) of {os.cpu_count()} cores, "
           f"{platform.processor() or platform.machine()}, {args.dtype}, {args.clock} clock, grouped GEMM "
           f"{'present' if hasattr(torch, '_grouped_mm') else 'absent'}, median of {args.repeats}")
-    print("| size | tokens | E | k | d_model | latent | ops (ms) | naive (ms) | naive-stacked (ms) "
-          "| vs naive | vs naive-stacked |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| size | tokens | E | k | d_model | latent | " + " | ".join(f"{kind} (ms)" for kind in KINDS)
+          + " | " + " | ".join(f"vs {kind}" for kind in NAIVE_OPTIONS) + " |")
+    print("|---|---:|---:|---:|---:|---:|" + "---:|" * (len(KINDS) + len(NAIVE_OPTIONS)))
     for r in run(sizes, args.repeats, args.min_run_time, getattr(torch, args.dtype), clock):
         m, ms = r["cfg"].moe, r["ms"]
-        print(f"| {r['size']} | {r['tokens']} | {m.num_experts} | {m.top_k} | {r['cfg'].d_model} | {m.latent_dim} "
-              f"| {ms['ops']:.1f} | {ms['naive']:.1f} | {ms['naive-stacked']:.1f} "
-              f"| {ms['naive'] / ms['ops']:.2f}x | {ms['naive-stacked'] / ms['ops']:.2f}x |")
+        print(f"| {r['size']} | {r['tokens']} | {m.num_experts} | {m.top_k} | {r['cfg'].d_model} | {m.latent_dim} | "
+              + " | ".join(f"{ms[kind]:.1f}" for kind in KINDS) + " | "
+              + " | ".join(f"{ms[kind] / ms['ops']:.2f}x" for kind in NAIVE_OPTIONS) + " |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
-"""The MoE block written the obvious way: plain torch routing and a per-expert masking loop (no custom ops).
+"""The MoE block written the obvious way: plain torch routing and a per-expert loop (no custom ops).
 
 It uses an ``MoE`` module's parameters and must give the same output, so tests check the op chain against it
-and ``benchmarks/bench_moe_cpu.py`` times the two side by side. Device-limited routing (n_group > 1) is not
+and ``benchmarks/bench_moe_cpu.py`` times them side by side. Two loops: by default each expert gathers the
+tokens routed to it and ``index_add``s its weighted output back (Mixtral's reference code); ``dense_mask``
+runs each expert on every token and multiplies its output by a dense [T,E] gate that is zero where the token
+is not routed to that expert (the formulation of simple MoE reference code, issue 6's "naive per-expert
+masking": E/k times the expert FLOPs, but no data-dependent shapes). Device-limited routing (n_group > 1) is not
 covered here; the ops tests check it against their own reference.
 """
 
@@ -16,13 +20,16 @@ from marin_model.moe import MoE, swiglu_expert
 __all__ = ["naive_moe_forward"]
 
 
-def naive_moe_forward(moe: MoE, x_TD: Tensor, index_stacked: bool = False) -> tuple[Tensor, Tensor]:
+def naive_moe_forward(moe: MoE, x_TD: Tensor, index_stacked: bool = False,
+                      dense_mask: bool = False) -> tuple[Tensor, Tensor]:
     """Returns (out [T,D], z-loss) of `moe` on x [T,D], computed expert by expert.
 
     index_stacked: take each expert's weights by indexing the stacked [E,...] tensors inside the loop, as code
     written against stacked expert weights does; then every expert's backward writes a zero-filled gradient the
     size of all the experts (E times the weights' size per step). By default the loop uses one view per expert,
-    as a ModuleList of experts would, which avoids that cost."""
+    as a ModuleList of experts would, which avoids that cost.
+    dense_mask: run every expert on all T tokens and weight its output by the token's gate for that expert
+    (zero if not routed there, or dropped by the capacity limit) instead of gathering the routed tokens."""
     m, (T, _) = moe.cfg, x_TD.shape
     if m.n_group > 1:
         raise ValueError("naive_moe_forward does not implement device-limited routing (n_group > 1)")
@@ -44,12 +51,19 @@ def naive_moe_forward(moe: MoE, x_TD: Tensor, index_stacked: bool = False) -> tu
     y_TL = torch.zeros(latent_TL.shape, dtype=torch.promote_types(latent_TL.dtype, torch.float32))
     w13_EL2F, w2_EFL = moe.experts.w13_EL2F, moe.experts.w2_EFL
     w13_L2F, w2_FL = (w13_EL2F, w2_EFL) if index_stacked else (w13_EL2F.unbind(0), w2_EFL.unbind(0))
-    for e in range(m.num_experts):
-        token_N, slot_N = torch.nonzero(expert_ids_TK == e, as_tuple=True)  # in flat order t*K+k
-        token_N, slot_N = token_N[:capacity], slot_N[:capacity]  # the first `capacity` copies stay
-        if token_N.numel():
-            out_NL = swiglu_expert(latent_TL[token_N], w13_L2F[e], w2_FL[e])
-            y_TL = y_TL.index_add(0, token_N, weights_TK[token_N, slot_N, None] * out_NL)
+    if dense_mask:
+        chosen_NE = F.one_hot(expert_ids_TK.reshape(-1), m.num_experts)  # N = T*K copies in flat order t*K+k
+        kept_NE = chosen_NE * (chosen_NE.cumsum(0) <= capacity)  # the first `capacity` copies stay
+        combine_TE = (kept_NE.view(T, m.top_k, -1) * weights_TK[..., None]).sum(1)  # zero where not routed
+        for e in range(m.num_experts):
+            y_TL = y_TL + combine_TE[:, e, None] * swiglu_expert(latent_TL, w13_L2F[e], w2_FL[e])
+    else:
+        for e in range(m.num_experts):
+            token_N, slot_N = torch.nonzero(expert_ids_TK == e, as_tuple=True)  # in flat order t*K+k
+            token_N, slot_N = token_N[:capacity], slot_N[:capacity]  # the first `capacity` copies stay
+            if token_N.numel():
+                out_NL = swiglu_expert(latent_TL[token_N], w13_L2F[e], w2_FL[e])
+                y_TL = y_TL.index_add(0, token_N, weights_TK[token_N, slot_N, None] * out_NL)
     out_TD = moe.up(y_TL.to(x_TD.dtype))
     if moe.shared is not None:
         out_TD = out_TD + moe.shared(x_TD)

@@ -23,12 +23,12 @@ def make_moe(dtype=torch.float32, seed=0, **moe_changes) -> MoE:
     return moe
 
 
-def check_matches_naive(moe: MoE, x_TD: torch.Tensor) -> None:
-    """Same output, z-loss and gradients (input and every parameter) as naive_moe_forward."""
+def check_matches_naive(moe: MoE, x_TD: torch.Tensor, **naive_options) -> None:
+    """Same output, z-loss and gradients (input and every parameter) as naive_moe_forward(**naive_options)."""
     tol = TOL[x_TD.dtype]
     x_TD = x_TD.detach().requires_grad_()
     out, stats = moe(x_TD)
-    want, want_z = naive_moe_forward(moe, x_TD)
+    want, want_z = naive_moe_forward(moe, x_TD, **naive_options)
     torch.testing.assert_close(out, want, atol=tol, rtol=tol)
     torch.testing.assert_close(stats.z_loss, want_z, atol=tol, rtol=tol)
     params = [x_TD] + list(moe.parameters())
@@ -45,6 +45,15 @@ def check_matches_naive(moe: MoE, x_TD: torch.Tensor) -> None:
 def test_moe_block_equals_naive_per_expert_loop(dtype, routing, capacity_factor, align):
     moe = make_moe(dtype, routing=routing, capacity_factor=capacity_factor, align=align, bias_update="sign")
     check_matches_naive(moe, torch.randn(48, TINY.d_model, dtype=dtype))
+
+
+@pytest.mark.parametrize("naive_options", [dict(dense_mask=True), dict(index_stacked=True),
+                                           dict(dense_mask=True, index_stacked=True)])
+@pytest.mark.parametrize("capacity_factor,align", [(0.0, 1), (0.5, 8)])
+def test_moe_block_equals_the_dense_masking_and_stacked_naive_loops(naive_options, capacity_factor, align):
+    """The benchmark's other baselines compute the same block (capacity 0.5 drops about half the copies)."""
+    moe = make_moe(capacity_factor=capacity_factor, align=align)
+    check_matches_naive(moe, torch.randn(48, TINY.d_model), **naive_options)
 
 
 def test_moe_block_without_latent_or_shared_experts_equals_naive():
