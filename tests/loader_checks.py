@@ -24,6 +24,18 @@ def check_permutation(fn: Callable[[np.ndarray], np.ndarray], n: int) -> np.ndar
     return image
 
 
+def window_ids(stream: TokenStream, subset: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """The subset-wide window number of each located window, checking that it lies on its shard's grid."""
+    out = np.empty(len(start), np.int64)
+    for r, (s, x) in enumerate(zip(subset, start)):
+        tokens = stream.subset_tokens[s]
+        k = np.searchsorted(tokens.cumulative, x, side="right") - 1
+        j, rest = divmod(int(x - tokens.cumulative[k]), stream.seq_len)
+        assert rest == 0 and x + stream.seq_len < tokens.cumulative[k + 1], "a window off its shard's grid"
+        out[r] = tokens.window_starts(stream.seq_len)[k] + j
+    return out
+
+
 def check_mixture(mixture: Mixture, positions: int) -> tuple[np.ndarray, np.ndarray]:
     """Over the first ``positions`` positions of ``mixture``:
 

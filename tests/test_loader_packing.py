@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from loader_checks import check_batch, check_permutation, reference_tokens
+from loader_checks import check_batch, check_permutation, reference_tokens, window_ids
 
 from marin_data.errors import LoaderConfigError, ShardFormatError, ShardMissingError
 from marin_data.loader import DecodedShardCache, LoaderConfig, TokenStream
-from marin_data.loader.holdout import holdout_every, split_sizes, train_windows, val_windows
+from marin_data.loader.holdout import held_before, holdout_every, train_windows, val_windows
 from marin_data.shards import read_shard
 
 
@@ -20,7 +20,7 @@ def stream(make_corpus, tmp_path):
                        cache_dir=tmp_path / "cache")
 
 
-def test_windows_are_seq_len_plus_one_tokens_of_the_concatenated_documents_across_shards(stream):
+def test_windows_are_seq_len_plus_one_tokens_of_the_concatenated_documents_within_one_shard(stream):
     reference = reference_tokens(stream)
     positions = np.arange(300)
     batch = stream.read(positions)
@@ -28,7 +28,15 @@ def test_windows_are_seq_len_plus_one_tokens_of_the_concatenated_documents_acros
     for r in range(len(positions)):
         expected = reference[subset[r]][start[r] : start[r] + 33]
         assert np.array_equal(batch.window[r], expected)
-    assert np.all(start % 32 == 0)
+    window_ids(stream, subset, start)  # each on its shard's grid, inside the shard
+
+
+def test_each_shard_holds_its_own_windows_and_drops_less_than_one_sequence(stream):
+    for tokens in stream.subset_tokens:
+        per_shard = np.diff(tokens.window_starts(32))
+        assert np.array_equal(per_shard, [max(0, (s.tokens - 1) // 32) for s in tokens.shards])
+        served = per_shard * 32 + (per_shard > 0)
+        assert np.all(np.array([s.tokens for s in tokens.shards]) - served < 33)
 
 
 def test_labels_are_inputs_shifted_by_one_and_segments_follow_eos(stream):
@@ -57,7 +65,7 @@ def test_every_training_window_of_a_subset_is_served_once_per_epoch_in_a_new_ord
     _, index = stream.mixture.locate(positions)  # each subset's own sequence counter
     for k, name in enumerate(stream.subsets):
         mine = np.argsort(np.where(subset == k, index, np.iinfo(np.int64).max))
-        windows = start[mine] // 32  # this subset's windows in the order of its counter
+        windows = window_ids(stream, subset[mine], start[mine])  # this subset's windows in its counter's order
         epochs = [windows[e * sizes[name] : (e + 1) * sizes[name]] for e in range(2)]
         for epoch in epochs:
             assert len(np.unique(epoch)) == sizes[name], f"{name}: a sequence repeats within an epoch"
@@ -71,8 +79,8 @@ def test_training_and_validation_streams_are_disjoint_and_cover_every_window(str
     subset, start = stream.locate(np.arange(stream.mixture.phases[0].block))
     vsubset, vstart = stream.locate(np.arange(stream.stop("validation")), "validation")
     for k, name in enumerate(stream.subsets):
-        t = set((start[subset == k] // 32).tolist())
-        v = (vstart[vsubset == k] // 32).tolist()
+        t = set(window_ids(stream, subset[subset == k], start[subset == k]).tolist())
+        v = window_ids(stream, vsubset[vsubset == k], vstart[vsubset == k]).tolist()
         assert len(v) == len(set(v)) == val[name] > 0
         assert not t & set(v), f"{name}: the training stream serves a validation sequence"
         assert t | set(v) == set(range(train[name] + val[name]))
@@ -80,7 +88,8 @@ def test_training_and_validation_streams_are_disjoint_and_cover_every_window(str
 
 def test_held_out_windows_are_spread_one_per_run_and_keyed_by_name_not_seed():
     every = holdout_every(0.01)
-    train, val = split_sizes(1050, every)
+    val = int(held_before(np.array([1050]), 1050, every, 3)[0])
+    train = 1050 - val
     assert (train, val, every) == (1040, 10, 100)
 
     def both(i):  # training indices first, then held-out ones: together a bijection onto the windows
@@ -90,7 +99,10 @@ def test_held_out_windows_are_spread_one_per_run_and_keyed_by_name_not_seed():
         return out
 
     check_permutation(both, 1050)
-    assert np.array_equal(val_windows(np.arange(10), every, 3) // every, np.arange(10))
+    held = val_windows(np.arange(10), every, 3)
+    assert np.array_equal(held // every, np.arange(10))
+    w = np.arange(1051)
+    assert np.array_equal(held_before(w, 1050, every, 3), np.searchsorted(held, w))
 
 
 def test_validation_set_does_not_depend_on_the_seed(make_corpus, tmp_path):
@@ -157,17 +169,17 @@ def test_a_subset_too_short_for_one_sequence_is_refused_by_name(make_corpus, tmp
     assert TokenStream(corpus, LoaderConfig(seq_len=64, mixture={"a": 1, "tiny": 0}), cache_dir=tmp_path)
 
 
-def test_a_pass_reads_each_shard_within_at_most_two_shuffle_windows(make_corpus, tmp_path):
+def test_a_pass_reads_each_shard_in_one_stretch_shared_with_at_most_window_shards(make_corpus, tmp_path):
     corpus = make_corpus({"a": [12] * 16}, doc_tokens=(20, 60))  # 16 shards of ~500 tokens
     stream = TokenStream(corpus, LoaderConfig(seq_len=16, val_fraction=0.05, shuffle_window=2),
                          cache_dir=tmp_path)
     n = stream.sizes()["a"]
-    positions = np.arange(n)  # one subset: position j is its sequence j, so this is exactly one pass
-    _, start = stream.locate(positions)
+    _, start = stream.locate(np.arange(n))  # one subset: position j is its sequence j, so this is one pass
     shard = np.searchsorted(stream.subset_tokens[0].cumulative, start, side="right") - 1
-    block = int(stream._params.block[0])
-    assert 20 <= block <= 40  # about one shard of 16-token sequences
-    window_of_read = positions // (block * 2)
     for s in range(16):
-        assert len(np.unique(window_of_read[shard == s])) <= 2, f"shard {s} is read in many places of the pass"
-    assert len(np.unique(window_of_read)) >= 6  # ... while the pass still moves through the whole subset
+        first, last = np.flatnonzero(shard == s)[[0, -1]]
+        assert len(np.unique(shard[first : last + 1])) <= 2, f"shard {s} is read in several stretches"
+    stretches = shard[np.flatnonzero(np.diff(shard)) + 1]
+    assert len(np.unique(shard)) == 16 and len(stretches) > 16, "shards of a window are not interleaved"
+    order = shard[np.sort(np.unique(shard, return_index=True)[1])]  # shards in order of first read
+    assert not np.array_equal(order, np.arange(16)), "the shards are read in path order"

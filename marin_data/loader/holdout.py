@@ -11,9 +11,10 @@ windows*, at a keyed offset inside the run. Why this and not "hash each window a
   of the data, so runs with different seeds are evaluated on the same sequences and never train on
   each other's validation data.
 
-The trailing partial run (fewer than ``every`` windows) holds nothing out. A held-out window shares one
-token with each neighbour (windows overlap by one token, see `packing`), so a training sequence may have
-the first token of a validation sequence as its last label: 1 token in ``seq_len + 1``, by design.
+Runs are counted over the subset's windows in order, across shard ends. The trailing partial run (fewer
+than ``every`` windows) holds nothing out. A held-out window shares one token with each neighbour in its
+shard (windows overlap by one token, see `packing`), so a training sequence may have the first token of a
+validation sequence as its last label: 1 token in ``seq_len + 1``, by design.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import numpy as np
 
 from marin_data.loader.permutation import sub_key
 
-__all__ = ["holdout_every", "split_sizes", "train_windows", "val_windows", "train_window1", "val_window1"]
+__all__ = ["holdout_every", "held_before", "train_windows", "val_windows", "train_window1",
+           "val_window1"]
 
 
 def holdout_every(val_fraction: float) -> int:
@@ -31,12 +33,6 @@ def holdout_every(val_fraction: float) -> int:
     if not 0 <= val_fraction <= 0.5:
         raise ValueError(f"val_fraction must lie in [0, 0.5], got {val_fraction}")
     return 0 if val_fraction == 0 else max(2, round(1 / val_fraction))
-
-
-def split_sizes(windows: int, every: int) -> tuple[int, int]:
-    """``(training windows, held-out windows)`` of a subset with ``windows`` windows."""
-    held = windows // every if every else windows * 0
-    return windows - held, held
 
 
 @numba.njit(cache=True, inline="always")
@@ -60,6 +56,27 @@ def train_window1(u, windows, every, key):
 def val_window1(v, every, key):
     """The window of held-out index ``v`` (jitted callers; `val_windows` for arrays)."""
     return v * every + _offset(key, v, every)
+
+
+@numba.njit(cache=True, nogil=True)
+def _held_before(w, windows, every, key):
+    out = np.zeros(w.shape[0], np.int64)
+    if every == 0:
+        return out
+    full = windows // every
+    for k in range(w.shape[0]):
+        run, o = divmod(w[k], every)
+        out[k] = min(run, full) + (1 if run < full and _offset(key, run, every) < o else 0)
+    return out
+
+
+def held_before(w: np.ndarray, windows: int, every: int, key: int) -> np.ndarray:
+    """Held-out windows among windows ``[0, w)``, for each ``w`` (``[k]`` int64 in ``[0, windows]``).
+
+    So windows ``[a, b)`` hold ``held_before(b) - held_before(a)`` held-out and the rest training ones: the
+    loader counts each shard's training and held-out sequences this way, without a per-window table.
+    """
+    return _held_before(np.ascontiguousarray(w, dtype=np.int64), int(windows), int(every), np.uint64(key))
 
 
 @numba.njit(cache=True, nogil=True)

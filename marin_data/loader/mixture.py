@@ -44,13 +44,12 @@ import numba
 import numpy as np
 
 from marin_data.errors import LoaderConfigError
-from marin_data.loader.permutation import SHUFFLES, derive_key, permute1, sub_key
+from marin_data.loader.permutation import derive_key, feistel1, sub_key
 from marin_data.manifest import select_subsets
 
 __all__ = ["Phase", "MixturePhase", "Mixture", "phases_by_fraction", "resolve_weights", "apportion"]
 
 DEFAULT_BLOCK = 1024  # positions per block when every weight is >= 1/1024
-_FEISTEL = SHUFFLES["feistel"]  # permutes each block's slots
 _CACHED_POSITIONS = 1 << 22  # blocks' labels kept at most (12 bytes each): a batch needs one or two blocks
 
 
@@ -158,7 +157,7 @@ def _block_labels(size, key, cum, before):
     index = np.empty(size, np.int64)
     counter = before.copy()
     for r in range(size):
-        s = np.searchsorted(cum, permute1(_FEISTEL, size, key, r, 1, 1), side="right")
+        s = np.searchsorted(cum, feistel1(size, key, r), side="right")
         subset[r] = s
         index[r] = counter[s]
         counter[s] += 1

@@ -1,17 +1,17 @@
 """Packing: sequences are fixed windows over a subset's concatenated documents, with document boundaries.
 
 **Windows.** A subset's shards, in path order, are one stream of tokens in which every document ends with
-EOS. Sequence (window) ``j`` is tokens ``[j·L, j·L + L + 1)`` of that stream, ``L = seq_len``: consecutive
-windows overlap by one token, so every input position has a label and no token is skipped as an input.
-A subset of ``T`` tokens has ``(T - 1) // L`` windows; the last ``(T - 1) % L`` tokens (fewer than one
-sequence) are never served. The grid is the same every epoch — a later epoch reads the same windows in a
-new order — so the held-out windows (`holdout`) stay held out.
+EOS. Each shard is cut into windows on its own grid: a shard of ``T`` tokens holds ``(T - 1) // L`` windows
+(``L = seq_len``), the ``j``-th being its tokens ``[j·L, j·L + L + 1)``; consecutive windows overlap by one
+token, so every input position has a label and no token is skipped as an input. The subset numbers its
+windows shard after shard (`SubsetTokens.window_starts`). The last ``(T - 1) % L`` tokens of each shard
+(fewer than one sequence) are never served. The grid is the same every epoch — a later epoch reads the same
+windows in a new order — so the held-out windows (`holdout`) stay held out.
 
-Windows cross shard boundaries: a window is gathered from as many shards as it spans (usually one, at
-most two for production shards of 256 MiB+). Why not stop windows at shard ends: the grid then depends
-only on the subset's total tokens, so window ``j`` is found by one ``searchsorted`` over the shards'
-cumulative token counts, and no tokens are dropped at each of ~100,000 shard ends. A document never spans
-shards, so a shard boundary is always a document boundary.
+Why windows never cross a shard end: a window that did would need the next shard too, whose turn in the
+shuffled pass (`permutation`) comes at an unrelated time, so a cache smaller than the corpus would fetch
+shards twice per pass. The cost is under one sequence per shard: 0.0015% of the tokens of a 2^28-token shard
+at L = 4096. A document never spans shards either, so a shard end is always a document end.
 
 **Batch contract** (what a model may rely on). For a rank's batch of ``B`` sequences:
 
@@ -43,12 +43,7 @@ import numpy as np
 from marin_data.loader.cache import ShardSource
 from marin_data.manifest import ShardRecord
 
-__all__ = ["SubsetTokens", "window_count", "Batch", "batch_layout", "new_batch", "ShardTable", "pack_rows"]
-
-
-def window_count(tokens: int, seq_len: int) -> int:
-    """Number of complete ``seq_len + 1``-token windows in ``tokens`` tokens (the module docstring)."""
-    return max(0, (tokens - 1) // seq_len)
+__all__ = ["SubsetTokens", "Batch", "batch_layout", "new_batch", "ShardTable", "pack_rows"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +63,18 @@ class SubsetTokens:
     @property
     def tokens(self) -> int:
         return int(self.cumulative[-1])
+
+    def window_starts(self, seq_len: int) -> np.ndarray:
+        """``[shards + 1]`` int64: shard ``k`` holds the subset's windows ``[starts[k], starts[k+1])``, one per
+        ``seq_len`` tokens after the first (a shard of ``T`` tokens: ``(T - 1) // seq_len``)."""
+        per_shard = np.maximum(0, (np.diff(self.cumulative) - 1) // seq_len)
+        return np.concatenate(([0], np.cumsum(per_shard))).astype(np.int64)
+
+    def window_tokens(self, windows: np.ndarray, seq_len: int, starts: np.ndarray | None = None) -> np.ndarray:
+        """The first stream token of each of the subset's ``windows`` (``starts``: `window_starts`, if kept)."""
+        starts = self.window_starts(seq_len) if starts is None else starts
+        k = np.searchsorted(starts, windows, side="right") - 1
+        return self.cumulative[k] + (windows - starts[k]) * seq_len
 
 
 @dataclass(frozen=True)
@@ -109,81 +116,51 @@ def new_batch(rows: int, seq_len: int) -> Batch:
 
 
 @numba.njit(cache=True, nogil=True)
-def _pieces(subset, start, cumulative, first_shard, length):
-    """Split each row's window ``[start, start + length)`` of its subset's stream at shard boundaries.
+def _rows(subset, start, cumulative, first_shard):
+    """Each row's global shard and the window's first token in it (``[B]`` int64 each).
 
     ``cumulative`` holds every subset's cumulative shard tokens back to back: subset ``s``'s array (``n_s + 1``
     entries) starts at ``first_shard[s] + s``, and its shard ``k`` is global shard ``first_shard[s] + k``.
-    Returns ``[P, 5]`` int64 rows ``(row, global shard, lo, hi, dst)``: copy shard tokens ``[lo, hi)`` to row
-    position ``dst``.
     """
-    out = np.empty((4 * subset.shape[0] + 16, 5), np.int64)
-    n = 0
+    shard = np.empty(subset.shape[0], np.int64)
+    lo = np.empty(subset.shape[0], np.int64)
     for r in range(subset.shape[0]):
         s = subset[r]
-        base = first_shard[s] + s
-        cum = cumulative[base : first_shard[s + 1] + s + 1]
+        cum = cumulative[first_shard[s] + s : first_shard[s + 1] + s + 1]
         k = np.searchsorted(cum, start[r], side="right") - 1
-        at = start[r]
-        dst = 0
-        while dst < length:
-            take = min(length - dst, cum[k + 1] - at)
-            if take > 0:
-                if n == out.shape[0]:  # windows spanning many tiny shards: grow
-                    grown = np.empty((2 * n, 5), np.int64)
-                    grown[:n] = out
-                    out = grown
-                out[n, 0] = r
-                out[n, 1] = first_shard[s] + k
-                out[n, 2] = at - cum[k]
-                out[n, 3] = at - cum[k] + take
-                out[n, 4] = dst
-                n += 1
-                dst += take
-                at += take
-            k += 1
-    return out[:n]
+        shard[r] = first_shard[s] + k
+        lo[r] = start[r] - cum[k]
+    return shard, lo
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill(tokens, offsets, lo, hi, window, segment_ids, positions, ramp, dst, segment, start):
-    """Copy shard tokens ``[lo, hi)`` to ``window[dst:]`` and label their documents.
+def _fill(tokens, offsets, lo, window, segment_ids, positions, ramp):
+    """Copy shard tokens ``[lo, lo + L + 1)`` into ``window`` and label their documents.
 
-    ``segment``/``start`` carry the current segment id and the row position where it began from the
-    previous piece of the same row; the updated pair is returned. ``ramp`` is ``arange`` (int32, longer than
-    a row): positions are slices of it, which compile to plain copies.
+    ``ramp`` is ``arange`` (int32, longer than a row): positions are slices of it, which compile to plain
+    copies.
     """
-    end = dst + (hi - lo)
-    window[dst:end] = tokens[lo:hi]
-    limit = segment_ids.shape[0]
-    if dst == 0:
-        segment, start = 0, 0
-    j = np.searchsorted(offsets, lo)  # the first document start >= lo
-    p = dst
+    window[:] = tokens[lo : lo + window.shape[0]]
+    length = segment_ids.shape[0]
+    j = np.searchsorted(offsets, lo, side="right")  # the first document start after the row start
+    segment, begin = 0, 0
     while True:
-        b = end
-        if j < offsets.shape[0] and offsets[j] < hi:
-            b = dst + (offsets[j] - lo)
-        e = min(b, limit)
-        if e > p:
-            segment_ids[p:e] = segment
-            positions[p:e] = ramp[p - start : e - start]
-        if b >= end:
-            return segment, start
-        if b > 0:  # a document starts at row position b (the row start is segment 0 already)
-            segment += 1
-            start = b
-        p = b
+        end = length
+        if j < offsets.shape[0] and offsets[j] - lo < length:
+            end = offsets[j] - lo
+        segment_ids[begin:end] = segment
+        positions[begin:end] = ramp[: end - begin]
+        if end == length:
+            return
+        segment += 1
+        begin = end
         j += 1
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill_batch(tokens, offsets, pieces, slots, window, segment_ids, positions, ramp):
-    segment, start = 0, 0
-    for q in range(pieces.shape[0]):
-        r, _, lo, hi, dst = pieces[q]
-        segment, start = _fill(tokens[slots[q]], offsets[slots[q]], lo, hi, window[r], segment_ids[r],
-                               positions[r], ramp, dst, segment, start)
+def _fill_batch(tokens, offsets, slots, lo, window, segment_ids, positions, ramp):
+    for r in range(slots.shape[0]):
+        _fill(tokens[slots[r]], offsets[slots[r]], lo[r], window[r], segment_ids[r], positions[r], ramp)
 
 
 def _readonly(dtype) -> np.ndarray:
@@ -250,15 +227,14 @@ def pack_rows(table: ShardTable, subset: np.ndarray, start: np.ndarray, seq_len:
 
     Args:
         table: the stream's shards (`ShardTable`).
-        subset, start: ``[B]`` int64.
+        subset, start: ``[B]`` int64; each window lies in one shard (`window_starts`).
         seq_len: ``L``; each window is ``L + 1`` tokens.
         out: buffers with ``B`` rows.
     """
     out.subset[:] = subset
-    pieces = _pieces(subset, start, table.cumulative, table.first_shard, seq_len + 1)
-    slots = table.slots(pieces[:, 1])
-    _fill_batch(table.tokens, table.offsets, pieces, slots, out.window, out.segment_ids, out.positions,
-                _ramp(seq_len))
+    shard, lo = _rows(subset, start, table.cumulative, table.first_shard)
+    slots = table.slots(shard)
+    _fill_batch(table.tokens, table.offsets, slots, lo, out.window, out.segment_ids, out.positions, _ramp(seq_len))
 
 
 @functools.lru_cache(maxsize=8)

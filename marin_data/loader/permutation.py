@@ -9,15 +9,16 @@ the round function. The domain is the smallest even bit width that covers ``n``,
 and a walk takes under 4 steps on average.
 
 Why hierarchical: a fully random order touches a different shard at every sequence, so a bounded local
-cache of shards (issue 9) would thrash. `hierarchical` cuts ``[0, n)`` into blocks of ``block``
-consecutive indices (the loader makes a block about one shard of sequences), permutes the blocks, and
-shuffles the indices of each run of ``window`` consecutive (permuted) blocks among themselves. A pass
-therefore reads each block once, at most ``window`` blocks at a time, while any sequence can land
-anywhere in the pass. This is MosaicML streaming's "py1br" idea with O(1) arithmetic instead of
-materialised arrays.
+cache of shards (issue 9) would thrash. `hierarchical` works on a subset's *shards*: each epoch it permutes
+the shards (a Feistel permutation of the shard ids), cuts the permuted list into groups of ``window``
+shards, and shuffles all the items (sequences) of a group among themselves. A pass therefore reads each
+shard in exactly one stretch — its group's — with at most ``window`` shards of a subset in use at a time,
+while any sequence can land anywhere in the pass. This is MosaicML streaming's "py1br" idea with shards as
+the blocks. Why shards and not fixed-size blocks of sequences: a fixed block straddles two shards, so a
+shard is read in two stretches at unrelated times of the pass, and a cache smaller than the corpus fetches
+it twice. Placing a pass position in its group needs the groups' item counts in the epoch's order: one
+``O(shards)`` array per epoch (`ShardOrder`), built in milliseconds; everything else is arithmetic.
 
-Every algorithm is a pure function ``(n, key, i, block, window) -> indices`` of the same shape, chosen by
-name from `SHUFFLES` (STYLE.md rule 12) through `shuffle` (numpy arrays) or `permute1` (jitted callers).
 ``key`` carries the seed, subset, epoch and purpose at once: derive it with `derive_key` (and `sub_key`
 per epoch) so that different subsets and epochs get independent permutations.
 """
@@ -25,11 +26,13 @@ per epoch) so that different subsets and epochs get independent permutations.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import numba
 import numpy as np
 
-__all__ = ["ROUNDS", "SHUFFLES", "derive_key", "sub_key", "permute1", "shuffle", "feistel", "hierarchical"]
+__all__ = ["ROUNDS", "SHUFFLES", "derive_key", "sub_key", "feistel1", "ShardOrder", "shard_order", "hierarchical1",
+           "shuffle", "feistel", "hierarchical"]
 
 ROUNDS = 6  # >= 4 (Luby–Rackoff); see the module docstring
 
@@ -66,7 +69,7 @@ def sub_key(key, label):
 
 
 @numba.njit(cache=True, inline="always")
-def _feistel1(n, key, i):
+def feistel1(n, key, i):
     """One index through a keyed permutation of [0, n) (cycle-walking Feistel)."""
     if n <= 1:
         return i
@@ -88,86 +91,112 @@ def _feistel1(n, key, i):
             return np.int64(x)
 
 
-@numba.njit(cache=True, inline="always")
-def _hierarchical1(n, key, i, block, window):
-    """One index through the blockwise permutation described in the module docstring."""
-    if n <= 1:
-        return i
-    block = max(1, min(block, n))
-    nblocks = (n + block - 1) // block
-    padded = nblocks * block
-    span = block * max(1, window)
-    bkey = sub_key(key, np.uint64(0xB10C))
-    t = i
-    while True:  # cycle-walk over the padded range: fewer than `block` <= n values lie past n
-        group = t // span
-        base = group * span
-        size = min(span, padded - base)
-        o = _feistel1(size, sub_key(key, np.uint64(group)), t - base)
-        blk = _feistel1(nblocks, bkey, group * max(1, window) + o // block)
-        t = blk * block + o % block
-        if t < n:
-            return t
+@dataclass(frozen=True)
+class ShardOrder:
+    """One epoch's keyed order of a subset's shards, cut into groups of ``window``: what `hierarchical` reads.
 
+    ``order[p]`` is the shard at permuted position ``p``; group ``g`` is positions ``[g·window, g·window +
+    window)``, and ``groups[g]`` counts the items (sequences) of the groups before it, so a pass position is
+    placed in its group by one ``searchsorted``. ``O(shards)`` per epoch: 1.6 MB at 100,000 shards.
+    """
 
-# Algorithm codes: the batch kernels dispatch on an integer, since numba recompiles (and will not cache) a
-# kernel that takes a jitted function as an argument.
-SHUFFLES: dict[str, int] = {
-    "hierarchical": 0,  # the default: locality for a bounded shard cache (module docstring)
-    "feistel": 1,  # a full-range keyed permutation
-    "none": 2,  # corpus order (debugging, evaluation, throughput floors)
-}
-
-
-@numba.njit(cache=True, inline="always")
-def permute1(code, n, key, i, block, window):
-    """One index through the shuffle with code ``code`` (`SHUFFLES`); jitted callers use this."""
-    if code == 0:
-        return _hierarchical1(n, key, i, block, window)
-    if code == 1:
-        return _feistel1(n, key, i)
-    return i
+    order: np.ndarray  # [n] int64
+    groups: np.ndarray  # [ceil(n / window) + 1] int64
 
 
 @numba.njit(cache=True, nogil=True)
-def _permute_many(code, n, key, i, block, window):
-    out = np.empty(i.shape[0], np.int64)
-    for k in range(i.shape[0]):
-        out[k] = permute1(code, n, key, i[k], block, window)
+def _order(n, key):
+    out = np.empty(n, np.int64)
+    for p in range(n):
+        out[p] = feistel1(n, key, p)
     return out
 
 
-def shuffle(name: str, n: int, key: int, i, block: int = 1, window: int = 1) -> np.ndarray:
-    """Apply the shuffle ``name`` (a key of `SHUFFLES`) of ``[0, n)`` to indices ``i``.
+def shard_order(starts: np.ndarray, key: int, window: int) -> ShardOrder:
+    """The `ShardOrder` of shards holding items ``[starts[k], starts[k+1])``, keyed ``key`` (one epoch's)."""
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    n = len(starts) - 1
+    order = _order(n, np.uint64(sub_key(np.uint64(key), np.uint64(0xB10C))))
+    counts = np.diff(starts)[order]
+    per_group = np.add.reduceat(counts, np.arange(0, n, window)) if n else counts
+    return ShardOrder(order=order, groups=np.concatenate(([0], np.cumsum(per_group))).astype(np.int64))
+
+
+@numba.njit(cache=True, inline="always")
+def hierarchical1(starts, order, groups, key, window, t):
+    """Pass position ``t`` -> item, through the grouped shard order of the module docstring (jitted callers)."""
+    g = np.searchsorted(groups, t, side="right") - 1
+    o = feistel1(groups[g + 1] - groups[g], sub_key(key, np.uint64(g)), t - groups[g])
+    for p in range(g * window, min(order.shape[0], g * window + window)):
+        k = order[p]
+        if o < starts[k + 1] - starts[k]:
+            return starts[k] + o
+        o -= starts[k + 1] - starts[k]
+    return -1  # unreachable: the group's items are its shards' items
+
+
+@numba.njit(cache=True, nogil=True)
+def _hierarchical(starts, order, groups, key, window, t):
+    out = np.empty(t.shape[0], np.int64)
+    for r in range(t.shape[0]):
+        out[r] = hierarchical1(starts, order, groups, key, window, t[r])
+    return out
+
+
+SHUFFLES = (
+    "hierarchical",  # the default: locality for a bounded shard cache (module docstring)
+    "feistel",  # a full-range keyed permutation
+    "none",  # corpus order (debugging, evaluation, throughput floors)
+)
+
+
+@numba.njit(cache=True, nogil=True)
+def _feistel(n, key, i):
+    out = np.empty(i.shape[0], np.int64)
+    for k in range(i.shape[0]):
+        out[k] = feistel1(n, key, i[k])
+    return out
+
+
+def shuffle(name: str, starts, key: int, i, window: int = 1, order: ShardOrder | None = None) -> np.ndarray:
+    """Apply the shuffle ``name`` (one of `SHUFFLES`) of ``[0, n)`` to indices ``i``.
 
     Args:
         name: ``"hierarchical"``, ``"feistel"`` or ``"none"``.
-        n: the domain size (any n >= 0; cycle-walking handles non-powers of two).
+        starts: ``[shards + 1]`` int64, the items of shard ``k`` are ``[starts[k], starts[k+1])``; the domain
+            is ``[0, n = starts[-1])``. Only ``hierarchical`` looks at the shards.
         key: a 64-bit key from `derive_key` / `sub_key`.
         i: ``[k]`` int64 indices in ``[0, n)``.
-        block: consecutive indices kept together (hierarchical only; about one shard's sequences).
-        window: blocks whose indices are shuffled among each other (hierarchical only).
+        window: shards whose items are shuffled among each other (hierarchical only).
+        order: `shard_order(starts, key, window)` when the caller keeps it (hierarchical only).
 
     Returns:
         ``[k]`` int64: the images of ``i``.
     """
     if name not in SHUFFLES:
         raise ValueError(f"unknown shuffle {name!r}; choose one of {', '.join(SHUFFLES)}")
-    if block < 1 or window < 1:
-        raise ValueError(f"block and window must be >= 1, got {block}, {window}")
-    if n < 0:
-        raise ValueError(f"permutation size must be >= 0, got {n}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    starts = np.ascontiguousarray(starts, dtype=np.int64).reshape(-1)
+    if len(starts) < 1 or starts[0] != 0 or np.any(np.diff(starts) < 0):
+        raise ValueError("starts must be cumulative item counts from 0")
+    n = int(starts[-1])
     i = np.ascontiguousarray(i, dtype=np.int64).reshape(-1)
     if i.size and (i.min() < 0 or i.max() >= n):
         raise ValueError(f"indices must lie in [0, {n})")
-    return _permute_many(SHUFFLES[name], int(n), np.uint64(key), i, int(block), int(window))
+    if name == "none":
+        return i.copy()
+    if name == "feistel":
+        return _feistel(n, np.uint64(key), i)
+    order = order if order is not None else shard_order(starts, key, window)
+    return _hierarchical(starts, order.order, order.groups, np.uint64(key), int(window), i)
 
 
 def feistel(n: int, key: int, i) -> np.ndarray:
     """The keyed pseudo-random permutation of ``[0, n)`` applied to ``i``; see `shuffle`."""
-    return shuffle("feistel", n, key, i)
+    return shuffle("feistel", [0, n], key, i)
 
 
-def hierarchical(n: int, key: int, i, block: int, window: int) -> np.ndarray:
-    """The locality-preserving permutation of ``[0, n)`` applied to ``i``; see `shuffle`."""
-    return shuffle("hierarchical", n, key, i, block, window)
+def hierarchical(starts, key: int, i, window: int) -> np.ndarray:
+    """The shard-grouped permutation of ``[0, starts[-1])`` applied to ``i``; see `shuffle`."""
+    return shuffle("hierarchical", starts, key, i, window)

@@ -12,12 +12,13 @@ Order of work:
 **Prefetch from the order.** The sequence at stream position ``i`` is a pure function of ``i``, and a
 process reads positions ``p, p + stride, p + 2·stride, ...`` (``stride`` = the global batch: rank ``r``
 reads rows ``r·b .. r·b + b`` of each). So before packing the batch at ``p`` the stream computes which
-shards the next ``lookahead`` batches read (`shards_at`: locate the windows, then two ``searchsorted`` over
-the shards' cumulative token counts) and hands them, in order of first use, to the cache, which fetches the
-first few missing ones on background threads and evicts the ones needed last. The hierarchical shuffle
-reads each shard in about one stretch per pass (a mixture block permutes the order of a subset's
-sequences within it, so a stretch interleaves a few shards), so with a cache that holds the working set
-(a few shards per subset, plus the prefetch) every shard is fetched once per pass. The horizon is extended
+shards the next ``lookahead`` batches read (`shards_at`: locate the windows, then one ``searchsorted``
+over the shards' cumulative token counts, since a window lies in one shard) and hands them, in order of
+first use, to the cache, which fetches the first few missing ones on background threads and evicts the
+ones needed last. The hierarchical shuffle reads each shard in exactly one stretch per pass, shared with at
+most ``shuffle_window - 1`` other shards of its subset (`permutation`), so with a cache that holds that
+working set for every subset, plus the prefetch, every shard is fetched once per pass (the tests stream a
+pass through a cache of under a third of the corpus). The horizon is extended
 by one batch per batch (one ``locate`` of ``b`` rows), not recomputed.
 
 The stream's table of open shards keeps them memory-mapped between batches, which pins them in the cache.
@@ -123,11 +124,7 @@ class RemoteStream(TokenStream):
     def shards_at(self, positions: range | np.ndarray, split: str = "train") -> np.ndarray:
         """Global shard ids (sorted, ``[k]`` int64) that the sequences at ``positions`` read."""
         subset, start = self.locate(positions, split)
-        first = self._base[subset] + start
-        lo = np.searchsorted(self._cum, first, side="right") - 1
-        hi = np.searchsorted(self._cum, first + self.seq_len, side="right") - 1  # a window has seq_len + 1 tokens
-        spans = hi - lo
-        return np.unique(np.concatenate([lo[spans >= d] + d for d in range(int(spans.max(initial=0)) + 1)]))
+        return np.unique(np.searchsorted(self._cum, self._base[subset] + start, side="right") - 1)
 
     def upcoming(self, positions: range | np.ndarray, split: str = "train") -> list[ShardRecord]:
         """The shards of the batch at ``positions`` and of the next ``lookahead`` batches, in order of first use."""

@@ -4,41 +4,45 @@
 
     position i --mixture--> (subset s, per-subset index J)        mixture.py: cumulative apportionment
              J --epoch----> (epoch e = J // n_train, t = J % n_train)  every subset wraps on its own
-             t --shuffle--> u, keyed by (seed, s, e)               permutation.py: hierarchical Feistel
+             t --shuffle--> u, keyed by (seed, s, e)               permutation.py: shards, then sequences
              u --holdout--> window w (skipping held-out windows)   holdout.py
-             w --packing--> tokens [w·L, w·L + L + 1) of s          packing.py, via cache.py
+             w --packing--> tokens [j·L, j·L + L + 1) of the shard holding w, j its window there
+                                                                   packing.py, via cache.py
 
 so the sequence at ``i`` depends on exactly (the selected shards and tokenizer, the mixture schedule, the
 seed, ``seq_len``, the validation and shuffle settings, ``i``) — the `fingerprint` — and on nothing
 else: not on ranks, workers, batch sizes or what was read before. Resuming is setting ``i``.
 
-Cost grows with shards, not tokens: per subset, one cumulative token count per shard (numpy) and a few
-integers; nothing per document or per sequence is ever built.
+Cost grows with shards, not tokens: per subset, a few cumulative counts per shard (tokens, windows, each
+split's sequences) and, per epoch being read, the shuffled order of its shards; nothing per document or per
+sequence is ever built.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numba
 import numpy as np
 
 from marin_data.errors import LoaderConfigError
 from marin_data.loader.cache import DecodedShardCache, ShardSource
-from marin_data.loader.holdout import holdout_every, split_sizes, train_window1, val_window1
+from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
 from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
-from marin_data.loader.packing import Batch, ShardTable, SubsetTokens, new_batch, pack_rows, window_count
-from marin_data.loader.permutation import SHUFFLES, derive_key, permute1, sub_key
+from marin_data.loader.packing import Batch, ShardTable, SubsetTokens, new_batch, pack_rows
+from marin_data.loader.permutation import SHUFFLES, derive_key, feistel1, hierarchical1, shard_order, sub_key
 from marin_data.manifest import Corpus, load_corpus, select_subsets, shards_fingerprint
 
 __all__ = ["LoaderConfig", "TokenStream", "SPLITS", "STREAM_FORMAT"]
 
 SPLITS = ("train", "validation")
-STREAM_FORMAT = 1  # bump when the position -> sequence map changes, so old checkpoints are refused
+STREAM_FORMAT = 2  # bump when the position -> sequence map changes, so old checkpoints are refused
 
 
 @dataclass(frozen=True)
@@ -51,47 +55,77 @@ class LoaderConfig:
     subsets: Sequence[str] | None = None  # names/globs to select; None: all subsets the mixture names
     seed: int = 0  # keys the shuffle and the order of mixture slots
     val_fraction: float = 0.001  # held out from training as the validation stream (holdout.py)
-    shuffle: str = "hierarchical"  # a key of permutation.SHUFFLES
-    shuffle_window: int = 4  # blocks shuffled together: the reader's working set per subset
-    shuffle_block: int | None = None  # sequences per shuffle block; None: about one shard's worth
+    shuffle: str = "hierarchical"  # one of permutation.SHUFFLES
+    shuffle_window: int = 4  # shards shuffled together: the reader's working set per subset
     mixture_block: int = DEFAULT_BLOCK  # smallest mixture block (raised to 1/w_min)
 
 
 @dataclass(frozen=True)
-class _Params:
-    """Per-subset numbers the index kernels need, one ``[S]`` array each (``S`` = subsets)."""
+class _Split:
+    """One split's per-subset index arrays (ragged per-shard arrays in typed lists, for the jitted kernel)."""
 
-    windows: np.ndarray  # int64: complete windows
-    train: np.ndarray  # int64: training windows (one pass)
-    val: np.ndarray  # int64: held-out windows
-    block: np.ndarray  # int64: training shuffle block (about one shard of sequences)
-    val_block: np.ndarray  # int64: held-out shuffle block (block // every)
-    key: np.ndarray  # uint64: training shuffle key (seed, name); epoch e uses sub_key(key, e)
-    val_key: np.ndarray  # uint64: held-out shuffle key (seed, name)
-    holdout_key: np.ndarray  # uint64: keyed by the name only, so the held-out set does not depend on the seed
+    items: np.ndarray  # [S] int64: sequences in one pass
+    starts: Any  # S x [shards + 1] int64: shard k holds the split's sequences [starts[k], starts[k+1])
+    key: np.ndarray  # [S] uint64: shuffle key (seed, purpose, name); training epoch e uses sub_key(key, e)
+    training: bool
 
 
 @numba.njit(cache=True, nogil=True)
-def _train_windows(code, subset, index, train, windows, every, key, holdout_key, block, window):
-    """Per-subset training index -> window: epoch, keyed shuffle of the epoch, then skip held-out windows."""
-    out = np.empty(subset.shape[0], np.int64)
+def _locate(code, split_training, items, starts, key, window, subset, index, windows, wstarts, cumulative, every,
+            holdout_key, seq_len, order, groups, slot_epoch, out):
+    """Per-subset index -> first stream token of its window, into ``out``; returns how many rows it skipped.
+
+    Training index ``J`` is epoch ``J // n``, pass position ``J % n``; the validation stream is one pass. A
+    position goes through the epoch's shuffle to a sequence of the split, then to its window (skipping the
+    other split's windows), then to the window's first token. The hierarchical shuffle reads the epoch's
+    `ShardOrder` from slot ``2s + epoch % 2`` (so a batch may straddle two epochs of a subset); a row whose
+    order is not in its slot is left at -1 for the caller to load.
+    """
+    missing = 0
     for r in range(subset.shape[0]):
         s = subset[r]
-        epoch, t = divmod(index[r], train[s])
-        u = permute1(code, train[s], sub_key(key[s], np.uint64(epoch)), t, block[s], window)
-        out[r] = train_window1(u, windows[s], every, holdout_key[s])
-    return out
+        n = items[s]
+        epoch, t = (index[r] // n, index[r] % n) if split_training else (0, index[r])
+        k = sub_key(key[s], np.uint64(epoch)) if split_training else key[s]
+        if code == 0:
+            slot = 2 * s + epoch % 2
+            if slot_epoch[slot] != epoch:
+                out[r] = -1
+                missing += 1
+                continue
+            u = hierarchical1(starts[s], order[slot], groups[slot], k, window, t)
+        elif code == 1:
+            u = feistel1(n, k, t)
+        else:
+            u = t
+        if split_training:
+            w = train_window1(u, windows[s], every, holdout_key[s])
+        else:
+            w = val_window1(u, every, holdout_key[s])
+        ws = wstarts[s]
+        j = np.searchsorted(ws, w, side="right") - 1
+        out[r] = cumulative[s][j] + (w - ws[j]) * seq_len
+    return missing
 
 
-@numba.njit(cache=True, nogil=True)
-def _val_windows(code, subset, index, val, every, val_key, holdout_key, val_block, window):
-    """Held-out index -> window: one keyed shuffle (the validation stream is one pass)."""
-    out = np.empty(subset.shape[0], np.int64)
-    for r in range(subset.shape[0]):
-        s = subset[r]
-        u = permute1(code, val[s], val_key[s], index[r], val_block[s], window)
-        out[r] = val_window1(u, every, holdout_key[s])
-    return out
+def _typed(arrays: Sequence[np.ndarray]):
+    from numba.typed import List
+
+    return List([np.ascontiguousarray(a, dtype=np.int64) for a in arrays])
+
+
+class _Orders:
+    """Each subset's `ShardOrder` for the two latest epochs it was read in (one split), in typed lists."""
+
+    def __init__(self, subsets: int) -> None:
+        self.order = _typed([np.zeros(0)] * (2 * subsets))
+        self.groups = _typed([np.zeros(1)] * (2 * subsets))
+        self.epoch = np.full(2 * subsets, -1, dtype=np.int64)
+
+    def load(self, s: int, epoch: int, starts: np.ndarray, key: int, window: int) -> None:
+        slot = 2 * s + epoch % 2
+        order = shard_order(starts, key, window)
+        self.order[slot], self.groups[slot], self.epoch[slot] = order.order, order.groups, epoch
 
 
 class TokenStream:
@@ -115,8 +149,6 @@ class TokenStream:
             raise LoaderConfigError(f"seq_len, batch_size and shuffle_window must be >= 1: {config}")
         if config.shuffle not in SHUFFLES:
             raise LoaderConfigError(f"unknown shuffle {config.shuffle!r}; choose one of {', '.join(SHUFFLES)}")
-        if config.shuffle_block is not None and config.shuffle_block < 1:
-            raise LoaderConfigError(f"shuffle_block must be >= 1, got {config.shuffle_block}")
         self.config = config
         self.corpus = corpus
         self.source = source if source is not None else DecodedShardCache(corpus.root, cache_dir)
@@ -136,45 +168,56 @@ class TokenStream:
                 by_subset[shard.subset].append(shard)
         # Each subset's token stream as shards: O(shards) numpy metadata, nothing per document.
         self.subset_tokens = tuple(SubsetTokens.from_shards(n, by_subset[n]) for n in self.subsets)
-        self._params = self._index_params()
-        self._code = SHUFFLES[config.shuffle]
+        self._index_arrays()
+        self._code = SHUFFLES.index(config.shuffle)
         self.components = {
             "data": shards_fingerprint([s for n in self.subsets for s in by_subset[n]],
                                        corpus.manifest.tokenizer.sha256),
             "mixture": hashlib.sha256(mixture.canonical().encode()).hexdigest(),
             "seed": str(config.seed),
             "seq_len": str(config.seq_len),
-            "split": json.dumps([STREAM_FORMAT, self.every, config.shuffle, config.shuffle_window,
-                                 self._params.block.tolist()]),
+            "split": json.dumps([STREAM_FORMAT, self.every, config.shuffle, config.shuffle_window]),
         }
         self.fingerprint = hashlib.sha256(json.dumps(self.components, sort_keys=True).encode()).hexdigest()
         self._validation: Mixture | None = None
         self._table: ShardTable | None = None
+        self._orders: dict[str, _Orders] = {}
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_table": None}
+    def __getstate__(self) -> dict:  # typed lists stay in the process that built them
+        state = {**self.__dict__, "_table": None, "_orders": {}}
+        for name in ("_wstarts", "_cumulative"):
+            state[name] = list(state[name])
+        state["_splits"] = {k: dataclasses.replace(v, starts=list(v.starts)) for k, v in state["_splits"].items()}
+        return state
 
-    def _index_params(self) -> _Params:
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._wstarts, self._cumulative = _typed(self._wstarts), _typed(self._cumulative)
+        self._splits = {k: dataclasses.replace(v, starts=_typed(v.starts)) for k, v in self._splits.items()}
+
+    def _index_arrays(self) -> None:
+        """Per subset: its windows shard by shard, and each split's sequences shard by shard (`_Split`)."""
         seq_len, seed = self.config.seq_len, self.config.seed
-        windows = np.array([window_count(t.tokens, seq_len) for t in self.subset_tokens], dtype=np.int64)
-        train, val = split_sizes(windows, self.every)
-        for t, n in zip(self.subset_tokens, train):
+        wstarts = [t.window_starts(seq_len) for t in self.subset_tokens]
+        self._windows = np.array([w[-1] for w in wstarts], dtype=np.int64)
+        self._holdout_key = self._keys(0, "holdout")  # by name only: the held-out set ignores the seed
+        held = [held_before(w, n, self.every, k) for w, n, k in zip(wstarts, self._windows, self._holdout_key)]
+        self._splits = {
+            "train": _Split(items=self._windows - [h[-1] for h in held], starts=_typed([w - h for w, h in
+                            zip(wstarts, held)]), key=self._keys(seed, "shuffle"), training=True),
+            "validation": _Split(items=np.array([h[-1] for h in held], dtype=np.int64), starts=_typed(held),
+                                 key=self._keys(seed, "validation"), training=False),
+        }
+        for t, n in zip(self.subset_tokens, self._splits["train"].items):
             if n < 1:
                 raise LoaderConfigError(
                     f"subset {t.name!r} has {t.tokens} tokens: no training sequence of {seq_len} + 1 tokens "
-                    "fits; give it weight 0, or lower seq_len", path=t.name, actual=t.tokens)
-        if self.config.shuffle_block is not None:
-            block = np.full(len(self.subset_tokens), self.config.shuffle_block, dtype=np.int64)
-        else:  # about one shard of sequences, so a pass reads each shard in ~1-2 blocks
-            block = np.array([max(1, round(t.tokens / max(1, len(t.shards)) / seq_len))
-                              for t in self.subset_tokens], dtype=np.int64)
+                    "fits in one of its shards; give it weight 0, or lower seq_len", path=t.name, actual=t.tokens)
+        self._wstarts = _typed(wstarts)
+        self._cumulative = _typed([t.cumulative for t in self.subset_tokens])
 
-        def keys(seed: int, purpose: str) -> np.ndarray:
-            return np.array([derive_key(seed, purpose, t.name) for t in self.subset_tokens], dtype=np.uint64)
-
-        return _Params(windows=windows, train=train, val=val, block=block,
-                       val_block=np.maximum(1, block // max(1, self.every)), key=keys(seed, "shuffle"),
-                       val_key=keys(seed, "validation"), holdout_key=keys(0, "holdout"))
+    def _keys(self, seed: int, purpose: str) -> np.ndarray:
+        return np.array([derive_key(seed, purpose, t.name) for t in self.subset_tokens], dtype=np.uint64)
 
     @property
     def seq_len(self) -> int:
@@ -192,7 +235,7 @@ class TokenStream:
         if self._validation is None:
             # Each subset's held-out sequences exactly once, interleaved in proportion to their counts so that
             # the first few validation batches already cover every subset; quotas are whole at the end.
-            held = {t.name: int(n) for t, n in zip(self.subset_tokens, self._params.val) if n}
+            held = {t.name: int(n) for t, n in zip(self.subset_tokens, self._splits["validation"].items) if n}
             if not held:
                 raise LoaderConfigError("no sequences are held out (val_fraction=0 or subsets too small)")
             self._validation = Mixture(list(held), list(held.values()), [Phase(held, sum(held.values()))],
@@ -205,17 +248,29 @@ class TokenStream:
 
         ``positions``: an array, or a ``range`` (faster for a batch; see `Mixture.locate`).
         """
-        mixture = self._mixture(split)
-        subset, index = mixture.locate(positions)
-        p = self._params
-        if mixture is self.mixture:
-            window = _train_windows(self._code, subset, index, p.train, p.windows, self.every, p.key,
-                                    p.holdout_key, p.block, self.config.shuffle_window)
-        else:  # the validation mixture has only the subsets that hold some out
+        subset, index = self._mixture(split).locate(positions)
+        if split == "validation":  # the validation mixture has only the subsets that hold some out
             subset = self._val_subsets[subset]
-            window = _val_windows(self._code, subset, index, p.val, self.every, p.val_key, p.holdout_key,
-                                  p.val_block, self.config.shuffle_window)
-        return subset, window * self.config.seq_len
+        sp = self._splits[split]
+        orders = self._orders.get(split)
+        if orders is None:
+            orders = self._orders[split] = _Orders(len(self.subsets))
+        start = np.empty(len(subset), np.int64)
+        rows = np.arange(len(subset))
+        while True:
+            out = np.empty(len(rows), np.int64)
+            missing = _locate(self._code, sp.training, sp.items, sp.starts, sp.key, self.config.shuffle_window,
+                              subset[rows], index[rows], self._windows, self._wstarts, self._cumulative, self.every,
+                              self._holdout_key, self.config.seq_len, orders.order, orders.groups, orders.epoch,
+                              out)
+            start[rows] = out
+            if not missing:
+                return subset, start
+            rows = rows[out < 0]  # rows of an epoch whose shard order is not loaded: load the first, again
+            s = int(subset[rows[0]])
+            epoch = int(index[rows[0]] // sp.items[s]) if sp.training else 0
+            key = sub_key(sp.key[s], np.uint64(epoch)) if sp.training else sp.key[s]
+            orders.load(s, epoch, sp.starts[s], key, self.config.shuffle_window)
 
     def fill(self, positions: range | np.ndarray, out: Batch, split: str = "train") -> Batch:
         """Write the sequences at ``positions`` (``B`` of them) into ``out`` (``B`` rows) and return it."""
@@ -234,8 +289,9 @@ class TokenStream:
 
     def sizes(self, split: str = "train") -> dict[str, int]:
         """Sequences per subset in one pass (epoch) of ``split``."""
-        return dict(zip(self.subsets, (int(n) for n in (self._params.train if split == "train" else
-                                                         self._params.val))))
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        return dict(zip(self.subsets, (int(n) for n in self._splits[split].items)))
 
     def served(self, position: int) -> dict[str, int]:
         """Training sequences of each subset served at positions ``< position``."""
@@ -243,4 +299,4 @@ class TokenStream:
 
     def passes(self, position: int) -> dict[str, float]:
         """How many passes (epochs) over its training sequences each subset has made by ``position``."""
-        return {name: c / int(n) for (name, c), n in zip(self.served(position).items(), self._params.train)}
+        return {name: c / int(n) for (name, c), n in zip(self.served(position).items(), self._splits["train"].items)}
