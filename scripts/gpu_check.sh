@@ -6,8 +6,9 @@
 #
 # Steps, each time-boxed so the whole run stays under 8 minutes:
 #   1. build cuda/ (python -m marin_model.kernels --build) and keep the ptxas report
-#   2. the GPU tests (tests/test_cuda_ops.py) and the build tests, with MARIN_CUDA_KERNELS=require so a
-#      kernel that fails to load fails the run instead of falling back to the reference
+#   2. the GPU tests (tests/test_cuda_ops.py; tests/test_train_cuda.py: bf16 training on the kernels) and
+#      the build tests, with MARIN_CUDA_KERNELS=require so a kernel that fails to load fails the run
+#      instead of falling back to the reference
 #   3. the benchmark (benchmarks/bench_kernels_gpu.py), Markdown table in bench_kernels.md
 #   4. compute-sanitizer memcheck and racecheck over a few small tests (works on Firecracker machines)
 # summary.txt lists each step's status and time. Exit status: non-zero if the build or the tests fail.
@@ -50,7 +51,7 @@ cp cuda/build/libmarin_kernels-*.log "$OUT_DIR/ptxas.log" 2>/dev/null
 # --noconftest: tests/conftest.py serves the data tests and imports pyarrow-based modules
 PYTEST=("$PY" -m pytest --noconftest -p no:cacheprovider -q -rs)
 if "$PY" -c "import xdist" 2>/dev/null; then PYTEST+=(-n 4); fi
-step tests 240 "${PYTEST[@]}" --junitxml="$OUT_DIR/junit.xml" tests/test_cuda_ops.py tests/test_cuda_build.py \
+step tests 240 "${PYTEST[@]}" --junitxml="$OUT_DIR/junit.xml" tests/test_cuda_ops.py tests/test_cuda_build.py tests/test_train_cuda.py \
   || STATUS=1
 
 step bench 200 "$PY" benchmarks/bench_kernels_gpu.py --tokens 4096 16384 128 --budget-s 140 --out "$OUT_DIR/bench_kernels.md"
