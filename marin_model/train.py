@@ -219,8 +219,9 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
         t0, waited = time.perf_counter(), 0.0
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, step)
-        sums = torch.zeros(4, dtype=torch.float64)  # loss, cross-entropy, z-loss, dropped fraction
-        counts = torch.zeros(model.cfg.n_layers, model.cfg.moe.num_experts, dtype=torch.float64)
+        # Summed on the device and read once per step: no host sync between micro-batches.
+        sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, cross-entropy, z-loss, dropped fraction
+        counts = torch.zeros(model.cfg.n_layers, model.cfg.moe.num_experts, dtype=torch.float64, device=device)
         for _ in range(cfg.accumulation):
             tw = time.perf_counter()
             try:
@@ -233,16 +234,16 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
                 out = model(batch["input_ids"].to(device), batch["labels"].to(device),
                             segment_ids_BS=batch["segment_ids"].to(device), positions_BS=batch["positions"].to(device))
             (out.loss / cfg.accumulation).backward()
-            sums += torch.tensor([out.loss.item(), out.ce_loss.item(), out.z_loss.item(),
-                                  float(np.mean([s.dropped.item() for s in out.router]))], dtype=torch.float64)
-            counts += torch.stack([s.counts_E.detach().double().cpu() for s in out.router])
+            dropped = torch.stack([s.dropped for s in out.router]).double().mean()
+            sums += torch.stack([out.loss.detach().double(), out.ce_loss.detach().double(),
+                                 out.z_loss.detach().double(), dropped])
+            counts += torch.stack([s.counts_E.detach().double() for s in out.router])
         _all_reduce_mean([p.grad for p in params if p.grad is not None], world)
         stats = torch.cat([sums / cfg.accumulation, counts.reshape(-1)])
         if world > 1:
-            stats = stats.to(device)
             dist.all_reduce(stats)
-            stats = stats.cpu()
             stats[:4] /= world
+        stats = stats.cpu()
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip > 0 else torch.tensor(0.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
