@@ -169,7 +169,7 @@ class TokenStream:
         # Each subset's token stream as shards: O(shards) numpy metadata, nothing per document.
         self.subset_tokens = tuple(SubsetTokens.from_shards(n, by_subset[n]) for n in self.subsets)
         self._index_arrays()
-        self._code = SHUFFLES.index(config.shuffle)
+        self._code = SHUFFLES.index(config.shuffle)  # `_locate` dispatches on the position in SHUFFLES
         self.components = {
             "data": shards_fingerprint([s for n in self.subsets for s in by_subset[n]],
                                        corpus.manifest.tokenizer.sha256),
