@@ -233,7 +233,7 @@ def permute(x: Tensor, expert_ids: Tensor, num_experts: int, align: int,
     """
     check_permute_args(x, expert_ids, num_experts, align, capacity)
     T, K = expert_ids.shape
-    E, R = num_experts, permute_rows(T, K, num_experts, align)
+    E, N, R = num_experts, T * K, permute_rows(T, K, num_experts, align)
     if expert_ids.numel() == 0:
         return (x.new_zeros(R, x.shape[1]), expert_ids.new_empty(T, K), expert_ids.new_full((R,), -1),
                 expert_ids.new_zeros(E + 1))
@@ -241,20 +241,18 @@ def permute(x: Tensor, expert_ids: Tensor, num_experts: int, align: int,
     lowest, highest = (int(v) for v in torch.aminmax(ids_N))
     _check(-1 <= lowest and highest < E, f"expert_ids must lie in [-1, {E}), got {lowest}..{highest}")
     bucket_N = torch.where(ids_N >= 0, ids_N, E)  # dropped entries sort into a last bucket
-    order_N = torch.sort(bucket_N, stable=True).indices  # counting sort: flat order kept within an expert
+    bucket_S, order_S = torch.sort(bucket_N, stable=True)  # S: sorted position; flat order kept within an expert
     sizes_B = torch.bincount(bucket_N, minlength=E + 1)
-    starts_B = torch.cumsum(sizes_B, 0) - sizes_B
-    rank_N = torch.empty_like(ids_N)  # rank of each entry within its expert, in flat order
-    rank_N[order_N] = torch.arange(ids_N.numel(), device=x.device) - starts_B[bucket_N[order_N]]
-    keep_N = ids_N >= 0
-    if capacity > 0:
-        keep_N &= rank_N < capacity
     kept_E = sizes_B[:E].clamp(max=capacity) if capacity > 0 else sizes_B[:E]  # the first `capacity` stay
     padded_E = (kept_E + align - 1) // align * align
     offsets_E1 = torch.cat([padded_E.new_zeros(1), torch.cumsum(padded_E, 0)])
-    row_N = torch.where(keep_N, offsets_E1[bucket_N.clamp(max=E - 1)] + rank_N, -1)
-    src_N = torch.nonzero(keep_N).squeeze(1)
-    src_of_R = torch.full((R,), -1, dtype=torch.long, device=x.device).index_copy_(0, row_N[src_N], src_N)
+    rank_S = torch.arange(N, device=x.device) - (torch.cumsum(sizes_B, 0) - sizes_B)[bucket_S]  # within its expert
+    keep_S = bucket_S < E
+    if capacity > 0:
+        keep_S &= rank_S < capacity
+    row_S = torch.where(keep_S, offsets_E1[bucket_S] + rank_S, R)  # R: a scratch row for the dropped entries
+    src_of_R = torch.full((R + 1,), -1, dtype=torch.long, device=x.device).index_copy_(0, row_S, order_S)[:R]
+    row_N = torch.empty_like(row_S).index_copy_(0, order_S, torch.where(keep_S, row_S, -1))
     routed_RH = _gather_rows(x, src_of_R // K)  # floor division keeps -1 at -1
     return routed_RH, row_N.view(T, K).to(torch.int32), src_of_R.to(torch.int32), offsets_E1.to(torch.int32)
 
