@@ -132,8 +132,9 @@ def route_topk(logits: Tensor, bias: Optional[Tensor], k: int, mode: str, scale:
         gate_TK = torch.softmax(logits_TE.gather(1, ids_TK), dim=-1)
     if renormalize and mode != "topk_softmax":
         gate_TK = gate_TK / gate_TK.sum(-1, keepdim=True)
-    counts_E = torch.bincount(ids_TK.reshape(-1), minlength=logits.shape[1]).to(torch.int32)
-    return ids_TK.to(torch.int32), gate_TK * scale, counts_E, torch.logsumexp(logits_TE, dim=-1)
+    ids32_TK = ids_TK.to(torch.int32)
+    counts_E = torch.bincount(ids32_TK.view(-1), minlength=logits.shape[1]).to(torch.int32)
+    return ids32_TK, gate_TK * scale, counts_E, torch.logsumexp(logits_TE, dim=-1)
 
 
 def _empty_route(logits: Tensor, k: int, acc: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -164,18 +165,18 @@ def route_topk_backward(grad_weights: Tensor, grad_lse: Tensor, logits: Tensor, 
     g_TK, w_TK = grad_weights.to(acc), weights.to(acc)
     gw_T1 = (g_TK * w_TK).sum(-1, keepdim=True)
     probs_TE = torch.softmax(logits_TE, dim=-1)
+    grad_TE = grad_lse.to(acc)[:, None] * probs_TE  # the lse term; the chosen gates' terms are added to it
     if mode == "topk_softmax":
         q_TK = torch.softmax(logits_TE.gather(1, ids_TK), dim=-1)
-        grad_TE = torch.zeros_like(logits_TE).scatter_(1, ids_TK, q_TK * (scale * g_TK - gw_T1))
+        grad_TE.scatter_add_(1, ids_TK, q_TK * (scale * g_TK - gw_T1))  # ids distinct in a row: deterministic
     else:
         gate_TK = torch.sigmoid(logits_TE.gather(1, ids_TK)) if mode == "sigmoid" else probs_TE.gather(1, ids_TK)
         dgate_TK = (scale * g_TK - gw_T1) / gate_TK.sum(-1, keepdim=True) if renormalize else scale * g_TK
         if mode == "sigmoid":
-            grad_TE = torch.zeros_like(logits_TE).scatter_(1, ids_TK, dgate_TK * gate_TK * (1 - gate_TK))
+            grad_TE.scatter_add_(1, ids_TK, dgate_TK * gate_TK * (1 - gate_TK))
         else:
             dprobs_TE = torch.zeros_like(logits_TE).scatter_(1, ids_TK, dgate_TK)
-            grad_TE = probs_TE * (dprobs_TE - (dprobs_TE * probs_TE).sum(-1, keepdim=True))
-    grad_TE = grad_TE + grad_lse.to(acc)[:, None] * probs_TE
+            grad_TE += probs_TE * (dprobs_TE - (dprobs_TE * probs_TE).sum(-1, keepdim=True))
     return grad_TE.to(logits.dtype)
 
 
