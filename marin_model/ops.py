@@ -64,9 +64,9 @@ def _check(cond: bool, message: str) -> None:
 
 
 def _gather_rows(table_RH: Tensor, index_N: Tensor) -> Tensor:
-    """table[index] (rows of a 2-D table, elements of a 1-D one) with zeros where index is -1. One index_select,
-    then only the -1 rows are zeroed, so no multiply-by-zero can turn a non-finite value in an unrelated row into
-    NaN."""
+    """table[index] (rows of a 2-D table, elements of a 1-D one) with zeros where index is -1. One index_select
+    (it takes the int32 row maps as they are), then only the -1 rows are zeroed, so no multiply-by-zero can turn
+    a non-finite value in an unrelated row into NaN."""
     rows_NH = table_RH.index_select(0, index_N.clamp(min=0))
     return rows_NH.index_fill_(0, torch.nonzero(index_N < 0).squeeze(1), 0)
 
@@ -305,7 +305,7 @@ def unpermute(routed: Tensor, row_of: Tensor, src_of: Tensor, weights: Optional[
     acc = _acc_dtype(routed, weights)
     out_TH = torch.zeros(T, routed.shape[1], dtype=acc, device=routed.device)
     weights_TK = None if weights is None else torch.where(row_of >= 0, weights, 0).to(acc)
-    pulled_TKH = _gather_rows(routed, row_of.reshape(-1).long()).view(T, K, -1)  # one gather for all k
+    pulled_TKH = _gather_rows(routed, row_of.reshape(-1)).view(T, K, -1)  # one gather for all k
     for k in range(K):  # k order fixes the summation order
         if weights_TK is None:
             out_TH.add_(pulled_TKH[:, k])
@@ -331,8 +331,7 @@ def unpermute_backward(grad_out: Tensor, routed: Tensor, row_of: Tensor, src_of:
     grad_weights_TK = row_of.new_zeros(T, K, dtype=torch.float32 if weights is None else weights.dtype)
     if row_of.numel() == 0:
         return torch.zeros_like(routed), grad_weights_TK
-    src_R = src_of.long()
-    grad_RH = _gather_rows(grad_out, src_R // K)  # padding rows (src -1) stay zero
+    grad_RH = _gather_rows(grad_out, src_of // K)  # padding rows (src -1) stay zero
     if weights is not None:
         grad_RH = grad_RH.to(acc)
         # Row r of grad_RH is grad_out[t] for the copy (t,k) in row r, so the row-wise dots with routed are the
@@ -340,8 +339,8 @@ def unpermute_backward(grad_out: Tensor, routed: Tensor, row_of: Tensor, src_of:
         # sizes of benchmarks/bench_moe_cpu.py: -23% tiny, -15% mid).
         # (1-D gathers: index_select of [N,1] columns is 2x slower on CPU.)
         dots_R = (grad_RH * routed.to(acc)).sum(-1)
-        grad_weights_TK = _gather_rows(dots_R, row_of.reshape(-1).long()).view(T, K).to(weights.dtype)
-        grad_RH.mul_(_gather_rows(weights.reshape(-1), src_R).to(acc)[:, None])  # in S, rounded once
+        grad_weights_TK = _gather_rows(dots_R, row_of.reshape(-1)).view(T, K).to(weights.dtype)
+        grad_RH.mul_(_gather_rows(weights.reshape(-1), src_of).to(acc)[:, None])  # in S, rounded once
     return grad_RH.to(routed.dtype), grad_weights_TK
 
 
