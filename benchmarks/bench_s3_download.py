@@ -9,7 +9,10 @@ hung moto for minutes here), which measures moto, not the client. So every tool 
 file, as marin-data does (see `marin_data.download`): aws through a config file with a multipart threshold
 above the shard size and ``--workers`` concurrent requests, s5cmd with ``--numworkers`` and a part size
 above the shard size. The tools run interleaved within each run, so they see the same machine load; a
-tool that exceeds ``--timeout`` is reported as such.
+tool that exceeds ``--timeout`` is reported as such. Beside wall time the table gives each client's CPU
+seconds (user + system): on a small machine the client and the server share the cores, so CPU spent on
+hashing is time taken from the server. A ``marin-data --dry-run`` row measures marin-data's fixed cost per
+process (start-up, the store client, reading and checking the manifest and shard index).
 
 The comparison tools are not package dependencies, and awscli pins its own botocore, so install them in a
 separate environment and point ``--tools-bin`` at it::
@@ -27,6 +30,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -42,6 +46,8 @@ from marin_data.stores.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_ser
 ROOT = Path(__file__).resolve().parent.parent
 SUBSET = "bench/random"
 BUCKET = "marin-bench"
+# marin-data's fixed cost per process: start-up, the store client, reading and checking the manifest and index
+DRY_RUN = "marin-data --dry-run"
 
 
 def make_corpus(root: Path, total_mb: int, shard_mb: int) -> int:
@@ -70,9 +76,9 @@ def commands(tool: str, endpoint: str, dest: Path, workers: int, tools_bin: Path
     def find(name: str) -> str | None:
         return shutil.which(name, path=str(tools_bin)) if tools_bin else shutil.which(name)
 
-    if tool == "marin-data":
+    if tool in ("marin-data", DRY_RUN):
         return [sys.executable, "-m", "marin_data", "download", url, "--subset", SUBSET, "--to", str(dest),
-                "--workers", str(workers), "--endpoint-url", endpoint]
+                "--workers", str(workers), "--endpoint-url", endpoint, *(["--dry-run"] if tool == DRY_RUN else [])]
     if tool == "aws s3 cp" and (aws := find("aws")):  # one GET per file: AWS_CONFIG_FILE from aws_config()
         return [aws, "s3", "cp", "--recursive", "--only-show-errors", data, str(dest), "--endpoint-url", endpoint]
     if tool == "s5cmd cp" and (s5 := find("s5cmd")):
@@ -107,8 +113,9 @@ def main() -> None:
         create_bucket(endpoint, BUCKET)
         publish(tmp / "corpus", to=f"s3://{BUCKET}/corpus", endpoint_url=endpoint, progress=False)
         env["AWS_CONFIG_FILE"] = str(aws_config(tmp / "aws-config", args.workers))
-        tools = ("marin-data", "s5cmd cp", "aws s3 cp")
+        tools = ("marin-data", "s5cmd cp", "aws s3 cp", DRY_RUN)
         results: dict[str, list[float]] = {t: [] for t in tools}
+        cpu: dict[str, list[float]] = {t: [] for t in tools}
         for _ in range(args.runs):
             for tool in tools:
                 dest = tmp / "dest"
@@ -116,7 +123,7 @@ def main() -> None:
                 cmd = commands(tool, endpoint, dest, args.workers, args.tools_bin)
                 if cmd is None:
                     continue
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), _children_cpu()
                 try:
                     subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                    timeout=args.timeout)
@@ -124,25 +131,33 @@ def main() -> None:
                     results[tool].append(float("inf"))
                     continue
                 results[tool].append(time.perf_counter() - t0)
+                cpu[tool].append(_children_cpu() - cpu0)
                 got = sum(p.stat().st_size for p in dest.rglob("part-*.parquet"))
-                if got != nbytes:
+                if got != (0 if tool == DRY_RUN else nbytes):
                     raise SystemExit(f"{tool} fetched {got} bytes of shards, expected {nbytes}")
 
     print(f"\n{nbytes / 1e9:.2f} GB in {len(range(0, nbytes, args.shard_mb << 20))} shards of {args.shard_mb} MiB, "
           f"{args.runs} runs, {args.workers} workers, moto_server on 127.0.0.1\n")
     ours = statistics.median(results["marin-data"])
-    print("| tool | median wall s | MB/s | marin-data speed vs it | runs (s) | verifies SHA-256 |")
-    print("| --- | ---: | ---: | ---: | --- | --- |")
+    print("| tool | median wall s | MB/s | time vs marin-data | runs (s) | client CPU s | verifies SHA-256 |")
+    print("| --- | ---: | ---: | ---: | --- | ---: | --- |")
     for tool, times in results.items():
         if not times:
-            print(f"| {tool} | not installed | | | | |")
+            print(f"| {tool} | not installed | | | | | |")
             continue
         med = statistics.median(times)
-        print(f"| {tool} | {med:.2f} | {nbytes / med / 1e6:.0f} | {med / ours:.2f}x | "
-              f"{', '.join(f'{t:.2f}' for t in times)} | {'yes' if tool == 'marin-data' else 'no'} |")
+        rate = "" if tool == DRY_RUN else f"{nbytes / med / 1e6:.0f}"
+        print(f"| {tool} | {med:.2f} | {rate} | {med / ours:.2f}x | {', '.join(f'{t:.2f}' for t in times)} | "
+              f"{statistics.median(cpu[tool]):.2f} | {'yes' if tool == 'marin-data' else '' if tool == DRY_RUN else 'no'} |")
     if args.json:
         args.json.write_text(json.dumps({"bytes": nbytes, "shard_mb": args.shard_mb, "workers": args.workers,
-                                         "seconds": results}, indent=2))
+                                         "seconds": results, "cpu_seconds": cpu}, indent=2))
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ __all__ = [
 
 PARTIAL_SUFFIX = ".marin-download.part"  # data/x/part-00000.parquet.marin-download.part
 RECORD = ".marin-download.json"  # what this directory holds: see `DownloadRecord`
+WRITEBACK_CHUNK = 32 << 20  # bytes written between two `_start_writeback` calls
 METADATA_LIMIT = 1 << 30  # manifest.json and shards.parquet are read into memory; refuse absurd ones
 # A checksum mismatch is worth a retry too: the bytes may have been damaged in flight.
 DOWNLOAD_POLICY = RetryPolicy(retry_on=(RetryableRemoteError, ShardChecksumError))
@@ -411,11 +412,12 @@ class _Partial:
             if size:
                 self.hash = _hash_prefix(path, size)
             self.offset = size
+        self.flushed = self.offset
 
     def reset(self) -> None:
         self.f.truncate(0)
         self.f.seek(0)
-        self.hash, self.offset = hashlib.sha256(), 0
+        self.hash, self.offset, self.flushed = hashlib.sha256(), 0, 0
 
     def write(self, chunk: bytes) -> None:
         if self.offset + len(chunk) > self.task.bytes:
@@ -425,6 +427,9 @@ class _Partial:
         self.f.write(chunk)
         self.hash.update(chunk)
         self.offset += len(chunk)
+        if self.offset - self.flushed >= WRITEBACK_CHUNK:
+            _start_writeback(self.f.fileno(), self.flushed, self.offset - self.flushed)
+            self.flushed = self.offset
 
     def check(self) -> None:
         """Raise (and discard the bytes) unless the partial file is exactly the listed file."""
@@ -442,6 +447,19 @@ class _Partial:
 
     def close(self) -> None:
         self.f.close()
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing these bytes to disk now, without waiting.
+
+    The final fsync (`atomic_path`) would otherwise find the whole file dirty in the page cache (Linux
+    starts background writeback only at ~10% of RAM) and wait for all of it after the last byte arrived:
+    ~0.3 s per GB on a fast disk, serialised at the end. On Linux ``POSIX_FADV_DONTNEED`` starts
+    asynchronous writeback of dirty pages and drops only pages already clean, so the fsync finds little
+    left to do. Elsewhere it is at worst a cache hint.
+    """
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
 def _hash_prefix(path: Path, size: int):

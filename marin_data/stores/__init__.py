@@ -146,7 +146,7 @@ def open_store(url: str | os.PathLike, **options) -> Store:
         return HfStore(text, **{k: v for k, v in options.items() if k in (*hf_keys, "max_connections")})
     options = {k: v for k, v in options.items() if k not in hf_keys}
     if scheme == "s3":
-        from marin_data.stores.s3 import S3Store  # boto3 is imported only here
+        from marin_data.stores.s3 import S3Store  # botocore is imported only here
 
         return S3Store.from_url(text, **options)
     if scheme in ("", "file"):
