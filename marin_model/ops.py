@@ -305,12 +305,12 @@ def unpermute(routed: Tensor, row_of: Tensor, src_of: Tensor, weights: Optional[
     acc = _acc_dtype(routed, weights)
     out_TH = torch.zeros(T, routed.shape[1], dtype=acc, device=routed.device)
     weights_TK = None if weights is None else torch.where(row_of >= 0, weights, 0).to(acc)
-    pulled_TKH = _gather_rows(routed, row_of.reshape(-1)).view(T, K, -1)  # one gather for all k
-    for k in range(K):  # k order fixes the summation order
+    for k in range(K):  # k order fixes the summation order; one [T,H] gather at a time stays in cache
+        pulled_TH = _gather_rows(routed, row_of[:, k])
         if weights_TK is None:
-            out_TH.add_(pulled_TKH[:, k])
+            out_TH.add_(pulled_TH)
         else:
-            out_TH.addcmul_(pulled_TKH[:, k], weights_TK[:, k, None])
+            out_TH.addcmul_(pulled_TH, weights_TK[:, k, None])
     return out_TH.to(routed.dtype)
 
 
