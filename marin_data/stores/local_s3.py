@@ -14,6 +14,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -26,10 +27,12 @@ __all__ = ["LOCAL_S3_ENV", "local_s3_server", "create_bucket"]
 LOCAL_S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-
 @contextlib.contextmanager
 def local_s3_server(host: str = "127.0.0.1", *, startup_timeout: float = 30.0) -> Iterator[str]:
     """Start ``moto_server`` on ``host`` and a free port; yield its endpoint URL; always stop it.
+
+    Its output goes to a temporary file, not a pipe: moto logs every request, and a pipe nobody reads fills
+    after a few hundred requests and freezes the server mid-response.
 
     Raises:
         RuntimeError: the server did not answer within ``startup_timeout`` seconds (its output is included).
@@ -37,23 +40,23 @@ def local_s3_server(host: str = "127.0.0.1", *, startup_timeout: float = 30.0) -
     port = free_port(host)
     cmd = [sys.executable, "-c", "import sys; from moto.server import main; sys.exit(main())",
            "-H", host, "-p", str(port)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, **LOCAL_S3_ENV})
     endpoint = f"http://{host}:{port}"
-    try:
-        _wait_ready(proc, endpoint, startup_timeout)
-        yield endpoint
-    finally:
-        stop_process(proc)
-        if proc.stderr is not None:
-            proc.stderr.close()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **LOCAL_S3_ENV})
+        try:
+            _wait_ready(proc, endpoint, startup_timeout, log)
+            yield endpoint
+        finally:
+            stop_process(proc)
 
 
-def _wait_ready(proc: subprocess.Popen, endpoint: str, timeout: float) -> None:
+def _wait_ready(proc: subprocess.Popen, endpoint: str, timeout: float, log) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            log.seek(0)
+            err = log.read().decode(errors="replace")
             raise RuntimeError(f"moto_server exited with {proc.returncode}: {err[-2000:]}")
         try:
             with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):
