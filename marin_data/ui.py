@@ -35,14 +35,35 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join([line(cells[0]), sep, *(line(r) for r in cells[1:])])
 
 
+class _Hidden:
+    """What `progress` returns when the bar is hidden: the calls it gets, doing nothing (and no tqdm import)."""
+
+    def update(self, n: float = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> _Hidden:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
 def progress(total: float | None, desc: str, unit: str = "it", *, unit_scale: bool = False, disable: bool | None = None):
     """A tqdm progress bar on stderr; hidden when stderr is not a terminal unless MARIN_PROGRESS=1."""
     import os
     import sys
 
-    from tqdm.auto import tqdm
-
     if disable is None:
         disable = not (sys.stderr.isatty() or os.environ.get("MARIN_PROGRESS") == "1")
+    if disable:
+        return _Hidden()
+    from tqdm import tqdm
+
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, unit_divisor=1024 if unit == "B" else 1000,
-                disable=disable, dynamic_ncols=True, leave=False)
+                dynamic_ncols=True, leave=False)
