@@ -20,13 +20,11 @@ sequence is ever built.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numba
 import numpy as np
@@ -61,25 +59,50 @@ class LoaderConfig:
 
 
 @dataclass(frozen=True)
+class _Ragged:
+    """``S`` int64 arrays of different lengths back to back: array ``s`` is ``flat[offsets[s]:offsets[s+1]]``.
+
+    Plain arrays rather than numba typed lists: a jitted call unboxes an array far faster than a list."""
+
+    flat: np.ndarray
+    offsets: np.ndarray  # [S + 1]
+
+    @classmethod
+    def of(cls, arrays: Sequence[np.ndarray]) -> _Ragged:
+        sizes = [len(a) for a in arrays]
+        flat = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+        return cls(flat, np.concatenate(([0], np.cumsum(sizes))).astype(np.int64))
+
+    def __getitem__(self, s: int) -> np.ndarray:
+        return self.flat[self.offsets[s] : self.offsets[s + 1]]
+
+
+@dataclass(frozen=True)
 class _Split:
-    """One split's per-subset index arrays (ragged per-shard arrays in typed lists, for the jitted kernel)."""
+    """One split's per-subset index arrays."""
 
     items: np.ndarray  # [S] int64: sequences in one pass
-    starts: Any  # S x [shards + 1] int64: shard k holds the split's sequences [starts[k], starts[k+1])
+    starts: _Ragged  # S x [shards + 1]: shard k holds the split's sequences [starts[k], starts[k+1])
     key: np.ndarray  # [S] uint64: shuffle key (seed, purpose, name); training epoch e uses sub_key(key, e)
     training: bool
 
 
+@numba.njit(cache=True, inline="always")
+def _part(flat, offsets, s):
+    return flat[offsets[s] : offsets[s + 1]]
+
+
 @numba.njit(cache=True, nogil=True)
-def _locate(code, split_training, items, starts, key, window, subset, index, windows, wstarts, cumulative, every,
-            holdout_key, seq_len, order, groups, slot_epoch, out):
+def _locate(code, split_training, items, starts, starts_off, key, window, subset, index, windows, wstarts,
+            wstarts_off, cumulative, cumulative_off, every, holdout_key, seq_len, order, order_off, groups,
+            groups_off, slot_epoch, out):
     """Per-subset index -> first stream token of its window, into ``out``; returns how many rows it skipped.
 
     Training index ``J`` is epoch ``J // n``, pass position ``J % n``; the validation stream is one pass. A
     position goes through the epoch's shuffle to a sequence of the split, then to its window (skipping the
     other split's windows), then to the window's first token. The hierarchical shuffle reads the epoch's
     `ShardOrder` from slot ``2s + epoch % 2`` (so a batch may straddle two epochs of a subset); a row whose
-    order is not in its slot is left at -1 for the caller to load.
+    order is not in its slot is left at -1 for the caller to load. (Ragged arrays come as flat + offsets.)
     """
     missing = 0
     for r in range(subset.shape[0]):
@@ -93,7 +116,8 @@ def _locate(code, split_training, items, starts, key, window, subset, index, win
                 out[r] = -1
                 missing += 1
                 continue
-            u = hierarchical1(starts[s], order[slot], groups[slot], k, window, t)
+            u = hierarchical1(_part(starts, starts_off, s), _part(order, order_off, slot),
+                              _part(groups, groups_off, slot), k, window, t)
         elif code == 1:
             u = feistel1(n, k, t)
         else:
@@ -102,30 +126,28 @@ def _locate(code, split_training, items, starts, key, window, subset, index, win
             w = train_window1(u, windows[s], every, holdout_key[s])
         else:
             w = val_window1(u, every, holdout_key[s])
-        ws = wstarts[s]
+        ws = _part(wstarts, wstarts_off, s)
         j = np.searchsorted(ws, w, side="right") - 1
-        out[r] = cumulative[s][j] + (w - ws[j]) * seq_len
+        out[r] = _part(cumulative, cumulative_off, s)[j] + (w - ws[j]) * seq_len
     return missing
 
 
-def _typed(arrays: Sequence[np.ndarray]):
-    from numba.typed import List
-
-    return List([np.ascontiguousarray(a, dtype=np.int64) for a in arrays])
-
-
 class _Orders:
-    """Each subset's `ShardOrder` for the two latest epochs it was read in (one split), in typed lists."""
+    """Each subset's `ShardOrder` for the two latest epochs it was read in (one split): slot ``2s + e % 2``."""
 
-    def __init__(self, subsets: int) -> None:
-        self.order = _typed([np.zeros(0)] * (2 * subsets))
-        self.groups = _typed([np.zeros(1)] * (2 * subsets))
-        self.epoch = np.full(2 * subsets, -1, dtype=np.int64)
+    def __init__(self, shards: Sequence[int], window: int) -> None:
+        slots = [n for n in shards for _ in range(2)]
+        self.order = _Ragged.of([np.zeros(n) for n in slots])
+        self.groups = _Ragged.of([np.zeros(-(-n // window) + 1) for n in slots])
+        self.epoch = np.full(len(slots), -1, dtype=np.int64)
+        self.window = window
 
-    def load(self, s: int, epoch: int, starts: np.ndarray, key: int, window: int) -> None:
+    def load(self, s: int, epoch: int, starts: np.ndarray, key: int) -> None:
         slot = 2 * s + epoch % 2
-        order = shard_order(starts, key, window)
-        self.order[slot], self.groups[slot], self.epoch[slot] = order.order, order.groups, epoch
+        order = shard_order(starts, key, self.window)
+        self.order[slot][:] = order.order
+        self.groups[slot][:] = order.groups
+        self.epoch[slot] = epoch
 
 
 class TokenStream:
@@ -181,19 +203,10 @@ class TokenStream:
         self.fingerprint = hashlib.sha256(json.dumps(self.components, sort_keys=True).encode()).hexdigest()
         self._validation: Mixture | None = None
         self._table: ShardTable | None = None
-        self._orders: dict[str, _Orders] = {}
+        self._orders: dict[str, _Orders] = {}  # per split, built when first read
 
-    def __getstate__(self) -> dict:  # typed lists stay in the process that built them
-        state = {**self.__dict__, "_table": None, "_orders": {}}
-        for name in ("_wstarts", "_cumulative"):
-            state[name] = list(state[name])
-        state["_splits"] = {k: dataclasses.replace(v, starts=list(v.starts)) for k, v in state["_splits"].items()}
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._wstarts, self._cumulative = _typed(self._wstarts), _typed(self._cumulative)
-        self._splits = {k: dataclasses.replace(v, starts=_typed(v.starts)) for k, v in self._splits.items()}
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_table": None}
 
     def _index_arrays(self) -> None:
         """Per subset: its windows shard by shard, and each split's sequences shard by shard (`_Split`)."""
@@ -203,9 +216,9 @@ class TokenStream:
         self._holdout_key = self._keys(0, "holdout")  # by name only: the held-out set ignores the seed
         held = [held_before(w, n, self.every, k) for w, n, k in zip(wstarts, self._windows, self._holdout_key)]
         self._splits = {
-            "train": _Split(items=self._windows - [h[-1] for h in held], starts=_typed([w - h for w, h in
+            "train": _Split(items=self._windows - [h[-1] for h in held], starts=_Ragged.of([w - h for w, h in
                             zip(wstarts, held)]), key=self._keys(seed, "shuffle"), training=True),
-            "validation": _Split(items=np.array([h[-1] for h in held], dtype=np.int64), starts=_typed(held),
+            "validation": _Split(items=np.array([h[-1] for h in held], dtype=np.int64), starts=_Ragged.of(held),
                                  key=self._keys(seed, "validation"), training=False),
         }
         for t, n in zip(self.subset_tokens, self._splits["train"].items):
@@ -213,8 +226,8 @@ class TokenStream:
                 raise LoaderConfigError(
                     f"subset {t.name!r} has {t.tokens} tokens: no training sequence of {seq_len} + 1 tokens "
                     "fits in one of its shards; give it weight 0, or lower seq_len", path=t.name, actual=t.tokens)
-        self._wstarts = _typed(wstarts)
-        self._cumulative = _typed([t.cumulative for t in self.subset_tokens])
+        self._wstarts = _Ragged.of(wstarts)
+        self._cumulative = _Ragged.of([t.cumulative for t in self.subset_tokens])
 
     def _keys(self, seed: int, purpose: str) -> np.ndarray:
         return np.array([derive_key(seed, purpose, t.name) for t in self.subset_tokens], dtype=np.uint64)
@@ -254,15 +267,18 @@ class TokenStream:
         sp = self._splits[split]
         orders = self._orders.get(split)
         if orders is None:
-            orders = self._orders[split] = _Orders(len(self.subsets))
+            orders = self._orders[split] = _Orders([len(t.shards) for t in self.subset_tokens],
+                                                   self.config.shuffle_window)
         start = np.empty(len(subset), np.int64)
         rows = np.arange(len(subset))
         while True:
             out = np.empty(len(rows), np.int64)
-            missing = _locate(self._code, sp.training, sp.items, sp.starts, sp.key, self.config.shuffle_window,
-                              subset[rows], index[rows], self._windows, self._wstarts, self._cumulative, self.every,
-                              self._holdout_key, self.config.seq_len, orders.order, orders.groups, orders.epoch,
-                              out)
+            missing = _locate(self._code, sp.training, sp.items, sp.starts.flat, sp.starts.offsets, sp.key,
+                              self.config.shuffle_window, subset[rows], index[rows], self._windows,
+                              self._wstarts.flat, self._wstarts.offsets, self._cumulative.flat,
+                              self._cumulative.offsets, self.every, self._holdout_key, self.config.seq_len,
+                              orders.order.flat, orders.order.offsets, orders.groups.flat, orders.groups.offsets,
+                              orders.epoch, out)
             start[rows] = out
             if not missing:
                 return subset, start
@@ -270,7 +286,7 @@ class TokenStream:
             s = int(subset[rows[0]])
             epoch = int(index[rows[0]] // sp.items[s]) if sp.training else 0
             key = sub_key(sp.key[s], np.uint64(epoch)) if sp.training else sp.key[s]
-            orders.load(s, epoch, sp.starts[s], key, self.config.shuffle_window)
+            orders.load(s, epoch, sp.starts[s], key)
 
     def fill(self, positions: range | np.ndarray, out: Batch, split: str = "train") -> Batch:
         """Write the sequences at ``positions`` (``B`` of them) into ``out`` (``B`` rows) and return it."""
