@@ -64,6 +64,7 @@ class FaultProxy:
         self.served: Counter[str] = Counter()  # body bytes sent for GETs, by path
         self.log: list[Logged] = []
         self.lock = threading.Lock()
+        self._active = 0  # requests being forwarded right now
         self._server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -91,6 +92,15 @@ class FaultProxy:
         with self.lock:
             self.served.clear()
             self.log.clear()
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait until no request is being forwarded: a killed client's responses may still be streaming (and
+        counting) for a moment after it died."""
+        deadline = time.monotonic() + timeout
+        while self._active and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self._active:
+            raise TimeoutError(f"{self._active} requests still in flight after {timeout} s")
 
     def requests(self, path_part: str, method: str = "GET") -> list[Logged]:
         with self.lock:
@@ -141,6 +151,15 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             self._forward()
 
         def _forward(self) -> None:
+            with proxy.lock:
+                proxy._active += 1
+            try:
+                self._forward_one()
+            finally:
+                with proxy.lock:
+                    proxy._active -= 1
+
+        def _forward_one(self) -> None:
             path = urlsplit(self.path).path
             fault = proxy._take(self.command, path)
             kind = fault.kind if fault else None

@@ -121,6 +121,7 @@ def kill_and_resume(args: list[str], proxy: FaultProxy, dest: Path, shards, resu
     kept = partial.stat().st_size
     assert finals and in_flight not in finals
 
+    proxy.wait_idle()  # the killed process's last response may still be streaming: count none of it
     proxy.clear()
     proxy.reset_counts()
     assert resume().ok
