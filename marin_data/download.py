@@ -31,7 +31,6 @@ each ranged GET, so splitting a file into small ranges would measure the server,
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import threading
@@ -178,7 +177,7 @@ def plan_download(
         raise InvalidManifestError(f"manifest does not list {SHARDS_INDEX}", path=stores[0].describe(MANIFEST))
     index_bytes = _from_first(stores, lambda s: _checked_bytes(s, FileTask(SHARDS_INDEX, rec.bytes, rec.sha256)),
                               policy, SHARDS_INDEX)
-    shards = read_shard_index(io.BytesIO(index_bytes))
+    shards = read_shard_index(index_bytes)
     chosen = select_subsets(manifest.subsets, list(subsets or []))
     wanted = set(chosen)
     picked = [s for s in shards if s.subset in wanted]

@@ -249,12 +249,20 @@ def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord]) ->
         pq.write_table(table, tmp, compression="zstd")
 
 
-def read_shard_index(path: str | os.PathLike) -> list[ShardRecord]:
-    """Read ``shards.parquet``; raise `InvalidManifestError` on a malformed index or an unsafe path."""
+def read_shard_index(source: str | os.PathLike | bytes) -> list[ShardRecord]:
+    """Read ``shards.parquet`` (a path, or its bytes as fetched); raise `InvalidManifestError` on a malformed
+    index or an unsafe path.
+
+    Bytes are read through an Arrow buffer, not a Python file object: Arrow's I/O threads then never need the
+    GIL, which a read-ahead still pending at interpreter exit cannot get (the process aborts with
+    "terminate called without an active exception", apache/arrow#34314)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    path = "shards.parquet (fetched)" if isinstance(source, bytes) else source
     try:
-        table = pq.ParquetFile(path).read(columns=list(_INDEX_COLUMNS))  # no pyarrow.dataset import
+        with pq.ParquetFile(pa.BufferReader(source) if isinstance(source, bytes) else source) as pf:
+            table = pf.read(columns=list(_INDEX_COLUMNS))  # no pyarrow.dataset import
         cols = {c: table.column(c).to_pylist() for c in _INDEX_COLUMNS}
     except (OSError, KeyError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
         raise InvalidManifestError(f"unreadable shard index: {e}", path=str(path)) from e

@@ -6,6 +6,7 @@ in its own process for the whole session and is always stopped (`local_s3_server
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -87,6 +88,15 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           env=env, timeout=timeout)
 
 
+def _partial_sizes(dest: Path) -> dict[str, int]:
+    """Bytes of each partial file under ``dest`` by the path it will have; ones renamed meanwhile are skipped."""
+    out = {}
+    for p in dest.rglob(f"*{PARTIAL_SUFFIX}"):
+        with contextlib.suppress(FileNotFoundError):
+            out[p.relative_to(dest).as_posix().removesuffix(PARTIAL_SUFFIX)] = p.stat().st_size
+    return out
+
+
 def interrupt_download(args: list[str], proxy: FaultProxy, dest: Path, shards, sig: int) -> int:
     """Run ``marin-data download ARGS --to DEST --workers 1`` slowly through ``proxy``; once one shard is final
     and another partial, send ``sig`` (SIGINT, SIGKILL). Returns the exit code."""
@@ -94,11 +104,13 @@ def interrupt_download(args: list[str], proxy: FaultProxy, dest: Path, shards, s
     cmd = [sys.executable, "-m", "marin_data", "download", *args, "--to", str(dest), "--workers", "1"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **LOCAL_S3_ENV}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    size = {s.path: s.bytes for s in shards}
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
             finals = [s for s in shards if (dest / s.path).exists()]
-            partials = [p for p in dest.rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
+            # A partial in its first half, so the kill lands before it completes even on a loaded machine.
+            partials = [p for p, n in _partial_sizes(dest).items() if 0 < n < size.get(p, 0) // 2]
             if finals and partials:
                 break
             time.sleep(0.02)
