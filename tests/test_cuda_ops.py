@@ -8,10 +8,11 @@ other float outputs within the tolerance table below. Run on the H200 with ``scr
 """
 
 import math
-import os
 
 import pytest
 import torch
+
+from cuda_env import cuda_kernels  # noqa: F401 - autouse fixture
 
 from marin_model import kernels, ops
 
@@ -21,16 +22,6 @@ MODES = ["sigmoid", "softmax_topk", "topk_softmax"]
 # (rtol, atol) of float outputs per dtype; integer outputs and copies must be equal.
 TOL = {torch.float32: (2e-5, 1e-6), torch.bfloat16: (1.6e-2, 1e-5), torch.float16: (2e-3, 1e-6)}
 GRAD_WEIGHTS_TOL = (1e-4, 1e-4)  # dot products over H: the kernel and torch sum in different orders
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cuda_kernels():
-    """The kernels must serve CUDA tensors, or these tests would compare the reference with itself."""
-    if not kernels.register_cuda_kernels():
-        reason = f"CUDA kernels unavailable: {kernels.status()['reason']}"
-        if os.environ.get("MARIN_CUDA_KERNELS") == "require":
-            pytest.fail(reason)
-        pytest.skip(reason)
 
 
 def gen(seed):

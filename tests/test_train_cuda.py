@@ -7,13 +7,13 @@ loader's keys and state protocol. Skipped without a CUDA device.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
 import torch
 
-from marin_model import kernels
+from cuda_env import cuda_kernels  # noqa: F401 - autouse fixture
+
 from marin_model.train import TrainConfig, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -46,15 +46,6 @@ class Repeating:
 
     def load_state_dict(self, state: dict) -> None:
         self.position = state["position"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cuda_kernels():
-    if not kernels.register_cuda_kernels():
-        reason = f"CUDA kernels unavailable: {kernels.status()['reason']}"
-        if os.environ.get("MARIN_CUDA_KERNELS") == "require":
-            pytest.fail(reason)
-        pytest.skip(reason)
 
 
 def test_bf16_training_on_cuda_learns_and_starts_where_fp32_on_cpu_does():
