@@ -158,7 +158,7 @@ def _feistel(n, key, i):
     return out
 
 
-def shuffle(name: str, starts, key: int, i, window: int = 1, order: ShardOrder | None = None) -> np.ndarray:
+def shuffle(name: str, starts, key: int, i, window: int = 1) -> np.ndarray:
     """Apply the shuffle ``name`` (one of `SHUFFLES`) of ``[0, n)`` to indices ``i``.
 
     Args:
@@ -168,7 +168,6 @@ def shuffle(name: str, starts, key: int, i, window: int = 1, order: ShardOrder |
         key: a 64-bit key from `derive_key` / `sub_key`.
         i: ``[k]`` int64 indices in ``[0, n)``.
         window: shards whose items are shuffled among each other (hierarchical only).
-        order: `shard_order(starts, key, window)` when the caller keeps it (hierarchical only).
 
     Returns:
         ``[k]`` int64: the images of ``i``.
@@ -188,7 +187,7 @@ def shuffle(name: str, starts, key: int, i, window: int = 1, order: ShardOrder |
         return i.copy()
     if name == "feistel":
         return _feistel(n, np.uint64(key), i)
-    order = order if order is not None else shard_order(starts, key, window)
+    order = shard_order(starts, key, window)
     return _hierarchical(starts, order.order, order.groups, np.uint64(key), int(window), i)
 
 
