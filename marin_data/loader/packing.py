@@ -70,12 +70,6 @@ class SubsetTokens:
         per_shard = np.maximum(0, (np.diff(self.cumulative) - 1) // seq_len)
         return np.concatenate(([0], np.cumsum(per_shard))).astype(np.int64)
 
-    def window_tokens(self, windows: np.ndarray, seq_len: int, starts: np.ndarray | None = None) -> np.ndarray:
-        """The first stream token of each of the subset's ``windows`` (``starts``: `window_starts`, if kept)."""
-        starts = self.window_starts(seq_len) if starts is None else starts
-        k = np.searchsorted(starts, windows, side="right") - 1
-        return self.cumulative[k] + (windows - starts[k]) * seq_len
-
 
 @dataclass(frozen=True)
 class Batch:
