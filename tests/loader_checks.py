@@ -93,18 +93,30 @@ def take(loader: TokenLoader | TokenDataset, steps: int, *, state_each: bool = F
     return out
 
 
-def check_global_stream(per_rank: list[list[dict]], start: int, reference) -> None:
-    """Rank batches of each step, joined in rank order, are the positions ``start, start+1, ...`` and carry
-    exactly the sequences ``reference`` (a `Batch` of the uninterrupted stream from ``start``) holds there."""
+def check_global_stream(per_rank: list[list[dict]], start: int, reference, *, stream=None) -> None:
+    """Rank batches of each step together are the positions ``start, start+1, ...`` of one global batch and
+    carry exactly the sequences ``reference`` (a `Batch` of the uninterrupted stream from ``start``) holds there.
+
+    Without ``stream``, ranks deal the global batch by position: joined in rank order, the batches are the
+    positions in order. With ``stream`` (a `TokenStream`), by shard: each rank's rows are ascending, and
+    every row of rank ``r`` comes before every row of rank ``r + 1`` in (subset, window start) order."""
     steps = {len(b) for b in per_rank}
     assert len(steps) == 1, "ranks made different numbers of steps"
     at = 0
     for step in range(steps.pop()):
         index = np.concatenate([b[step]["index"] for b in per_rank])
-        assert np.array_equal(index, np.arange(start + at, start + at + len(index))), (step, index)
+        expected = np.arange(start + at, start + at + len(index))
+        if stream is None:
+            assert np.array_equal(index, expected), (step, index)
+        else:
+            assert np.array_equal(np.sort(index), expected), (step, index)
+            assert all(np.all(np.diff(b[step]["index"]) > 0) for b in per_rank)
+            subset, token = stream.locate(index)
+            place = np.lexsort((token, subset))  # rows in (subset, window start) order...
+            rank = np.repeat(np.arange(len(per_rank)), [len(b[step]["index"]) for b in per_rank])
+            assert np.all(np.diff(rank[place]) >= 0), (step, rank[place])  # ...are rank 0's, then rank 1's...
         window = np.concatenate([np.concatenate([b[step]["input_ids"], b[step]["labels"][:, -1:]], axis=1)
                                  for b in per_rank])
-        assert np.array_equal(window, reference.window[at : at + len(index)])
-        assert np.array_equal(np.concatenate([b[step]["subset"] for b in per_rank]),
-                              reference.subset[at : at + len(index)])
+        assert np.array_equal(window, reference.window[index - start])
+        assert np.array_equal(np.concatenate([b[step]["subset"] for b in per_rank]), reference.subset[index - start])
         at += len(index)

@@ -7,7 +7,7 @@ import pytest
 from conftest import build_corpus
 from loader_checks import check_global_stream, take
 
-from marin_data.errors import LoaderStateMismatchError
+from marin_data.errors import LoaderConfigError, LoaderStateMismatchError
 from marin_data.loader import LoaderConfig, Phase, TokenDataset, TokenLoader, TokenStream, make_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 3 workers, 2 cores
@@ -34,51 +34,97 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
-def _stream(corpus, config, cache, batch_size: int) -> TokenStream:
+def _stream(corpus, config, cache, batch_size: int, rank_rows: str = "auto") -> TokenStream:
     from dataclasses import replace
 
-    return TokenStream(corpus, replace(config, batch_size=batch_size), cache_dir=cache)
+    return TokenStream(corpus, replace(config, batch_size=batch_size, rank_rows=rank_rows), cache_dir=cache)
 
 
-def _ranks(corpus, config, cache, world: int, workers: int, batch: int, position: int) -> list[list[dict]]:
+def _ranks(corpus, config, cache, world: int, workers: int, batch: int, position: int,
+           rank_rows: str) -> list[list[dict]]:
     out = []
     for rank in range(world):
-        dataset = TokenDataset(_stream(corpus, config, cache, batch), rank=rank, world_size=world,
+        dataset = TokenDataset(_stream(corpus, config, cache, batch, rank_rows), rank=rank, world_size=world,
                                position=position, prefetch=0 if workers else 2)
         out.append(take(TokenLoader(dataset, num_workers=workers), STEPS))
     return out
 
 
+def _dealt_by(rank_rows: str, stream: TokenStream) -> TokenStream | None:
+    """`check_global_stream`'s ``stream`` argument for ranks dealt ``rank_rows``."""
+    return stream if rank_rows == "shard" else None
+
+
 # Every world size, every batch size 1..5 in process; real DataLoader worker processes on a sample that
 # still covers every axis value (worker counts 1 and 3 with worlds 1, 2, 3 and 8, and batch sizes 1..5).
+# Rows dealt by shard (`marin_data.loader.ranks`) on a sample of the same (one rank is the same either way).
 IN_PROCESS = [(w, 0, b) for w in (1, 2, 3, 8) for b in range(1, 6)]
 WITH_WORKERS = [(1, 1, 5), (1, 3, 2), (2, 3, 1), (2, 1, 4), (3, 1, 3), (3, 3, 5), (8, 1, 2)]
+BY_SHARD = [(2, 0, 5), (3, 0, 1), (8, 0, 3), (2, 3, 2), (3, 1, 4)]
 
 
-@pytest.mark.parametrize("world, workers, batch", IN_PROCESS + WITH_WORKERS)
-def test_stream_from_a_resume_position_is_the_uninterrupted_stream(corpus, config, cache, world, workers, batch):
-    reference = _stream(corpus, config, cache, 1).read(np.arange(RESUME_AT, RESUME_AT + STEPS * world * batch))
-    check_global_stream(_ranks(corpus, config, cache, world, workers, batch, RESUME_AT), RESUME_AT, reference)
+@pytest.mark.parametrize("rank_rows, world, workers, batch",
+                         [("position", *case) for case in IN_PROCESS + WITH_WORKERS]
+                         + [("shard", *case) for case in BY_SHARD])
+def test_stream_from_a_resume_position_is_the_uninterrupted_stream(corpus, config, cache, rank_rows, world, workers,
+                                                                   batch):
+    uninterrupted = _stream(corpus, config, cache, 1)
+    reference = uninterrupted.read(np.arange(RESUME_AT, RESUME_AT + STEPS * world * batch))
+    check_global_stream(_ranks(corpus, config, cache, world, workers, batch, RESUME_AT, rank_rows), RESUME_AT,
+                        reference, stream=_dealt_by(rank_rows, uninterrupted))
 
 
+@pytest.mark.parametrize("rank_rows", ["position", "shard"])
 @pytest.mark.parametrize("first, second", [((2, 3, 3), (3, 0, 5)), ((1, 0, 4), (8, 1, 1)), ((3, 1, 2), (1, 3, 4))])
 def test_checkpoint_taken_mid_run_resumes_with_another_world_worker_count_and_batch(corpus, config, cache,
-                                                                                  first, second):
+                                                                                  first, second, rank_rows):
     (w1, n1, b1), (w2, n2, b2) = first, second
-    loaders = [TokenLoader(TokenDataset(_stream(corpus, config, cache, b1), rank=r, world_size=w1, position=1190,
-                                        prefetch=0 if n1 else 3), num_workers=n1) for r in range(w1)]
+    loaders = [TokenLoader(TokenDataset(_stream(corpus, config, cache, b1, rank_rows), rank=r, world_size=w1,
+                                        position=1190, prefetch=0 if n1 else 3), num_workers=n1) for r in range(w1)]
     before = [take(loader, 2) for loader in loaders]
     state = loaders[0].state_dict()
     assert state["position"] == 1190 + 2 * w1 * b1  # what the trainer got, not what workers produced
     after = []
     for r in range(w2):
-        loader = TokenLoader(TokenDataset(_stream(corpus, config, cache, b2), rank=r, world_size=w2), num_workers=n2)
+        loader = TokenLoader(TokenDataset(_stream(corpus, config, cache, b2, rank_rows), rank=r, world_size=w2),
+                             num_workers=n2)
         loader.load_state_dict(state)
         after.append(take(loader, 2))
     uninterrupted = _stream(corpus, config, cache, 1)
-    check_global_stream(before, 1190, uninterrupted.read(np.arange(1190, state["position"])))
+    dealt_by = _dealt_by(rank_rows, uninterrupted)
+    check_global_stream(before, 1190, uninterrupted.read(np.arange(1190, state["position"])), stream=dealt_by)
     check_global_stream(after, state["position"],
-                        uninterrupted.read(np.arange(state["position"], state["position"] + 2 * w2 * b2)))
+                        uninterrupted.read(np.arange(state["position"], state["position"] + 2 * w2 * b2)),
+                        stream=dealt_by)
+
+
+def test_rows_dealt_by_shard_keep_each_rank_on_its_own_shards_and_one_rank_is_dealt_by_position(make_corpus,
+                                                                                               tmp_path):
+    from marin_data.loader.ranks import RankRows
+
+    corpus = make_corpus({name: [30] * 4 for name in "abcd"}, doc_tokens=(1, 30))
+    # Four equal subsets and a global batch of one mixture block (4 ranks x 6): every global batch holds
+    # exactly 6 rows of each subset, so dealt by shard, rank r reads subset r only.
+    stream = TokenStream(corpus, LoaderConfig(seq_len=SEQ_LEN, batch_size=6, shuffle_window=1, mixture_block=24,
+                                              mixture={name: 1 for name in "abcd"}), cache_dir=tmp_path)
+    assert stream.rank_rows == "position"  # a local corpus's default
+    assert np.array_equal(RankRows(0, 1, 6, "shard").rows(stream, 96), np.arange(96, 102))
+
+    def reads(by: str, start: int) -> set[tuple[int, int, int]]:  # (rank, subset, shard) the batch at `start` reads
+        pairs = set()
+        for r, rows in enumerate(RankRows(0, 4, 6, by).deal(stream, start)):
+            subset, token = stream.locate(rows)
+            pairs |= {(r, s, int(np.searchsorted(stream.subset_tokens[s].cumulative, t, side="right")))
+                      for s, t in zip(subset.tolist(), token.tolist())}
+        return pairs
+
+    starts = range(0, 24 * 40, 24)
+    by_shard = set().union(*(reads("shard", p) for p in starts))
+    assert {(r, s) for r, s, _ in by_shard} == {(r, r) for r in range(4)}
+    by_position = set().union(*(reads("position", p) for p in starts))
+    assert len(by_shard) < 0.3 * len(by_position)  # (rank, shard) pairs: fetches from a remote corpus
+    with pytest.raises(LoaderConfigError, match="rank_rows"):
+        TokenStream(corpus, LoaderConfig(rank_rows="random"), cache_dir=tmp_path)
 
 
 @pytest.mark.parametrize("workers", [0, 3])

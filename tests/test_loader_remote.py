@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import build_corpus
 from faultproxy import Fault
+from loader_checks import check_global_stream
 from s3_env import FAST, bucket_url, moto, proxy, s3_client  # noqa: F401 - fixtures
 
 from marin_data.errors import LoaderConfigError, TransferFailedError
@@ -260,22 +261,49 @@ def test_marin_train_cli_trains_checkpoints_and_resumes(corpus, tmp_path, capsys
     assert sorted(p.name for p in (tmp_path / "run").glob("step-*.pt")) == ["step-00000002.pt", "step-00000003.pt"]
 
 
-def test_two_ranks_stream_their_slices_through_their_own_caches(corpus, published, moto, tmp_path):  # noqa: F811
-    url, _ = published
-    local = TokenStream(corpus, CONFIG, cache_dir=tmp_path / "local")
-    loaders = [make_remote_loader(url, CONFIG, rank=r, world_size=2, cache_dir=tmp_path / "cache",
-                                  cache_bytes=int(0.7 * corpus_decoded(corpus)), policy=FAST, endpoint_url=moto)
-               for r in (0, 1)]
-    for r, loader in enumerate(loaders):
-        for step, batch in zip(range(40), loader):
-            first = step * 2 * CONFIG.batch_size + r * CONFIG.batch_size  # rank r's rows of global batch `step`
-            np.testing.assert_array_equal(batch["index"].numpy(), np.arange(first, first + CONFIG.batch_size))
-            ref = local.read(range(first, first + CONFIG.batch_size))
-            np.testing.assert_array_equal(batch["input_ids"].numpy(), ref.window[:, :-1])
-    roots = {loader.dataset.stream.source.root.name for loader in loaders}
-    for loader in loaders:
-        loader.dataset.stream.close()
-    assert len(roots) == 2 and all(name.endswith(("-rank0", "-rank1")) for name in roots)
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """Four subsets of four shards of ~4.5k tokens."""
+    return build_corpus(tmp_path_factory.mktemp("mixed") / "corpus", {n: [60] * 4 for n in "abcd"},
+                        doc_tokens=(50, 100), seed=2)
+
+
+def test_ranks_fetch_only_the_shards_their_rows_read_and_dealt_by_shard_far_fewer(mixed, bucket_url, moto,
+                                                                                  tmp_path):  # noqa: F811
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(mixed.root, copy)
+    publish(copy, to=bucket_url, endpoint_url=moto, progress=False)
+    world = 4
+    config = LoaderConfig(seq_len=32, batch_size=4, shuffle_window=1, val_fraction=0.01, mixture_block=16,
+                          mixture={n: 1 for n in "abcd"})
+    local = TokenStream(mixed, config, cache_dir=tmp_path / "local")
+    steps = min(local.sizes().values()) * 4 // (world * config.batch_size)  # within every subset's first pass
+    config = replace(config, mixture=[Phase({n: 1 for n in "abcd"}, steps * world * config.batch_size)])
+    local = TokenStream(mixed, config, cache_dir=tmp_path / "local")
+    fetched = {}
+    for rank_rows in ("shard", "position"):
+        loaders = [make_remote_loader(bucket_url, replace(config, rank_rows=rank_rows), rank=r, world_size=world,
+                                      cache_dir=tmp_path / rank_rows, cache_bytes=corpus_decoded(mixed), policy=FAST,
+                                      endpoint_url=moto) for r in range(world)]
+        per_rank = [[{k: v.numpy() for k, v in batch.items()} for batch in loader] for loader in loaders]
+        assert all(len(batches) == steps for batches in per_rank)
+        check_global_stream(per_rank, 0, local.read(np.arange(steps * world * config.batch_size)),
+                            stream=local if rank_rows == "shard" else None)
+        fetched[rank_rows] = 0
+        for loader, batches in zip(loaders, per_rank):
+            stream = loader.dataset.stream
+            assert stream.rank_rows == rank_rows and stream.source.root.name.endswith(f"-rank{loaders.index(loader)}")
+            read = {stream._records[g].path for b in batches for g in stream.shards_at(b["index"])}
+            stats = stream.source.stats()
+            stream.close()
+            assert dict(stats.fetches) == {path: 1 for path in read}  # what its rows read, once: nothing else
+            fetched[rank_rows] += len(read)
+    assert fetched["position"] == world * len(mixed.shards)  # every rank fetches every shard
+    # Equal weights and a global batch of one mixture block: each global batch holds exactly 4 rows of each
+    # subset, so dealt by shard, rank r reads subset r only, and each shard is fetched once in all.
+    assert fetched["shard"] == len(mixed.shards)
 
 
 def test_make_loader_streams_an_s3_url_like_make_remote_loader_and_refuses_worker_processes(

@@ -32,6 +32,7 @@ _EXPORTS = {
     "make_loader": "dataset",
     "to_tensors": "dataset",
     "distributed_rank": "dataset",
+    "RankRows": "ranks",
     "DecodedShard": "cache",
     "DecodedShardCache": "cache",
     "ShardSource": "cache",

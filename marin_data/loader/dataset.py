@@ -3,7 +3,9 @@
 This module only composes: positions come from arithmetic, sequences from the stream.
 
 - **Global batches are slices of positions.** With per-rank batch ``b`` and ``W`` ranks, the global batch
-  that starts at position ``P`` is ``[P, P + W·b)`` and rank ``r`` takes ``[P + r·b, P + (r+1)·b)``.
+  that starts at position ``P`` is ``[P, P + W·b)``. Rank ``r`` takes ``[P + r·b, P + (r+1)·b)``, or, for a
+  remote corpus, the ``r``-th ``b`` of its rows sorted by shard, so that each rank fetches only a few of the
+  shards (`marin_data.loader.ranks`; `LoaderConfig.rank_rows`).
 - **Workers split arithmetically.** DataLoader worker ``w`` of ``n`` builds global batches ``w, w+n, ...``
   and torch's in-order DataLoader hands them over in step order.
 - **State is the position the trainer has reached**, i.e. the start of the next global batch it has not
@@ -37,6 +39,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from marin_data.errors import LoaderConfigError, LoaderStateMismatchError
 from marin_data.loader.packing import Batch, batch_layout, new_batch
+from marin_data.loader.ranks import RankRows
 from marin_data.loader.stream import SPLITS, STREAM_FORMAT, LoaderConfig, TokenStream
 from marin_data.manifest import Corpus
 
@@ -105,7 +108,8 @@ class TokenDataset(IterableDataset):
         self.rank, self.world_size = distributed_rank(rank, world_size)
         self.split = split
         self.batch_size = stream.config.batch_size
-        self.global_batch = self.batch_size * self.world_size
+        self.ranks = RankRows(self.rank, self.world_size, self.batch_size, stream.rank_rows)
+        self.global_batch = self.ranks.global_batch
         self.position = int(position)
         self.prefetch = prefetch
 
@@ -115,9 +119,8 @@ class TokenDataset(IterableDataset):
 
     def batch_at(self, start: int) -> dict[str, torch.Tensor]:
         """This rank's part of the global batch that starts at stream position ``start``."""
-        first = start + self.rank * self.batch_size
         out = new_batch(self.batch_size, self.stream.seq_len)
-        return to_tensors(self.stream.fill(range(first, first + self.batch_size), out, self.split),
+        return to_tensors(self.stream.fill_batch(start, self.ranks, out, self.split),
                           one_storage=get_worker_info() is not None)
 
     def _starts(self, worker: int, workers: int) -> Iterator[int]:
@@ -141,7 +144,7 @@ class TokenDataset(IterableDataset):
 
     def consumed(self, batch: dict[str, torch.Tensor]) -> None:
         """Record that ``batch`` was handed to the trainer (`TokenLoader` calls this for worker batches)."""
-        self.position = int(batch["index"][0]) - self.rank * self.batch_size + self.global_batch
+        self.position = self.ranks.batch_start(batch["index"].numpy(), self.position) + self.global_batch
 
     def state_dict(self) -> dict[str, Any]:
         """The resume state: the next global position and what stream it belongs to."""

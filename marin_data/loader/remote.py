@@ -9,13 +9,14 @@ Order of work:
    selected shards' paths, sizes and digests, not where they are — whose shards come from a
    `RemoteShardCache` (bounded, verified, pinned while in use; see that module).
 
-**Prefetch from the order.** The sequence at stream position ``i`` is a pure function of ``i``, and a
-process reads positions ``p, p + stride, p + 2·stride, ...`` (``stride`` = the global batch: rank ``r``
-reads rows ``r·b .. r·b + b`` of each). So before packing the batch at ``p`` the stream computes which
-shards the next ``lookahead`` batches read (`shards_at`: locate the windows, then one ``searchsorted``
-over the shards' cumulative token counts, since a window lies in one shard) and hands them, in order of
-first use, to the cache, which fetches the first few missing ones on background threads and evicts the
-ones needed last. The hierarchical shuffle reads each shard in exactly one stretch per pass, shared with at
+**Prefetch from the order.** The sequence at stream position ``i`` is a pure function of ``i``, and so are
+the rows a rank reads of each global batch (`marin_data.loader.ranks`; by default, for a remote corpus, the
+global batch's rows sorted by shard and dealt out in chunks, so that a rank fetches a few shards instead of
+all of them). So before packing its rows of the global batch at ``P`` the stream computes which shards its
+rows of the global batches in the next ``lookahead`` positions read (`shards_at`: locate the windows, then one
+``searchsorted`` over the shards' cumulative token counts, since a window lies in one shard) and hands
+them, in order of first use, to the cache, which fetches the first few missing ones on background threads
+and evicts the ones needed last. The hierarchical shuffle reads each shard in exactly one stretch per pass, shared with at
 most ``shuffle_window - 1`` other shards of its subset (`permutation`), so with a cache that holds that
 working set for every subset, plus the prefetch, every shard is fetched once per pass (the tests stream a
 pass through a cache of under a third of the corpus). The horizon is extended
@@ -43,6 +44,7 @@ from marin_data.download import DOWNLOAD_POLICY, plan_download
 from marin_data.loader.cache import default_cache_dir
 from marin_data.loader.dataset import TokenDataset, TokenLoader, distributed_rank
 from marin_data.loader.packing import Batch
+from marin_data.loader.ranks import RankRows
 from marin_data.loader.remote_cache import DEFAULT_CACHE_BYTES, RemoteShardCache
 from marin_data.loader.stream import LoaderConfig, TokenStream
 from marin_data.manifest import MANIFEST, SHARDS_INDEX, Corpus, ShardRecord, load_corpus
@@ -97,19 +99,17 @@ class RemoteStream(TokenStream):
         corpus: the remote corpus's metadata (`open_remote_corpus`).
         config: what to serve.
         cache: the shard cache (this stream's `source`).
-        stride: positions between the batches one process reads (the global batch size); None: the batch
-            size (one rank).
         lookahead: stream positions ahead whose shards are handed to the cache (it prefetches the first few
             missing ones and evicts the ones needed last); None: two mixture blocks, which covers the order in
             which a block's slots are permuted, i.e. every shard a subset reads again soon.
     """
 
-    def __init__(self, corpus: Corpus, config: LoaderConfig, *, cache: RemoteShardCache, stride: int | None = None,
+    default_rank_rows = "shard"  # every rank fetching every shard is what costs (`marin_data.loader.ranks`)
+
+    def __init__(self, corpus: Corpus, config: LoaderConfig, *, cache: RemoteShardCache,
                  lookahead: int | None = None) -> None:
         super().__init__(corpus, config, source=cache)
-        self.stride = stride or config.batch_size
-        positions = lookahead if lookahead is not None else 2 * max(ph.block for ph in self.mixture.phases)
-        self.lookahead = max(1, -(-positions // self.stride))  # in batches
+        self.lookahead = lookahead if lookahead is not None else 2 * max(ph.block for ph in self.mixture.phases)
         self._records: list[ShardRecord] = [s for t in self.subset_tokens for s in t.shards]
         # Every subset's stream laid end to end: subset s's token x is global token base[s] + x, and global
         # shard g (in `_records` order) holds global tokens [cum[g], cum[g+1]).
@@ -117,8 +117,9 @@ class RemoteStream(TokenStream):
         self._base = np.concatenate(([0], ends[:-1])).astype(np.int64)
         self._cum = np.concatenate([b + t.cumulative[:-1] for b, t in zip(self._base, self.subset_tokens)]
                                    + [ends[-1:]]).astype(np.int64)
-        self._horizon: deque[tuple[int, np.ndarray]] = deque()  # (first position, shard ids) of coming batches
-        self._horizon_key: tuple[str, int] | None = None  # (split, rows) the horizon was computed for
+        # (global batch start, this rank's rows, the shards they read): this batch's and the coming ones'
+        self._horizon: deque[tuple[int, range | np.ndarray, np.ndarray]] = deque()
+        self._horizon_key: tuple[str, RankRows] | None = None  # what the horizon was computed for
         self._wanted: list[ShardRecord] = []  # what the cache was last told
 
     def shards_at(self, positions: range | np.ndarray, split: str = "train") -> np.ndarray:
@@ -126,38 +127,40 @@ class RemoteStream(TokenStream):
         subset, start = self.locate(positions, split)
         return np.unique(np.searchsorted(self._cum, self._base[subset] + start, side="right") - 1)
 
-    def upcoming(self, positions: range | np.ndarray, split: str = "train") -> list[ShardRecord]:
-        """The shards of the batch at ``positions`` and of the next ``lookahead`` batches, in order of first use."""
-        rows = np.asarray(positions, dtype=np.int64)
-        first, width = int(rows[0]), int(rows[-1] - rows[0])
-        if self._horizon_key != (split, len(rows)):
+    def upcoming(self, start: int, ranks: RankRows, split: str = "train") -> tuple[range | np.ndarray,
+                                                                                    list[ShardRecord]]:
+        """This rank's rows of the global batch at ``start``, and the shards they and its rows of the global
+        batches in the next ``lookahead`` positions read, in order of first use."""
+        step = ranks.global_batch
+        if self._horizon_key != (split, ranks):
             self._horizon.clear()
-        self._horizon_key = (split, len(rows))
-        while self._horizon and self._horizon[0][0] <= first:
+        self._horizon_key = (split, ranks)
+        while self._horizon and self._horizon[0][0] < start:
             self._horizon.popleft()
-        if self._horizon and self._horizon[0][0] != first + self.stride:  # a jump (resume, new iteration)
+        if self._horizon and self._horizon[0][0] != start:  # a jump (resume, new iteration)
             self._horizon.clear()
         stop = self.stop(split)
-        nxt = self._horizon[-1][0] + self.stride if self._horizon else first + self.stride
-        while len(self._horizon) < self.lookahead and (stop is None or nxt + width < stop):
-            shifted = range(nxt, nxt + len(rows)) if isinstance(positions, range) else rows - first + nxt
-            self._horizon.append((nxt, self.shards_at(shifted, split)))
-            nxt += self.stride
-        ids = np.concatenate([self.shards_at(positions, split), *(ids for _, ids in self._horizon)])
+        nxt = self._horizon[-1][0] + step if self._horizon else start
+        while len(self._horizon) < 1 + max(1, -(-self.lookahead // step)) and (
+                nxt == start or stop is None or nxt + step <= stop):
+            rows = ranks.rows(self, nxt, split)
+            self._horizon.append((nxt, rows, self.shards_at(rows, split)))
+            nxt += step
+        ids = np.concatenate([ids for _, _, ids in self._horizon])
         _, first_use = np.unique(ids, return_index=True)
-        return [self._records[g] for g in ids[np.sort(first_use)].tolist()]
+        return self._horizon[0][1], [self._records[g] for g in ids[np.sort(first_use)].tolist()]
 
-    def fill(self, positions: range | np.ndarray, out: Batch, split: str = "train") -> Batch:
-        """`TokenStream.fill`, with the cache told what comes next, and its open shards released when the cache
-        needs the room."""
-        coming = self.upcoming(positions, split)
+    def fill_batch(self, start: int, ranks: RankRows, out: Batch, split: str = "train") -> Batch:
+        """`TokenStream.fill_batch`, with the cache told what comes next, and its open shards released when the
+        cache needs the room."""
+        rows, coming = self.upcoming(start, ranks, split)
         if coming != self._wanted:
             self.source.want(coming)
             self._wanted = coming
         if self._table is not None and (self.source.starved() or
-                                        not self.source.ready(self._records[g] for g in self.shards_at(positions, split))):
+                                        not self.source.ready(self._records[g] for g in self.shards_at(rows, split))):
             self._table = None  # unmap every shard the table holds, so the cache may evict them (module docstring)
-        return super().fill(positions, out, split)
+        return self.fill(rows, out, split)
 
     def close(self) -> None:
         """Stop the cache's prefetch threads and release its directory."""
@@ -217,8 +220,7 @@ def make_remote_loader(
     cache = RemoteShardCache(stores, root / f"{corpus.manifest_sha256[:16]}-rank{rank}", max_bytes=cache_bytes,
                              prefetch=prefetch_shards, workers=fetch_workers, policy=policy)
     try:
-        stream = RemoteStream(corpus, config, cache=cache, stride=config.batch_size * world_size,
-                              lookahead=lookahead)
+        stream = RemoteStream(corpus, config, cache=cache, lookahead=lookahead)
         dataset = TokenDataset(stream, rank=rank, world_size=world_size, split=split, prefetch=prefetch)
         if state is not None:
             dataset.load_state_dict(state, strict=strict)

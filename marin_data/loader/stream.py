@@ -35,6 +35,7 @@ from marin_data.loader.holdout import held_before, holdout_every, train_window1,
 from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
 from marin_data.loader.packing import Batch, ShardTable, SubsetTokens, new_batch, pack_rows
 from marin_data.loader.permutation import SHUFFLES, derive_key, feistel1, hierarchical1, shard_order, sub_key
+from marin_data.loader.ranks import RANK_ROWS, RankRows
 from marin_data.manifest import Corpus, load_corpus, select_subsets, shards_fingerprint
 
 __all__ = ["LoaderConfig", "TokenStream", "SPLITS", "STREAM_FORMAT"]
@@ -45,7 +46,8 @@ STREAM_FORMAT = 2  # bump when the position -> sequence map changes, so old chec
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """What the loader serves. Every field but ``batch_size`` is part of the stream's fingerprint."""
+    """What the loader serves. Every field but ``batch_size`` and ``rank_rows`` is part of the stream's
+    fingerprint."""
 
     seq_len: int = 4096  # tokens per sequence; each window holds seq_len + 1 (inputs and labels)
     batch_size: int = 8  # sequences per rank per step (not in the fingerprint: resume with any)
@@ -56,6 +58,9 @@ class LoaderConfig:
     shuffle: str = "hierarchical"  # one of permutation.SHUFFLES
     shuffle_window: int = 4  # shards shuffled together: the reader's working set per subset
     mixture_block: int = DEFAULT_BLOCK  # smallest mixture block (raised to 1/w_min)
+    # How each global batch's rows are dealt to ranks, one of `ranks.RANK_ROWS`; "auto": `TokenStream.rank_rows`.
+    # Not in the fingerprint: the global batches are the same either way.
+    rank_rows: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,8 @@ class TokenStream:
         LoaderConfigError: bad settings, or a weighted subset too small for one training sequence.
     """
 
+    default_rank_rows = "position"  # a local corpus costs nothing to read from many ranks (`ranks`)
+
     def __init__(self, corpus: Corpus | str | os.PathLike, config: LoaderConfig = LoaderConfig(), *,
                  source: ShardSource | None = None, cache_dir: str | os.PathLike | None = None) -> None:
         corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
@@ -171,6 +178,8 @@ class TokenStream:
             raise LoaderConfigError(f"seq_len, batch_size and shuffle_window must be >= 1: {config}")
         if config.shuffle not in SHUFFLES:
             raise LoaderConfigError(f"unknown shuffle {config.shuffle!r}; choose one of {', '.join(SHUFFLES)}")
+        if config.rank_rows not in ("auto", *RANK_ROWS):
+            raise LoaderConfigError(f"unknown rank_rows {config.rank_rows!r}; choose auto, {', '.join(RANK_ROWS)}")
         self.config = config
         self.corpus = corpus
         self.source = source if source is not None else DecodedShardCache(corpus.root, cache_dir)
@@ -231,6 +240,11 @@ class TokenStream:
 
     def _keys(self, seed: int, purpose: str) -> np.ndarray:
         return np.array([derive_key(seed, purpose, t.name) for t in self.subset_tokens], dtype=np.uint64)
+
+    @property
+    def rank_rows(self) -> str:
+        """How a global batch's rows are dealt to ranks (`ranks.RANK_ROWS`): the config's, or this stream's default."""
+        return self.default_rank_rows if self.config.rank_rows == "auto" else self.config.rank_rows
 
     @property
     def seq_len(self) -> int:
@@ -296,6 +310,10 @@ class TokenStream:
         pack_rows(self._table, subset, start, self.config.seq_len, out)
         out.index[:] = positions
         return out
+
+    def fill_batch(self, start: int, ranks: RankRows, out: Batch, split: str = "train") -> Batch:
+        """Write this rank's rows of the global batch that starts at ``start`` into ``out`` and return it."""
+        return self.fill(ranks.rows(self, start, split), out, split)
 
     def read(self, positions: range | np.ndarray, split: str = "train") -> Batch:
         """The sequences at ``positions`` in fresh buffers (tests, inspection)."""
