@@ -23,17 +23,6 @@ from marin_data.loader.ranks import RANK_ROWS, RankRows
 from marin_data.loader.simulate import simulated_corpus
 
 
-def shard_ids(stream: TokenStream, positions) -> np.ndarray:
-    """The global shard id (subsets laid end to end) of the window at each position."""
-    subset, token = stream.locate(positions)
-    first = np.cumsum([0] + [len(t.shards) for t in stream.subset_tokens])
-    out = np.empty(len(subset), np.int64)
-    for s in np.unique(subset):
-        rows = subset == s
-        out[rows] = first[s] + np.searchsorted(stream.subset_tokens[s].cumulative, token[rows], side="right") - 1
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world", type=int, default=512, help="data-parallel ranks W")
@@ -62,7 +51,7 @@ def main() -> None:
         for step in range(args.start_step, args.start_step + args.steps):
             start = step * g
             rows = RankRows(0, world, b, by).deal(stream, start)  # [W, b]: rank r's rows in row r
-            ids = np.unique(shard_ids(stream, rows.reshape(-1)) * world + np.repeat(np.arange(world), b))
+            ids = np.unique(stream.shard_ids(rows.reshape(-1)) * world + np.repeat(np.arange(world), b))
             pairs.append(ids)
             per_step.append(np.bincount(ids % world, minlength=world))
         pairs = np.unique(np.concatenate(pairs))

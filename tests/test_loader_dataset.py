@@ -110,17 +110,13 @@ def test_rows_dealt_by_shard_keep_each_rank_on_its_own_shards_and_one_rank_is_de
     assert stream.rank_rows == "position"  # a local corpus's default
     assert np.array_equal(RankRows(0, 1, 6, "shard").rows(stream, 96), np.arange(96, 102))
 
-    def reads(by: str, start: int) -> set[tuple[int, int, int]]:  # (rank, subset, shard) the batch at `start` reads
-        pairs = set()
-        for r, rows in enumerate(RankRows(0, 4, 6, by).deal(stream, start)):
-            subset, token = stream.locate(rows)
-            pairs |= {(r, s, int(np.searchsorted(stream.subset_tokens[s].cumulative, t, side="right")))
-                      for s, t in zip(subset.tolist(), token.tolist())}
-        return pairs
+    def reads(by: str, start: int) -> set[tuple[int, int]]:  # (rank, shard) pairs the batch at `start` reads
+        return {(r, g) for r, rows in enumerate(RankRows(0, 4, 6, by).deal(stream, start))
+                for g in stream.shard_ids(rows).tolist()}
 
     starts = range(0, 24 * 40, 24)
     by_shard = set().union(*(reads("shard", p) for p in starts))
-    assert {(r, s) for r, s, _ in by_shard} == {(r, r) for r in range(4)}
+    assert {(r, stream.shards[g].subset) for r, g in by_shard} == {(r, "abcd"[r]) for r in range(4)}
     by_position = set().union(*(reads("position", p) for p in starts))
     assert len(by_shard) < 0.3 * len(by_position)  # (rank, shard) pairs: fetches from a remote corpus
     with pytest.raises(LoaderConfigError, match="rank_rows"):

@@ -203,7 +203,7 @@ def test_remote_state_resumes_on_a_local_copy_and_a_warm_cache_fetches_nothing(c
     again = make_remote_loader(url, CONFIG, state=state, **options)  # the same cache directory: warm
     got = next(iter(again))
     stream = again.dataset.stream
-    needed = [stream._records[g].path for g in stream.shards_at(range(state["position"],
+    needed = [stream.shards[g].path for g in stream.shards_at(range(state["position"],
                                                                       state["position"] + CONFIG.batch_size))]
     stats = stream.source.stats()
     stream.close()
@@ -295,7 +295,7 @@ def test_ranks_fetch_only_the_shards_their_rows_read_and_dealt_by_shard_far_fewe
         for loader, batches in zip(loaders, per_rank):
             stream = loader.dataset.stream
             assert stream.rank_rows == rank_rows and stream.source.root.name.endswith(f"-rank{loaders.index(loader)}")
-            read = {stream._records[g].path for b in batches for g in stream.shards_at(b["index"])}
+            read = {stream.shards[g].path for b in batches for g in stream.shards_at(b["index"])}
             stats = stream.source.stats()
             stream.close()
             assert dict(stats.fetches) == {path: 1 for path in read}  # what its rows read, once: nothing else

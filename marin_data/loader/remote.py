@@ -110,22 +110,14 @@ class RemoteStream(TokenStream):
                  lookahead: int | None = None) -> None:
         super().__init__(corpus, config, source=cache)
         self.lookahead = lookahead if lookahead is not None else 2 * max(ph.block for ph in self.mixture.phases)
-        self._records: list[ShardRecord] = [s for t in self.subset_tokens for s in t.shards]
-        # Every subset's stream laid end to end: subset s's token x is global token base[s] + x, and global
-        # shard g (in `_records` order) holds global tokens [cum[g], cum[g+1]).
-        ends = np.cumsum([t.tokens for t in self.subset_tokens], dtype=np.int64)
-        self._base = np.concatenate(([0], ends[:-1])).astype(np.int64)
-        self._cum = np.concatenate([b + t.cumulative[:-1] for b, t in zip(self._base, self.subset_tokens)]
-                                   + [ends[-1:]]).astype(np.int64)
         # (global batch start, this rank's rows, the shards they read): this batch's and the coming ones'
         self._horizon: deque[tuple[int, range | np.ndarray, np.ndarray]] = deque()
         self._horizon_key: tuple[str, RankRows] | None = None  # what the horizon was computed for
         self._wanted: list[ShardRecord] = []  # what the cache was last told
 
     def shards_at(self, positions: range | np.ndarray, split: str = "train") -> np.ndarray:
-        """Global shard ids (sorted, ``[k]`` int64) that the sequences at ``positions`` read."""
-        subset, start = self.locate(positions, split)
-        return np.unique(np.searchsorted(self._cum, self._base[subset] + start, side="right") - 1)
+        """The shards (sorted indices into `shards`) that the sequences at ``positions`` read."""
+        return np.unique(self.shard_ids(positions, split))
 
     def upcoming(self, start: int, ranks: RankRows, split: str = "train") -> tuple[range | np.ndarray,
                                                                                     list[ShardRecord]]:
@@ -148,7 +140,7 @@ class RemoteStream(TokenStream):
             nxt += step
         ids = np.concatenate([ids for _, _, ids in self._horizon])
         _, first_use = np.unique(ids, return_index=True)
-        return self._horizon[0][1], [self._records[g] for g in ids[np.sort(first_use)].tolist()]
+        return self._horizon[0][1], [self.shards[g] for g in ids[np.sort(first_use)].tolist()]
 
     def fill_batch(self, start: int, ranks: RankRows, out: Batch, split: str = "train") -> Batch:
         """`TokenStream.fill_batch`, with the cache told what comes next, and its open shards released when the
@@ -158,7 +150,7 @@ class RemoteStream(TokenStream):
             self.source.want(coming)
             self._wanted = coming
         if self._table is not None and (self.source.starved() or
-                                        not self.source.ready(self._records[g] for g in self.shards_at(rows, split))):
+                                        not self.source.ready(self.shards[g] for g in self.shards_at(rows, split))):
             self._table = None  # unmap every shard the table holds, so the cache may evict them (module docstring)
         return self.fill(rows, out, split)
 

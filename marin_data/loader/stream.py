@@ -199,6 +199,7 @@ class TokenStream:
                 by_subset[shard.subset].append(shard)
         # Each subset's token stream as shards: O(shards) numpy metadata, nothing per document.
         self.subset_tokens = tuple(SubsetTokens.from_shards(n, by_subset[n]) for n in self.subsets)
+        self.shards = tuple(s for t in self.subset_tokens for s in t.shards)  # the selected shards, subset by subset
         self._index_arrays()
         self._code = SHUFFLES.index(config.shuffle)  # `_locate` dispatches on the position in SHUFFLES
         self.components = {
@@ -237,6 +238,12 @@ class TokenStream:
                     "fits in one of its shards; give it weight 0, or lower seq_len", path=t.name, actual=t.tokens)
         self._wstarts = _Ragged.of(wstarts)
         self._cumulative = _Ragged.of([t.cumulative for t in self.subset_tokens])
+        # Every subset's tokens laid end to end: subset s's token x is token base[s] + x of the whole, and
+        # shard g of `shards` holds tokens [ends[g], ends[g+1]) of it.
+        totals = np.cumsum([t.tokens for t in self.subset_tokens], dtype=np.int64)
+        self._base = np.concatenate(([0], totals[:-1])).astype(np.int64)
+        self._ends = np.concatenate([b + t.cumulative[:-1] for b, t in zip(self._base, self.subset_tokens)]
+                                    + [totals[-1:]]).astype(np.int64)
 
     def _keys(self, seed: int, purpose: str) -> np.ndarray:
         return np.array([derive_key(seed, purpose, t.name) for t in self.subset_tokens], dtype=np.uint64)
@@ -301,6 +308,11 @@ class TokenStream:
             epoch = int(index[rows[0]] // sp.items[s]) if sp.training else 0
             key = sub_key(sp.key[s], np.uint64(epoch)) if sp.training else sp.key[s]
             orders.load(s, epoch, sp.starts[s], key)
+
+    def shard_ids(self, positions: range | np.ndarray, split: str = "train") -> np.ndarray:
+        """The shard (an index into `shards`) holding the window at each of ``positions``: ``[k]`` int64."""
+        subset, start = self.locate(positions, split)
+        return np.searchsorted(self._ends, self._base[subset] + start, side="right") - 1
 
     def fill(self, positions: range | np.ndarray, out: Batch, split: str = "train") -> Batch:
         """Write the sequences at ``positions`` (``B`` of them) into ``out`` (``B`` rows) and return it."""
