@@ -17,7 +17,7 @@ Default: one intra-op thread, because on a shared 2-core VM two OpenMP threads s
 whenever a neighbour takes a core (the same grouped GEMMs measured 2-5 s with 2 threads, 0.3-0.4 s with 1).
 ``--clock cpu`` times process CPU time instead of wall time: steadier on a busy machine.
 
-    .venv/bin/python benchmarks/bench_moe_cpu.py                                  # the record: tiny and mid
+    .venv/bin/python benchmarks/bench_moe_cpu.py                                  # the record: tiny (2k, 8k tokens), mid
     .venv/bin/python benchmarks/bench_moe_cpu.py --repeats 1 --min-run-time 0.2   # quick check
     .venv/bin/python benchmarks/bench_moe_cpu.py --threads 2 --dtype bfloat16     # other settings
 """
@@ -39,6 +39,7 @@ SIZES = {
     # name: (config, tokens per step). "mid" keeps Marin's proportions (latent = expert = shared width = D/2,
     # two shared experts) at 1/12 of its width, with 64 experts of which 8 are active.
     "tiny": (PRESETS["tiny"], 2048),
+    "tiny-8k": (PRESETS["tiny"], 8192),  # the same block on 4x the tokens: what per-op fixed costs weigh
     "mid": (with_overrides(PRESETS["tiny"], d_model=512, moe_num_experts=64, moe_top_k=8, moe_expert_dim=256,
                            moe_latent_dim=256, moe_num_shared=2, moe_shared_dim=256), 2048),
 }
@@ -84,7 +85,7 @@ def run(sizes: list[str], repeats: int, min_run_time: float, dtype: torch.dtype,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="tiny,mid", help=f"comma-separated, from {', '.join(SIZES)}")
+    parser.add_argument("--sizes", default="tiny,tiny-8k,mid", help=f"comma-separated, from {', '.join(SIZES)}")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds per blocked_autorange")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
