@@ -6,7 +6,8 @@ and checking it against the manifest before the atomic rename; the others check 
 transfer. moto copies the whole object for every ranged GET, so tools that split files into ranges make
 the server do far more work than one GET per file does (aws cli's default 8 MiB parts on 128 MiB objects
 hung moto for minutes here), which measures moto, not the client. So every tool is set to one GET per
-file, as marin-data does (see `marin_data.download`): aws through a config file with a multipart threshold
+file (marin-data with ``--part-mb 0``; it uses ranges only for subsets of fewer large files than workers,
+see `marin_data.download`): aws through a config file with a multipart threshold
 above the shard size and ``--workers`` concurrent requests, s5cmd with ``--numworkers`` and a part size
 above the shard size. The tools run interleaved within each run, so they see the same machine load; a
 tool that exceeds ``--timeout`` is reported as such. Beside wall time the table gives each client's CPU
@@ -78,7 +79,8 @@ def commands(tool: str, endpoint: str, dest: Path, workers: int, tools_bin: Path
 
     if tool in ("marin-data", DRY_RUN):
         return [sys.executable, "-m", "marin_data", "download", url, "--subset", SUBSET, "--to", str(dest),
-                "--workers", str(workers), "--endpoint-url", endpoint, *(["--dry-run"] if tool == DRY_RUN else [])]
+                "--workers", str(workers), "--part-mb", "0", "--endpoint-url", endpoint,
+                *(["--dry-run"] if tool == DRY_RUN else [])]
     if tool == "aws s3 cp" and (aws := find("aws")):  # one GET per file: AWS_CONFIG_FILE from aws_config()
         return [aws, "s3", "cp", "--recursive", "--only-show-errors", data, str(dest), "--endpoint-url", endpoint]
     if tool == "s5cmd cp" and (s5 := find("s5cmd")):

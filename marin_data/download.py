@@ -22,10 +22,13 @@ wait for ``Retry-After``; other 5xx back off (`marin_data.retry`); a 200 where a
 the file from byte 0 with that body; a checksum mismatch discards the file and refetches it. When the
 retries on one store are spent, the next mirror continues the same partial file.
 
-Requests: one GET per file, from its resume offset to the end. Shards are 256 MiB-2 GiB and a subset has
-many, so parallelism across files fills a link (a real S3 serves ~100 MB/s per connection), and one
-streaming GET is what every server serves best: moto (and other simple servers) copy the whole object for
-each ranged GET, so splitting a file into small ranges would measure the server, not the client.
+Requests: one GET per file, from its resume offset to the end, while there are at least as many files left
+as workers: shards are 256 MiB-2 GiB and a subset has many, so parallelism across files fills a link (a
+real S3 serves ~100 MB/s per connection), and one streaming GET is what every server serves best (moto and
+other simple servers copy the whole object for each ranged GET). When fewer files of at least two
+`PART_BYTES` are left than workers — a subset of a few large shards — the spare workers go to ranges: each
+such file is fetched as ``workers // large files`` parallel byte ranges into its partial file (`_Ranges`),
+each range resumable on its own, the whole hashed in file order as ranges complete.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ from marin_data.ui import progress as progress_bar
 
 __all__ = [
     "PARTIAL_SUFFIX",
+    "RANGES_SUFFIX",
+    "PART_BYTES",
     "RECORD",
     "DOWNLOAD_POLICY",
     "FileTask",
@@ -70,8 +75,11 @@ __all__ = [
 ]
 
 PARTIAL_SUFFIX = ".marin-download.part"  # data/x/part-00000.parquet.marin-download.part
+RANGES_SUFFIX = ".marin-download.ranges.part"  # beside a partial fetched in ranges: what each range holds
+PART_BYTES = 64 << 20  # smallest byte range of a file fetched in parallel ranges
 RECORD = ".marin-download.json"  # what this directory holds: see `DownloadRecord`
 WRITEBACK_CHUNK = 32 << 20  # bytes written between two `_start_writeback` calls
+RECORD_EVERY = 8 << 20  # bytes a range receives between two rewrites of its `_Ranges` record
 METADATA_LIMIT = 1 << 30  # manifest.json and shards.parquet are read into memory; refuse absurd ones
 # A checksum mismatch is worth a retry too: the bytes may have been damaged in flight.
 DOWNLOAD_POLICY = RetryPolicy(retry_on=(RetryableRemoteError, ShardChecksumError))
@@ -202,6 +210,7 @@ def download(
     dry_run: bool = False,
     policy: RetryPolicy = DOWNLOAD_POLICY,
     progress: bool | None = None,
+    part_bytes: int = PART_BYTES,
     **store_options,
 ) -> DownloadReport:
     """Download the chosen subsets of the corpus at ``source`` into ``dest``, verified and resumable.
@@ -216,6 +225,8 @@ def download(
         dry_run: only plan: nothing is written.
         policy: retry knobs (tests shrink the waits).
         progress: show a progress bar; None shows it when stderr is a terminal.
+        part_bytes: with fewer files left than workers, each file of at least twice this size is fetched as
+            parallel byte ranges of at least this size (module docstring); 0: one GET per file always.
         **store_options: passed to `open_store` for the source and every mirror (``endpoint_url``,
             ``anonymous``, ``requester_pays``, ``profile``).
 
@@ -228,7 +239,7 @@ def download(
         RemoteError: the source cannot be read at all (bad URL, no such bucket, no access).
         CorpusLockedError: another process is writing ``dest``.
     """
-    options = {"max_connections": workers + 2, **store_options}
+    options = {"max_connections": 2 * workers + 2, **store_options}  # files and ranges of large ones in flight
     stores = [open_store(url, **options) for url in [source, *mirrors]]
     plan, manifest_bytes, index_bytes = plan_download(stores, subsets=subsets, manifest_sha256=manifest_sha256,
                                                       policy=policy)
@@ -242,7 +253,8 @@ def download(
             previous = None
         if _read_or_none(root / SHARDS_INDEX) != index_bytes:
             atomic_write_bytes(root / SHARDS_INDEX, index_bytes)
-        report = _fetch_all(plan, root, stores, workers=workers, policy=policy, progress=progress)
+        report = _fetch_all(plan, root, stores, workers=workers, policy=policy, progress=progress,
+                            part_bytes=part_bytes)
         failed = {p for p, _ in report.failed}
         failed_subsets = {t.subset for t in plan.files if t.path in failed}
         if None not in failed_subsets:  # every metadata file is in place: the manifest may go in, last
@@ -343,19 +355,21 @@ class _Meter:
 
 
 def _fetch_all(plan: DownloadPlan, root: Path, stores: Sequence[Store], *, workers: int,
-               policy: RetryPolicy, progress: bool | None) -> DownloadReport:
+               policy: RetryPolicy, progress: bool | None, part_bytes: int) -> DownloadReport:
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify-existing") as pool:
         present = list(pool.map(lambda t: _already_there(root, t), plan.files))
     todo = [t for t, ok in zip(plan.files, present) if not ok]
     skipped = tuple(t.path for t, ok in zip(plan.files, present) if ok)
-    resumed = sum(_size_or_zero(_partial_path(root / t.path)) for t in todo)
+    resumed = sum(_resumed_bytes(_partial_path(root / t.path)) for t in todo)
+    # Spare workers fetch ranges of the large files there are (the small ones take a moment each).
+    ranges = max(1, workers // max(1, sum(t.bytes >= 2 * part_bytes for t in todo))) if part_bytes > 0 else 1
     bar = progress_bar(max(0, sum(t.bytes for t in todo) - resumed), "download", unit="B", unit_scale=True,
                        disable=None if progress is None else not progress)
     meter = _Meter(bar)
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="download")
     try:
-        results = list(pool.map(lambda t: _fetch_file(root, t, stores, policy, meter), todo))
+        results = list(pool.map(lambda t: _fetch_file(root, t, stores, policy, meter, ranges, part_bytes), todo))
     except BaseException:
         meter.stop.set()
         raise
@@ -389,9 +403,18 @@ def _partial_path(final: Path) -> Path:
     return final.with_name(final.name + PARTIAL_SUFFIX)
 
 
-def _size_or_zero(path: Path) -> int:
+def _ranges_path(partial: Path) -> Path:
+    return partial.with_name(partial.name.removesuffix(PARTIAL_SUFFIX) + RANGES_SUFFIX)
+
+
+def _resumed_bytes(partial: Path) -> int:
+    """Bytes a partial file already holds: its size, or for one fetched in ranges what its record says."""
     try:
-        return path.stat().st_size
+        return sum(json.loads(_ranges_path(partial).read_bytes())["done"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        return partial.stat().st_size
     except FileNotFoundError:
         return 0
 
@@ -447,6 +470,161 @@ class _Partial:
     def close(self) -> None:
         self.f.close()
 
+    def fetch(self, store: Store, meter: _Meter) -> None:
+        """One request: continue the partial file from its offset to the end, then check it."""
+        task = self.task
+        if self.offset < task.bytes:
+            # No trust in a response's sizes: a truncating hop may rewrite Content-Length. A body that runs
+            # past the listed size is caught by `write`, a short one resumes, and the digest settles the rest.
+            with store.read(task.path, start=self.offset) as stream:
+                if stream.start != self.offset:  # a 200 to our Range: the body starts at byte 0
+                    if stream.start != 0:
+                        raise RetryableRemoteError(f"asked for bytes from {self.offset}, got from {stream.start}",
+                                                   path=store.describe(task.path))
+                    self.reset()
+                for chunk in stream:
+                    self.write(chunk)
+                    meter.got(len(chunk))
+            if self.offset < task.bytes:
+                raise RetryableRemoteError(f"truncated body: {self.offset} of {task.bytes} bytes",
+                                           path=store.describe(task.path))
+        self.check()
+
+
+class _Ranges:
+    """A file fetched as parallel byte ranges into its partial file, hashed in file order as ranges complete.
+
+    The partial file has the file's full size from the start and each range lands at its offset. Beside it,
+    a record (`RANGES_SUFFIX`, JSON) keeps the range bounds and the bytes done in each, rewritten as they
+    grow, so a re-run — after a failure, Ctrl-C or ``kill -9`` — continues every range where it stopped. A
+    partial file without a record is the prefix a one-GET download left: its bytes count as done. Whichever
+    thread completes the range at the hash cursor hashes it (and any complete ones after it), reading the
+    bytes back while they are still in the page cache. Nothing is trusted until the whole digest matches;
+    a wrong one discards every range.
+    """
+
+    def __init__(self, path: Path, task: FileTask, part_bytes: int, parallel: int):
+        self.path, self.task, self.parallel = path, task, parallel
+        self.record = _ranges_path(path)
+        self.lock, self.hash_lock = threading.Lock(), threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.bounds = list(range(0, task.bytes, part_bytes)) + [task.bytes]
+        self.done = self._load()
+        os.ftruncate(self.fd, task.bytes)
+        self._restart_hash()
+        self._save()
+
+    def _load(self) -> list[int]:
+        """Bytes done per range: from the record, or from a one-GET prefix; zeros for anything else."""
+        try:
+            record = json.loads(self.record.read_bytes())
+        except FileNotFoundError:
+            size = os.fstat(self.fd).st_size
+            prefix = size if size <= self.task.bytes else 0
+            return [min(max(prefix - lo, 0), hi - lo) for lo, hi in zip(self.bounds, self.bounds[1:])]
+        except (OSError, ValueError):
+            record = {}
+        bounds, done = record.get("bounds"), record.get("done")
+        if (record.get("sha256"), record.get("bytes")) == (self.task.sha256, self.task.bytes) and \
+                isinstance(bounds, list) and isinstance(done, list) and len(done) == len(bounds) - 1 and \
+                bounds[0] == 0 and bounds[-1] == self.task.bytes and \
+                all(isinstance(d, int) and 0 <= d <= hi - lo for d, lo, hi in zip(done, bounds, bounds[1:])):
+            self.bounds = bounds
+            return done
+        return [0] * (len(self.bounds) - 1)  # a record of another file, or damaged: nothing counts
+
+    def _save(self) -> None:
+        with self.lock:
+            data = json.dumps({"sha256": self.task.sha256, "bytes": self.task.bytes, "bounds": self.bounds,
+                               "done": self.done}).encode()
+            tmp = self.record.with_name(self.record.name + ".tmp")
+            tmp.write_bytes(data)  # no fsync: a lost record only costs a re-fetch, the digest guards the bytes
+            os.replace(tmp, self.record)
+
+    def _restart_hash(self) -> None:
+        self.hash, self.cursor = hashlib.sha256(), 0
+
+    def _complete(self, i: int) -> bool:
+        return self.done[i] == self.bounds[i + 1] - self.bounds[i]
+
+    def fetch(self, store: Store, meter: _Meter) -> None:
+        """Fetch every unfinished range in parallel, then check the digest. Raises the first range's error
+        once all have stopped (each keeps what it received)."""
+        todo = [i for i in range(len(self.done)) if not self._complete(i)]
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(self.parallel, len(todo)),
+                                    thread_name_prefix="download-range") as pool:
+                futures = [pool.submit(self._fetch_range, store, i, meter) for i in todo]
+            for future in futures:
+                future.result()
+        self._advance()
+        digest = self.hash.hexdigest() if self.cursor == len(self.done) else "incomplete"
+        if digest != self.task.sha256:
+            self.done = [0] * len(self.done)
+            self._restart_hash()
+            self._save()
+            raise ShardChecksumError(f"sha256 {digest[:12]}… differs from the listed {self.task.sha256[:12]}…; "
+                                     "discarded", path=self.task.path, expected=self.task.sha256, actual=digest)
+
+    def _fetch_range(self, store: Store, i: int, meter: _Meter) -> None:
+        lo, hi = self.bounds[i] + self.done[i], self.bounds[i + 1]
+        saved = lo
+        try:
+            with store.read(self.task.path, start=lo, end=hi) as stream:
+                at = stream.start  # 0 when the server ignored Range: bytes before `lo` are skipped
+                if at > lo:
+                    raise RetryableRemoteError(f"asked for bytes from {lo}, got from {at}",
+                                               path=store.describe(self.task.path))
+                for chunk in stream:
+                    meter.got(len(chunk))
+                    if at + len(chunk) > lo:
+                        piece = memoryview(chunk)[lo - at : hi - at]
+                        if os.pwrite(self.fd, piece, lo) != len(piece):
+                            raise OSError(f"short write to {self.path}")
+                        lo += len(piece)
+                        self.done[i] = lo - self.bounds[i]
+                        if lo - saved >= RECORD_EVERY:
+                            self._save()
+                            saved = lo
+                    at += len(chunk)
+                    if lo >= hi:
+                        break  # a body running past the range (a 200) is cut here; the connection is dropped
+        finally:
+            self._save()
+        if lo < hi:
+            raise RetryableRemoteError(f"truncated range: {lo - self.bounds[i]} of {hi - self.bounds[i]} bytes "
+                                       f"from byte {self.bounds[i]}", path=store.describe(self.task.path))
+        self._advance()
+
+    def _advance(self) -> None:
+        """Hash the complete ranges at the cursor, in file order, and start writing them back to disk."""
+        with self.hash_lock:
+            while self.cursor < len(self.done) and self._complete(self.cursor):
+                lo, hi = self.bounds[self.cursor], self.bounds[self.cursor + 1]
+                at = lo
+                while at < hi:
+                    data = os.pread(self.fd, min(hi - at, 8 << 20), at)
+                    if not data:
+                        break  # the file was shortened under us: the digest will not match
+                    self.hash.update(data)
+                    at += len(data)
+                _start_writeback(self.fd, lo, hi - lo)
+                self.cursor += 1
+
+    def commit(self, final: Path) -> None:
+        """Move the verified bytes to their final name; the record goes first (a partial left without it is
+        a complete prefix, which a re-run verifies)."""
+        self.close()
+        self.record.unlink(missing_ok=True)
+        with atomic_path(final) as tmp:
+            os.replace(self.path, tmp)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
 
 def _start_writeback(fd: int, offset: int, length: int) -> None:
     """Ask the kernel to start writing these bytes to disk now, without waiting.
@@ -471,15 +649,20 @@ def _hash_prefix(path: Path, size: int):
 
 
 def _fetch_file(root: Path, task: FileTask, stores: Sequence[Store], policy: RetryPolicy,
-                meter: _Meter) -> str | None:
-    """Fetch one file into place; return None on success, else why it failed on every store."""
+                meter: _Meter, ranges: int = 1, part_bytes: int = PART_BYTES) -> str | None:
+    """Fetch one file into place (in up to ``ranges`` parallel ranges of at least ``part_bytes`` when it has two
+    or more, or a partial in ranges is there); return None on success, else why it failed on every store."""
     final = root / task.path
-    partial = _Partial(_partial_path(final), task)
+    path = _partial_path(final)
+    if _ranges_path(path).exists() or (ranges > 1 and task.bytes >= 2 * part_bytes):
+        partial = _Ranges(path, task, max(part_bytes, -(-task.bytes // ranges)), ranges)
+    else:
+        partial = _Partial(path, task)
     errors = []
     try:
         for store in stores:
             try:
-                retry_call(lambda: _attempt(store, partial, meter), policy=policy, what=store.describe(task.path))
+                retry_call(lambda: partial.fetch(store, meter), policy=policy, what=store.describe(task.path))
             except (RemoteError, ShardChecksumError) as e:
                 errors.append(f"{store.url}: {e.message}")
                 continue
@@ -488,24 +671,3 @@ def _fetch_file(root: Path, task: FileTask, stores: Sequence[Store], policy: Ret
     finally:
         partial.close()
     return "; ".join(errors)
-
-
-def _attempt(store: Store, partial: _Partial, meter: _Meter) -> None:
-    """One request: continue the partial file from its offset to the end, then check it."""
-    task = partial.task
-    if partial.offset < task.bytes:
-        # No trust in a response's sizes: a truncating hop may rewrite Content-Length. A body that runs past
-        # the listed size is caught by `write`, a short one resumes, and the digest settles the rest.
-        with store.read(task.path, start=partial.offset) as stream:
-            if stream.start != partial.offset:  # a 200 to our Range: the body starts at byte 0
-                if stream.start != 0:
-                    raise RetryableRemoteError(f"asked for bytes from {partial.offset}, got from {stream.start}",
-                                               path=store.describe(task.path))
-                partial.reset()
-            for chunk in stream:
-                partial.write(chunk)
-                meter.got(len(chunk))
-        if partial.offset < task.bytes:
-            raise RetryableRemoteError(f"truncated body: {partial.offset} of {task.bytes} bytes",
-                                       path=store.describe(task.path))
-    partial.check()

@@ -8,7 +8,7 @@ import click
 
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import check_sha256, show_retries, store_kwargs, store_options
-from marin_data.download import RECORD, DownloadReport, download
+from marin_data.download import PART_BYTES, RECORD, DownloadReport, download
 from marin_data.ui import format_table, human_bytes, human_count
 
 __all__ = ["command"]
@@ -26,12 +26,16 @@ __all__ = ["command"]
 @click.option("--manifest-sha256", metavar="HEX",
               help="Refuse any manifest.json but the one with this sha256 (the published root of trust).")
 @click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Files fetched in parallel.")
+              help="Files (or byte ranges of big files, see --part-mb) fetched in parallel.")
+@click.option("--part-mb", type=click.IntRange(min=0), default=PART_BYTES >> 20, show_default=True,
+              help="With fewer large files left than --workers (a subset of a few big shards), fetch each file "
+                   "of at least twice this many MiB as parallel byte ranges of at least this size. 0: one GET "
+                   "per file always (for servers that serve ranges slowly).")
 @click.option("--dry-run", is_flag=True, help="Print the files, bytes and tokens it would fetch; fetch nothing.")
 @store_options
 @hf_options
 def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[str, ...],
-            manifest_sha256: str | None, workers: int, dry_run: bool, endpoint_url: str | None,
+            manifest_sha256: str | None, workers: int, part_mb: int, dry_run: bool, endpoint_url: str | None,
             profile: str | None, anonymous: bool, requester_pays: bool, endpoint: str | None,
             token: str | None) -> None:
     """Download subsets of the corpus at SOURCE (s3://bucket/prefix, hf://datasets/org/name[@rev] or a
@@ -40,7 +44,8 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
     Reads manifest.json first (checked against --manifest-sha256), resolves --subset from it, then fetches
     the metadata files and the chosen subsets' shards in parallel, checking each file's size and SHA-256
     before it gets its final name. Interrupted files resume where they stopped, also after a crash;
-    files already there and verified are not fetched again. Transient failures are retried with backoff,
+    files already there and verified are not fetched again. A subset of a few big shards is fetched in
+    parallel byte ranges (--part-mb). Transient failures are retried with backoff,
     then the next --mirror is tried. DIR keeps manifest.json verbatim and records the fetched subsets in
     DIR/.marin-download.json, so `marin-data verify DIR` checks exactly what was fetched.
     Exit status: 0 all fetched, 1 some files failed (each is listed), 2 an untrusted manifest.
@@ -59,7 +64,7 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
     show_retries()
     hf = {k: v for k, v in {"endpoint": endpoint, "token": token}.items() if v}
     report = download(source, subsets=list(subsets) or None, dest=dest, mirrors=list(mirrors),
-                      manifest_sha256=manifest_sha256, workers=workers, dry_run=dry_run,
+                      manifest_sha256=manifest_sha256, workers=workers, part_bytes=part_mb << 20, dry_run=dry_run,
                       **store_kwargs(endpoint_url, profile, anonymous, requester_pays), **hf)
     click.echo(_dry_run(report) if dry_run else _summary(report))
     if not report.ok:

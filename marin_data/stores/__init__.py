@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from marin_data.errors import RemoteError, RetryableRemoteError
 
-__all__ = ["ObjectInfo", "ReadStream", "Store", "open_store", "READ_CHUNK", "body_start"]
+__all__ = ["ObjectInfo", "ReadStream", "Store", "open_store", "READ_CHUNK", "body_start", "range_header"]
 
 # Bytes per chunk of a streaming read: large enough that per-chunk Python overhead is noise at GB/s, small
 # enough that a dropped connection loses little and memory stays bounded (one chunk per worker).
@@ -66,6 +66,13 @@ class ReadStream:
         self.close()
 
 
+def range_header(start: int, end: int | None) -> str | None:
+    """The ``Range`` header value asking for bytes ``[start, end)`` (``end`` None: to the end); None for all."""
+    if end is not None:
+        return f"bytes={start}-{end - 1}"
+    return f"bytes={start}-" if start else None
+
+
 def body_start(status: int, content_range: str | None, where: str, close: Callable[[], None]) -> int:
     """Where a GET's body begins in the object: 0 for a 200 (the whole object, whatever ``Range`` asked),
     the first byte of ``Content-Range`` for a 206. A 206 without a usable ``Content-Range`` is closed and
@@ -94,8 +101,10 @@ class Store(abc.ABC):
         """Size and, when known, SHA-256 of ``path``; None when it does not exist."""
 
     @abc.abstractmethod
-    def read(self, path: str, start: int = 0) -> ReadStream:
-        """Stream ``path`` from byte ``start`` to its end (one request; ``Range`` when ``start`` > 0)."""
+    def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
+        """Stream bytes ``[start, end)`` of ``path`` (``end`` None: to its end) in one request, with ``Range``
+        unless that is the whole file (`range_header`). A server may still answer with the whole object:
+        check ``ReadStream.start``."""
 
     @abc.abstractmethod
     def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:

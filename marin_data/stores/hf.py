@@ -34,7 +34,7 @@ from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
 from marin_data.hub_ids import parse_hf_url
 from marin_data.manifest import MANIFEST
 from marin_data.retry import parse_retry_after, status_error
-from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start
+from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header
 
 __all__ = ["HfStore"]
 
@@ -85,11 +85,12 @@ class HfStore(Store):
         hit = self._listing().get(path)
         return None if hit is None else hit[1]
 
-    def read(self, path: str, start: int = 0) -> ReadStream:
+    def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
         repo = self.hf.repo_id if path == MANIFEST else self._repo_of(path)
         url = f"{self.endpoint}/datasets/{repo}/resolve/{self._commit(repo)}/{quote(path)}"
         where = self.describe(path)
-        headers = {**self._headers, "Accept-Encoding": "identity", **({"Range": f"bytes={start}-"} if start else {})}
+        wanted = range_header(start, end)
+        headers = {**self._headers, "Accept-Encoding": "identity", **({"Range": wanted} if wanted else {})}
         response = self._send("GET", url, where, headers=headers, stream=True)
         begin = body_start(response.status_code, response.headers.get("Content-Range"), where, response.close)
 

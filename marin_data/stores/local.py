@@ -40,7 +40,7 @@ class LocalStore(Store):
             return None
         return ObjectInfo(path, st.st_size)
 
-    def read(self, path: str, start: int = 0) -> ReadStream:
+    def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
         try:
             f = open(self._file(path), "rb")
         except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
@@ -48,9 +48,12 @@ class LocalStore(Store):
         except OSError as e:
             raise RetryableRemoteError(f"cannot open: {e}", path=self.describe(path)) from e
         f.seek(start)
+        left = float("inf") if end is None else end - start
 
         def chunks() -> Iterator[bytes]:
-            while chunk := f.read(READ_CHUNK):
+            nonlocal left
+            while left > 0 and (chunk := f.read(int(min(READ_CHUNK, left)))):
+                left -= len(chunk)
                 yield chunk
 
         return ReadStream(chunks(), start=start, close=f.close)

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
 from marin_data.manifest import safe_relpath
 from marin_data.retry import parse_retry_after, status_error
-from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start
+from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header
 
 __all__ = ["S3Store", "SINGLE_PUT_LIMIT", "parse_s3_url"]
 
@@ -127,11 +127,12 @@ class S3Store(Store):
             sha, source = (meta, "metadata") if _HEX64.match(meta) else (None, None)
         return ObjectInfo(path, int(r["ContentLength"]), sha, source)
 
-    def read(self, path: str, start: int = 0) -> ReadStream:
+    def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
         where = self.describe(path)
+        wanted = range_header(start, end)
         with _mapped_errors(where):
             r = self.client.get_object(Bucket=self.bucket, Key=self._key(path),
-                                       **({"Range": f"bytes={start}-"} if start else {}), **self._payer)
+                                       **({"Range": wanted} if wanted else {}), **self._payer)
         body = r["Body"]
         begin = body_start(r["ResponseMetadata"]["HTTPStatusCode"], r.get("ContentRange"), where, body.close)
 
