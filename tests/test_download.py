@@ -144,7 +144,7 @@ def test_anonymous_requests_are_unsigned_and_requester_pays_is_sent(moto, publis
 def test_a_wrong_file_under_a_final_name_is_replaced_and_a_short_one_resumed(moto, published, proxy, tmp_path,
                                                                                monkeypatch, writeback_chunk):
     if writeback_chunk is not None:  # the test shards are smaller than the default chunk: make every one cross it
-        monkeypatch.setattr("marin_data.download.WRITEBACK_CHUNK", writeback_chunk)
+        monkeypatch.setattr("marin_data.partial.WRITEBACK_CHUNK", writeback_chunk)
     url, src, _ = published
     dest = tmp_path / "dest"
     download(url, subsets=["a"], dest=dest, endpoint_url=moto, policy=FAST)
