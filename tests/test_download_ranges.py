@@ -210,3 +210,59 @@ def test_the_cli_takes_the_range_size_in_mib(published, proxy, fault_corpus, tmp
     spans = sorted(_spans(proxy, big.path))
     assert spans == [(lo, min(lo + (1 << 20), big.bytes)) for lo in range(0, big.bytes, 1 << 20)]  # 1 MiB ranges
     _verified(tmp_path / "d", fault_corpus)
+
+
+@pytest.fixture(scope="module")
+def big_corpus(tmp_path_factory):
+    """One shard of ~48 MB: three ranges of 16 MiB, each recorded every 8 MiB (`partial.RECORD_EVERY`)."""
+    from conftest import build_corpus
+
+    return build_corpus(tmp_path_factory.mktemp("big") / "corpus", {"big": [36_000]}, doc_tokens=(900, 1100), seed=5)
+
+
+def test_kill_9_mid_range_then_rerun_fetches_only_what_the_ranges_lacked(big_corpus, moto, bucket_url, proxy,
+                                                                         tmp_path):  # noqa: F811
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from s3_env import ROOT
+
+    from marin_data.stores.local_s3 import LOCAL_S3_ENV
+
+    (shard,) = big_corpus.shards
+    assert shard.bytes > 2 * (16 << 20)
+    publish(copy_corpus(big_corpus, tmp_path / "src"), to=bucket_url, endpoint_url=moto)
+    dest = tmp_path / "d"
+    record = dest / (shard.path + RANGES_SUFFIX)
+    proxy.add(Fault("slow", match="/data/", times=100, delay=0.004))
+    proc = subprocess.Popen([sys.executable, "-m", "marin_data", "download", bucket_url, "--subset", "big", "--to",
+                             str(dest), "--endpoint-url", proxy.endpoint, "--part-mb", "16"], cwd=ROOT,
+                            env={**os.environ, **LOCAL_S3_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if 0 < sum(json.loads(record.read_bytes())["done"]):  # a range has recorded its first 8 MiB
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.01)
+        assert proc.poll() is None, "the download finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    proxy.wait_idle()
+    kept = sum(json.loads(record.read_bytes())["done"])
+    assert 0 < kept < shard.bytes
+    proxy.clear()
+    proxy.reset_counts()
+    report = download(bucket_url, subsets=["big"], dest=dest, endpoint_url=proxy.endpoint, policy=FAST,
+                      part_bytes=16 << 20, progress=False)
+    assert report.ok
+    assert proxy.served[_key(bucket_url, shard.path)] == shard.bytes - kept
+    _verified(dest, big_corpus, "big")
