@@ -93,7 +93,8 @@ def take(loader: TokenLoader | TokenDataset, steps: int, *, state_each: bool = F
     return out
 
 
-def check_global_stream(per_rank: list[list[dict]], start: int, reference, *, stream=None) -> None:
+def check_global_stream(per_rank: list[list[dict]], start: int, reference, *, stream=None,
+                        split: str = "train") -> None:
     """Rank batches of each step together are the positions ``start, start+1, ...`` of one global batch and
     carry exactly the sequences ``reference`` (a `Batch` of the uninterrupted stream from ``start``) holds there.
 
@@ -111,7 +112,7 @@ def check_global_stream(per_rank: list[list[dict]], start: int, reference, *, st
         else:
             assert np.array_equal(np.sort(index), expected), (step, index)
             assert all(np.all(np.diff(b[step]["index"]) > 0) for b in per_rank)
-            subset, token = stream.locate(index)
+            subset, token = stream.locate(index, split)
             place = np.lexsort((token, subset))  # rows in (subset, window start) order...
             rank = np.repeat(np.arange(len(per_rank)), [len(b[step]["index"]) for b in per_rank])
             assert np.all(np.diff(rank[place]) >= 0), (step, rank[place])  # ...are rank 0's, then rank 1's...

@@ -148,14 +148,18 @@ def test_mismatched_fingerprint_is_refused_naming_what_differs_unless_not_strict
     assert same.position == state["position"]
 
 
-def test_validation_stream_is_finite_and_ends_with_the_last_whole_global_batch(corpus, config, cache):
+@pytest.mark.parametrize("rank_rows", ["position", "shard"])
+def test_validation_stream_is_finite_and_ends_with_the_last_whole_global_batch(corpus, config, cache, rank_rows):
     from dataclasses import replace
 
-    loader = make_loader(corpus, replace(config, batch_size=2), split="validation", cache_dir=cache)
-    total = loader.dataset.stream.stop("validation")
-    batches = take(loader, 10_000)
-    assert total % 2 and len(batches) == total // 2 > 0
-    assert np.array_equal(np.concatenate([b["index"] for b in batches]), np.arange(len(batches) * 2))
+    loaders = [make_loader(corpus, replace(config, batch_size=2, rank_rows=rank_rows), split="validation",
+                           cache_dir=cache, rank=r, world_size=2) for r in range(2)]
+    total = loaders[0].dataset.stream.stop("validation")
+    per_rank = [take(loader, 10_000) for loader in loaders]
+    assert len(per_rank[0]) == len(per_rank[1]) == total // 4 > 0 and total % 4
+    stream = loaders[0].dataset.stream
+    check_global_stream(per_rank, 0, stream.read(np.arange(total // 4 * 4), "validation"),
+                        stream=_dealt_by(rank_rows, stream), split="validation")
 
 
 def test_passes_report_how_often_each_subset_has_been_read(corpus, config, cache):
