@@ -5,7 +5,9 @@ Arithmetic on the real loader code over the index-only 23T-token corpus of `mari
 which shards each rank's rows read (`marin_data.loader.ranks.RankRows.rows`, then the shard holding each
 row's window). A rank whose rows read a shard once must fetch all of it, so the number of ranks reading a
 shard over the run is how many times it is fetched in all (with caches that hold each rank's working set);
-the number of shards one rank reads in a step is the working set its cache must hold.
+the number of shards one rank reads in a step is the working set its cache must hold. With the caches of one
+host sharing their fetches (`RemoteShardCache` ``peers``; ranks numbered host by host), a shard is fetched
+once per host that reads it.
 
     .venv/bin/python benchmarks/rank_fetches.py                      # Marin: W=512, b=22, seq_len 4096
     .venv/bin/python benchmarks/rank_fetches.py --world 64 --steps 50
@@ -32,6 +34,7 @@ def main() -> None:
     parser.add_argument("--start-step", type=int, default=100_000)
     parser.add_argument("--mixture-block", type=int, default=1024)
     parser.add_argument("--shuffle-window", type=int, default=4)
+    parser.add_argument("--ranks-per-host", type=int, default=8, help="ranks sharing one host's cache")
     args = parser.parse_args()
     world, b = args.world, args.batch
     config = LoaderConfig(seq_len=args.seq_len, batch_size=b, mixture={"pre": 0.8, "mid/*": 0.2}, seed=1,
@@ -42,9 +45,9 @@ def main() -> None:
     print(f"W={world} b={b} global batch {g} (mixture block {block}: the batch is "
           f"{'a multiple' if g % block == 0 else 'not a multiple'} of it), seq_len {args.seq_len}, "
           f"shuffle_window {args.shuffle_window}, steps {args.start_step}..{args.start_step + args.steps - 1}")
-    print("| rank_rows | shards read | ranks per shard (mean / max) | shards per rank per step (mean / max) "
-          "| shards per rank over the steps (mean) |")
-    print("|---|---:|---:|---:|---:|")
+    print(f"| rank_rows | shards read | ranks per shard (mean / max) | hosts per shard, {args.ranks_per_host} ranks "
+          "each (mean / max) | shards per rank per step (mean / max) | shards per rank over the steps (mean) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for by in RANK_ROWS:
         t0 = time.perf_counter()
         pairs, per_step = [], []
@@ -57,7 +60,10 @@ def main() -> None:
         pairs = np.unique(np.concatenate(pairs))
         shards, ranks_per_shard = np.unique(pairs // world, return_counts=True)
         _, shards_per_rank = np.unique(pairs % world, return_counts=True)
+        _, hosts_per_shard = np.unique(np.unique(pairs // world * world + pairs % world // args.ranks_per_host)
+                                       // world, return_counts=True)
         print(f"| {by} | {len(shards)} | {ranks_per_shard.mean():.1f} / {ranks_per_shard.max()} | "
+              f"{hosts_per_shard.mean():.1f} / {hosts_per_shard.max()} | "
               f"{np.mean(per_step):.1f} / {np.max(per_step)} | {shards_per_rank.mean():.1f} |  ({time.perf_counter() - t0:.0f} s)")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -284,9 +285,10 @@ def test_ranks_fetch_only_the_shards_their_rows_read_and_dealt_by_shard_far_fewe
     local = TokenStream(mixed, config, cache_dir=tmp_path / "local")
     fetched = {}
     for rank_rows in ("shard", "position"):
+        # share=False: ranks as on four hosts, each fetching for itself (the next test shares one host's).
         loaders = [make_remote_loader(bucket_url, replace(config, rank_rows=rank_rows), rank=r, world_size=world,
                                       cache_dir=tmp_path / rank_rows, cache_bytes=corpus_decoded(mixed), policy=FAST,
-                                      endpoint_url=moto) for r in range(world)]
+                                      share=False, endpoint_url=moto) for r in range(world)]
         per_rank = [[{k: v.numpy() for k, v in batch.items()} for batch in loader] for loader in loaders]
         assert all(len(batches) == steps for batches in per_rank)
         check_global_stream(per_rank, 0, local.read(np.arange(steps * world * config.batch_size)),
@@ -319,3 +321,68 @@ def test_make_loader_streams_an_s3_url_like_make_remote_loader_and_refuses_worke
         make_loader(url, CONFIG, num_workers=2, endpoint_url=moto)
     with pytest.raises(LoaderConfigError, match="remote corpus given for a local one"):
         make_loader(corpus, CONFIG, endpoint_url=moto)
+
+
+def test_caches_of_one_host_fetch_a_shard_once_and_hard_link_it(corpus, published, proxy, tmp_path):  # noqa: F811
+    from marin_data.loader.remote_cache import RemoteShardCache
+    from marin_data.stores import open_store
+
+    url, _ = published
+    store = open_store(url, endpoint_url=proxy.endpoint)
+    caches = [RemoteShardCache([store], tmp_path / f"rank{r}", max_bytes=corpus_decoded(corpus), prefetch=0,
+                               policy=FAST, peers=tmp_path / "peers") for r in range(3)]
+    first, second, third = corpus.shards[:3]
+    try:
+        a = caches[0].open(first)
+        b = caches[1].open(first)  # linked from rank0's decode: no request
+        assert np.array_equal(a.tokens, b.tokens)
+        assert len(proxy.requests(first.path)) == 1
+        assert caches[0].stats().fetches == {first.path: 1} and caches[1].stats().shared == 1
+        tokens = [c._decoder.paths(first)[0] for c in caches[:2]]
+        assert os.stat(tokens[0]).st_ino == os.stat(tokens[1]).st_ino  # one copy on disk
+        # Three ranks wanting one shard at once: one fetch, two links.
+        got = [None] * 3
+        threads = [threading.Thread(target=lambda r=r: got.__setitem__(r, caches[r].open(second))) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(proxy.requests(second.path)) == 1 and all(g is not None for g in got)
+        assert sum(c.stats().shared for c in caches) == 1 + 2
+        # A peer's eviction leaves the others' links readable; without peers a cache fetches for itself.
+        del a
+        caches[0]._evict(caches[0]._entries[first.sha256])
+        assert not tokens[0].exists() and np.array_equal(np.load(tokens[1], mmap_mode="r"), b.tokens)
+        alone = RemoteShardCache([store], tmp_path / "alone", max_bytes=corpus_decoded(corpus), prefetch=0,
+                                 policy=FAST)
+        alone.open(third)
+        caches[2].open(third)
+        alone.close()
+        assert len(proxy.requests(third.path)) == 2
+    finally:
+        for c in caches:
+            c.close()
+
+
+def test_ranks_of_one_host_dealt_by_position_fetch_each_shard_once_between_them(mixed, bucket_url, moto,
+                                                                               tmp_path):  # noqa: F811
+    import shutil
+
+    shutil.copytree(mixed.root, tmp_path / "copy")
+    publish(tmp_path / "copy", to=bucket_url, endpoint_url=moto, progress=False)
+    config = LoaderConfig(seq_len=32, batch_size=4, shuffle_window=1, val_fraction=0.01, mixture_block=16,
+                          mixture={n: 1 for n in "abcd"}, rank_rows="position")
+    local = TokenStream(mixed, config, cache_dir=tmp_path / "local")
+    steps = min(local.sizes().values()) * 4 // 16
+    config = replace(config, mixture=[Phase({n: 1 for n in "abcd"}, steps * 16)])
+    loaders = [make_remote_loader(bucket_url, config, rank=r, world_size=4, cache_dir=tmp_path / "cache",
+                                  cache_bytes=corpus_decoded(mixed), policy=FAST, endpoint_url=moto) for r in range(4)]
+    per_rank = [[{k: v.numpy() for k, v in batch.items()} for batch in loader] for loader in loaders]
+    check_global_stream(per_rank, 0, TokenStream(mixed, config, cache_dir=tmp_path / "local").read(
+        np.arange(steps * 16)))
+    stats = [loader.dataset.stream.source.stats() for loader in loaders]
+    for loader in loaders:
+        loader.dataset.stream.close()
+    fetched = sum((s.fetches for s in stats), Counter())
+    assert fetched == {s.path: 1 for s in mixed.shards}  # every rank read every shard; the host fetched each once
+    assert sum(s.shared for s in stats) == 3 * len(mixed.shards)

@@ -170,6 +170,7 @@ def make_remote_loader(
     prefetch_shards: int = 4,
     fetch_workers: int = 2,
     lookahead: int | None = None,
+    share: bool = True,
     rank: int | None = None,
     world_size: int | None = None,
     split: str = "train",
@@ -190,11 +191,13 @@ def make_remote_loader(
         config: what to serve (`LoaderConfig`).
         mirrors: fallback stores, tried in order for any file the previous ones failed.
         manifest_sha256: the pinned sha256 of ``manifest.json``.
-        cache_dir: the cache root (metadata under ``meta/``, shards under ``<manifest>-rank<r>/``); default
-            `remote_cache_root`.
+        cache_dir: the cache root (metadata under ``meta/``, shards under ``<manifest>-rank<r>/``, the ranks'
+            shared locks under ``<manifest>-peers/``); default `remote_cache_root`.
         cache_bytes: disk limit for this rank's shards.
         prefetch_shards: missing shards fetched ahead at once; fetch_workers: threads fetching them.
         lookahead: stream positions ahead whose shards are planned (`RemoteStream`).
+        share: the ranks whose caches are under the same ``cache_dir`` (those of one host, by default) fetch each
+            shard once between them and hard-link it into each other's caches (`RemoteShardCache` ``peers``).
         rank, world_size: default to `torch.distributed` when initialised.
         split, prefetch, state, strict: as for `make_loader` (``prefetch``: batches built ahead by a thread).
         policy: retries per store.
@@ -209,8 +212,9 @@ def make_remote_loader(
     stores = [open_store(u, **store_options) for u in (url, *mirrors)]
     root = Path(cache_dir) if cache_dir is not None else remote_cache_root()
     corpus = open_remote_corpus(stores, meta_dir=root / "meta", manifest_sha256=manifest_sha256, policy=policy)
-    cache = RemoteShardCache(stores, root / f"{corpus.manifest_sha256[:16]}-rank{rank}", max_bytes=cache_bytes,
-                             prefetch=prefetch_shards, workers=fetch_workers, policy=policy)
+    name = corpus.manifest_sha256[:16]
+    cache = RemoteShardCache(stores, root / f"{name}-rank{rank}", max_bytes=cache_bytes, prefetch=prefetch_shards,
+                             workers=fetch_workers, policy=policy, peers=root / f"{name}-peers" if share else None)
     try:
         stream = RemoteStream(corpus, config, cache=cache, lookahead=lookahead)
         dataset = TokenDataset(stream, rank=rank, world_size=world_size, split=split, prefetch=prefetch)

@@ -24,14 +24,23 @@ What it guarantees, and how:
 - **Warm restarts.** Decoded shards are named by their SHA-256; a new cache over the same directory adopts
   the complete ones it finds (evicting the oldest beyond the limit) and deletes partial files.
 
-One process owns a cache directory (an OS file lock, released when the process dies): the byte limit is
-per directory, so ranks on one host each get their own (`remote.make_remote_loader` appends the rank).
+- **Ranks on one host fetch a shard once.** One process owns a cache directory (an OS file lock, released
+  when the process dies): the byte limit is per directory, so ranks on one host each get their own
+  (`remote.make_remote_loader` appends the rank). Caches given the same ``peers`` directory register there
+  and share what they fetch: a shard is fetched under a host-wide lock of its own (`peers/locks/`), and a
+  cache that finds it decoded in a peer's directory hard-links the files instead of fetching them. A link
+  shares the disk blocks, not the bookkeeping: each cache still counts the shard against its own limit and
+  evicts its own link, and a peer's eviction never touches it (a failed link, e.g. to a shard a peer just
+  evicted or across file systems, falls back to a fetch).
+
 Memory maps cannot cross into DataLoader worker processes, so remote corpora are read in-process, which is
 the loader's fast path anyway.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import threading
 import time
@@ -75,6 +84,7 @@ class CacheStats:
     hits: int = 0  # `open` found the shard ready
     misses: int = 0  # `open` had to wait for a fetch (its own or a prefetch in flight)
     evictions: int = 0
+    shared: int = 0  # shards hard-linked from a peer cache (the same host) instead of fetched
     wait_seconds: float = 0.0  # time `open` spent waiting for shards: the loader's share of data wait
     resident: int = 0  # shards ready on disk now
 
@@ -99,13 +109,15 @@ class RemoteShardCache:
         prefetch: missing shards fetched ahead of use at once, at most (from the order given to `want`).
         workers: background fetch threads.
         policy: retries per store (`marin_data.retry`); then the next store.
+        peers: a directory shared by the caches of one host (module docstring); None: share nothing.
 
     Raises:
         CorpusLockedError: another process (or cache object) uses ``cache_dir``.
     """
 
     def __init__(self, stores: Sequence[Store], cache_dir: str | Path, *, max_bytes: int = DEFAULT_CACHE_BYTES,
-                 prefetch: int = 4, workers: int = 2, policy: RetryPolicy = DOWNLOAD_POLICY) -> None:
+                 prefetch: int = 4, workers: int = 2, policy: RetryPolicy = DOWNLOAD_POLICY,
+                 peers: str | Path | None = None) -> None:
         from filelock import FileLock, Timeout
 
         if max_bytes <= 0 or prefetch < 0 or workers < 1:
@@ -121,6 +133,11 @@ class RemoteShardCache:
             raise CorpusLockedError("this shard cache directory is in use by another loader; give each process "
                                     "its own cache_dir", path=str(self.root)) from e
         self.max_bytes, self.prefetch, self.policy = int(max_bytes), prefetch, policy
+        self._peers = None if peers is None else Path(peers)
+        if self._peers is not None:
+            (self._peers / "locks").mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                (self._peers / self.root.name).symlink_to(self.root.resolve(), target_is_directory=True)
         self._fetch_root = self.root / "fetch"  # verified Parquet, deleted once decoded
         self._decoder = DecodedShardCache(self._fetch_root, self.root / "decoded")
         self._cond = threading.Condition(threading.RLock())  # re-entrant: map finalizers may run under it
@@ -277,17 +294,14 @@ class RemoteShardCache:
 
     # --- fetching -------------------------------------------------------------------------------------
     def _fetch(self, entry: _Entry) -> None:
-        """Fetch, verify and decode ``entry``'s shard (space is reserved); on failure forget it and re-raise."""
+        """Fetch (or link from a peer), verify and decode ``entry``'s shard (space is reserved); on failure
+        forget it and re-raise."""
         shard = entry.shard
-        parquet = self._fetch_root / shard.path
+        received = None  # stays None for a shard linked from a peer
         try:
-            try:
-                received = fetch_file(self._fetch_root, FileTask(shard.path, shard.bytes, shard.sha256,
-                                                                 shard.subset), self.stores, policy=self.policy)
-                self._decoder.ensure(shard)
-            finally:
-                parquet.unlink(missing_ok=True)
-                parquet.with_name(parquet.name + PARTIAL_SUFFIX).unlink(missing_ok=True)
+            with self._peer_lock(shard.sha256):
+                if not self._link_from_peer(shard.sha256):
+                    received = self._fetch_and_decode(shard)
         except BaseException:
             shutil.rmtree(self._decoded_dir(shard.sha256), ignore_errors=True)  # files first, then the account
             with self._cond:
@@ -299,10 +313,52 @@ class RemoteShardCache:
         with self._cond:
             self._used += size - entry.bytes
             entry.bytes, entry.ready, entry.used = size, True, time.monotonic()
-            fetches = Counter(self._stats.fetches)
-            fetches[shard.path] += 1
-            self._stats = replace(self._stats, fetches=fetches, bytes_fetched=self._stats.bytes_fetched + received)
+            if received is None:
+                self._stats = replace(self._stats, shared=self._stats.shared + 1)
+            else:
+                fetches = Counter(self._stats.fetches)
+                fetches[shard.path] += 1
+                self._stats = replace(self._stats, fetches=fetches,
+                                      bytes_fetched=self._stats.bytes_fetched + received)
             self._cond.notify_all()
+
+    def _fetch_and_decode(self, shard: ShardRecord) -> int:
+        """Fetch the shard's verified Parquet, decode it, delete the Parquet; returns the bytes received."""
+        parquet = self._fetch_root / shard.path
+        try:
+            received = fetch_file(self._fetch_root, FileTask(shard.path, shard.bytes, shard.sha256, shard.subset),
+                                  self.stores, policy=self.policy)
+            self._decoder.ensure(shard)
+        finally:
+            parquet.unlink(missing_ok=True)
+            parquet.with_name(parquet.name + PARTIAL_SUFFIX).unlink(missing_ok=True)
+        return received
+
+    def _peer_lock(self, sha256: str):
+        """Held while a shard is fetched or linked, so the caches of one host fetch it once."""
+        if self._peers is None:
+            return contextlib.nullcontext()
+        from filelock import FileLock
+
+        return FileLock(str(self._peers / "locks" / f"{sha256}.lock"))
+
+    def _link_from_peer(self, sha256: str) -> bool:
+        """Hard-link a peer's complete decode of the shard into this cache; False when no peer has one."""
+        if self._peers is None:
+            return False
+        own = self._decoded_dir(sha256)
+        for peer in sorted(p for p in self._peers.iterdir() if p.is_symlink() and p.name != self.root.name):
+            src = peer / "decoded" / sha256[:2] / sha256
+            if not ((src / "tokens.npy").is_file() and (src / "offsets.npy").is_file()):
+                continue
+            own.mkdir(parents=True, exist_ok=True)
+            try:
+                for name in ("offsets.npy", "tokens.npy"):  # tokens last: its presence means a complete decode
+                    os.link(src / name, own / name)
+                return True
+            except OSError:  # the peer evicted it meanwhile, or another file system: try the next, then fetch
+                shutil.rmtree(own, ignore_errors=True)
+        return False
 
     def _prefetch_loop(self) -> None:
         while True:
