@@ -193,9 +193,12 @@ class RangedPartial:
         with self.lock:
             data = json.dumps({"sha256": self.task.sha256, "bytes": self.task.bytes, "bounds": self.bounds,
                                "done": self.done}).encode()
-            tmp = self.record.with_name(self.record.name + ".tmp")
+            tmp = self._record_tmp()
             tmp.write_bytes(data)  # no fsync: a lost record only costs a re-fetch, the digest guards the bytes
             os.replace(tmp, self.record)
+
+    def _record_tmp(self) -> Path:
+        return self.record.with_name(self.record.name.removesuffix(".part") + ".tmp.part")  # a leftover to `verify`
 
     def _restart_hash(self) -> None:
         self.hash, self.cursor = hashlib.sha256(), 0
@@ -271,6 +274,7 @@ class RangedPartial:
         """Move the verified bytes to their final name; the record goes first (a partial left without it is
         a complete prefix, which a re-run verifies)."""
         self.close()
+        self._record_tmp().unlink(missing_ok=True)
         self.record.unlink(missing_ok=True)
         with atomic_path(final) as tmp:
             os.replace(self.path, tmp)
