@@ -9,7 +9,9 @@ hung moto for minutes here), which measures moto, not the client. So every tool 
 file (marin-data with ``--part-mb 0``; it uses ranges only for subsets of fewer large files than workers,
 see `marin_data.download`): aws through a config file with a multipart threshold
 above the shard size and ``--workers`` concurrent requests, s5cmd with ``--numworkers`` and a part size
-above the shard size. The tools run interleaved within each run, so they see the same machine load; a
+above the shard size. The tools run interleaved within each run, each run starting with the next tool (on
+this VM, writing a GB into memory the host has reclaimed costs 0.2-2.3 s of kernel time by itself, measured
+with ``dd``, so a fixed order would favour whichever tool follows the one that just freed pages); a
 tool that exceeds ``--timeout`` is reported as such. Beside wall time the table gives each client's CPU
 seconds (user + system): on a small machine the client and the server share the cores, so CPU spent on
 hashing is time taken from the server. A ``marin-data --dry-run`` row measures marin-data's fixed cost per
@@ -118,8 +120,8 @@ def main() -> None:
         tools = ("marin-data", "s5cmd cp", "aws s3 cp", DRY_RUN)
         results: dict[str, list[float]] = {t: [] for t in tools}
         cpu: dict[str, list[float]] = {t: [] for t in tools}
-        for _ in range(args.runs):
-            for tool in tools:
+        for run in range(args.runs):
+            for tool in tools[run % len(tools):] + tools[:run % len(tools)]:  # each tool goes first in turn
                 dest = tmp / "dest"
                 shutil.rmtree(dest, ignore_errors=True)
                 cmd = commands(tool, endpoint, dest, args.workers, args.tools_bin)

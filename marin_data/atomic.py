@@ -14,9 +14,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_write_bytes", "sha256_file", "HASH_CHUNK"]
+__all__ = ["atomic_path", "atomic_write_bytes", "sha256_file", "pieces", "HASH_CHUNK", "WRITE_BYTES"]
 
 HASH_CHUNK = 8 << 20  # 8 MiB reads: bounded memory whatever the file size, large enough for ~1 GB/s
+# The largest single write of downloaded bytes (`pieces`, used by `marin_data.partial`). On Linux 6.x a
+# page-cache write of 512 KiB or more is served with large folios; on the VM this was measured on they cost
+# 1.2-2.2 s of kernel time per GiB against 0.25 s in 128 KiB writes (docs/benchmarks.md, issue 3), and a
+# write call costs ~2 us: 128 KiB is cheap everywhere.
+WRITE_BYTES = 128 << 10
 
 
 @contextlib.contextmanager
@@ -67,6 +72,13 @@ def sha256_file(
             if on_bytes is not None:
                 on_bytes(n)
     return h.hexdigest(), size
+
+
+def pieces(data) -> Iterator[tuple[int, memoryview]]:
+    """``(offset, view)`` of consecutive `WRITE_BYTES` slices of a bytes-like ``data``: write bulk data in these."""
+    view = memoryview(data).cast("B")
+    for at in range(0, len(view), WRITE_BYTES):
+        yield at, view[at : at + WRITE_BYTES]
 
 
 def _fsync_dir(path: Path) -> None:

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from marin_data.atomic import atomic_path
+from marin_data.atomic import atomic_path, pieces
 from marin_data.errors import RetryableRemoteError, ShardChecksumError
 from marin_data.stores import Store
 
@@ -101,7 +101,7 @@ class StreamPartial:
             self.reset()
             raise ShardChecksumError(f"the body is longer than the {self.task.bytes} bytes listed",
                                      path=self.task.path, expected=self.task.bytes)
-        self.f.write(chunk)
+        _write(self.f.fileno(), chunk, None)
         self.hash.update(chunk)
         self.offset += len(chunk)
         if self.offset - self.flushed >= WRITEBACK_CHUNK:
@@ -238,8 +238,7 @@ class RangedPartial:
                     meter.got(len(chunk))
                     if at + len(chunk) > lo:
                         piece = memoryview(chunk)[lo - at : hi - at]
-                        if os.pwrite(self.fd, piece, lo) != len(piece):
-                            raise OSError(f"short write to {self.path}")
+                        _write(self.fd, piece, lo)
                         lo += len(piece)
                         self.done[i] = lo - self.bounds[i]
                         if lo - saved >= RECORD_EVERY:
@@ -283,6 +282,14 @@ class RangedPartial:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _write(fd: int, data, offset: int | None) -> None:
+    """Write all of ``data`` at ``offset`` (None: at the file position), in `marin_data.atomic.pieces`."""
+    for at, piece in pieces(data):
+        n = os.write(fd, piece) if offset is None else os.pwrite(fd, piece, offset + at)
+        if n != len(piece):
+            raise OSError(f"short write: {n} of {len(piece)} bytes")
 
 
 def _start_writeback(fd: int, offset: int, length: int) -> None:

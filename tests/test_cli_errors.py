@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -61,3 +62,16 @@ def test_cli_prints_one_line_and_traceback_only_under_marin_debug(tmp_path, debu
     assert out.returncode == describe(E.CorpusLockedError("x"))[1]
     assert "error: c/.marin.lock: locked by pid 1" in out.stderr
     assert ("Traceback" in out.stderr) == (debug == "1")
+
+
+@pytest.mark.parametrize("command, threads", [("download", "1"), ("verify", "1"), ("train", None)])
+def test_commands_but_train_keep_openblas_to_one_thread_unless_the_user_says(command, threads):
+    probe = ("import os, sys; from marin_data.cli import main\n"
+             f"try:\n    main([{command!r}, '--help'])\nexcept SystemExit:\n    pass\n"
+             "import numpy; print(os.environ.get('OPENBLAS_NUM_THREADS'), file=sys.stderr)")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert out.stderr.strip().splitlines()[-1] == str(threads)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env={**env, "OPENBLAS_NUM_THREADS": "3"})
+    assert out.stderr.strip().splitlines()[-1] == "3"

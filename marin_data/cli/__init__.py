@@ -18,6 +18,10 @@ from marin_data.cli._errors import describe
 
 __all__ = ["main", "cli"]
 
+# Commands that do linear algebra: the others keep OpenBLAS (loaded with numpy) to one thread, since its
+# threads, one per core, spin after numpy's import-time check: ~0.1 s of CPU per command (*measured*), taken
+# from a local server or the hashing. `train` keeps the user's settings (torch's BLAS may be OpenBLAS).
+NUMERIC_COMMANDS = {"train"}
 # command name -> module defining a click command named `command`
 COMMANDS = {
     "publish": "marin_data.cli.publish",
@@ -42,6 +46,8 @@ class LazyGroup(click.Group):
         module = COMMANDS.get(name)
         if module is None:  # a command attached directly with @cli.command()
             return super().get_command(ctx, name)
+        if name not in NUMERIC_COMMANDS and "numpy" not in sys.modules:  # (no effect once it is loaded)
+            os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         return importlib.import_module(module).command
 
 
