@@ -50,7 +50,7 @@ def open_partial(final: Path, task: FileTask, *, ranges: int, part_bytes: int) -
     file holds two or more (or a partial in ranges is there already), else one stream."""
     path = partial_path(final)
     if ranges_path(path).exists() or (ranges > 1 and task.bytes >= 2 * part_bytes):
-        return RangedPartial(path, task, max(part_bytes, -(-task.bytes // ranges)), ranges)
+        return RangedPartial(path, task, max(part_bytes, -(-task.bytes // ranges), 1), ranges)
     return StreamPartial(path, task)
 
 
@@ -179,14 +179,10 @@ class RangedPartial:
             prefix = size if size <= self.task.bytes else 0
             return [min(max(prefix - lo, 0), hi - lo) for lo, hi in zip(self.bounds, self.bounds[1:])]
         except (OSError, ValueError):
-            record = {}
-        bounds, done = record.get("bounds"), record.get("done")
-        if (record.get("sha256"), record.get("bytes")) == (self.task.sha256, self.task.bytes) and \
-                isinstance(bounds, list) and isinstance(done, list) and len(done) == len(bounds) - 1 and \
-                bounds[0] == 0 and bounds[-1] == self.task.bytes and \
-                all(isinstance(d, int) and 0 <= d <= hi - lo for d, lo, hi in zip(done, bounds, bounds[1:])):
-            self.bounds = bounds
-            return done
+            record = None
+        if isinstance(record, dict) and _valid_record(record, self.task):
+            self.bounds = record["bounds"]
+            return record["done"]
         return [0] * (len(self.bounds) - 1)  # a record of another file, or damaged: nothing counts
 
     def _save(self) -> None:
@@ -282,6 +278,19 @@ class RangedPartial:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _valid_record(record: dict, task: FileTask) -> bool:
+    """Whether a ranges record describes ``task``'s file: ascending bounds from 0 to its size, and per range
+    a count of bytes done that fits the range."""
+    bounds, done = record.get("bounds"), record.get("done")
+    if (record.get("sha256"), record.get("bytes")) != (task.sha256, task.bytes):
+        return False
+    if not (isinstance(bounds, list) and isinstance(done, list) and len(done) == len(bounds) - 1):
+        return False
+    if not all(isinstance(x, int) for x in (*bounds, *done)) or bounds[:1] != [0] or bounds[-1] != task.bytes:
+        return False
+    return all(lo < hi and 0 <= d <= hi - lo for d, lo, hi in zip(done, bounds, bounds[1:]))
 
 
 def _write(fd: int, data, offset: int | None) -> None:

@@ -266,3 +266,16 @@ def test_kill_9_mid_range_then_rerun_fetches_only_what_the_ranges_lacked(big_cor
     assert report.ok
     assert proxy.served[_key(bucket_url, shard.path)] == shard.bytes - kept
     _verified(dest, big_corpus, "big")
+
+
+@pytest.mark.parametrize("record", ['[1, 2]', '{"sha256": 5}', '{"bounds": [0, "x"], "done": [1]}', "not json"])
+def test_a_damaged_record_counts_nothing_and_the_file_is_fetched_whole(published, proxy, fault_corpus, tmp_path,
+                                                                       record):  # noqa: F811
+    url, _ = published
+    dest = tmp_path / "d"
+    shard = max(_shards(fault_corpus), key=lambda s: s.bytes)
+    (dest / shard.path).parent.mkdir(parents=True)
+    (dest / (shard.path + RANGES_SUFFIX)).write_text(record)
+    assert _download(url, proxy, dest).ok
+    assert proxy.served[_key(url, shard.path)] == shard.bytes
+    _verified(dest, fault_corpus)
