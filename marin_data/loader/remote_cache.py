@@ -136,7 +136,7 @@ class RemoteShardCache:
         self._peers = None if peers is None else Path(peers)
         if self._peers is not None:
             (self._peers / "locks").mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
+            with contextlib.suppress(OSError):  # registered already; or no symlinks here: peers cannot link from us
                 (self._peers / self.root.name).symlink_to(self.root.resolve(), target_is_directory=True)
         self._fetch_root = self.root / "fetch"  # verified Parquet, deleted once decoded
         self._decoder = DecodedShardCache(self._fetch_root, self.root / "decoded")
