@@ -279,3 +279,17 @@ def test_a_damaged_record_counts_nothing_and_the_file_is_fetched_whole(published
     assert _download(url, proxy, dest).ok
     assert proxy.served[_key(url, shard.path)] == shard.bytes
     _verified(dest, fault_corpus)
+
+
+def test_ranges_a_store_keeps_failing_are_finished_from_a_mirror(published, proxy, fault_corpus, tmp_path):  # noqa: F811
+    url, src = published
+    shard = max(_shards(fault_corpus), key=lambda s: s.bytes)
+    proxy.add(Fault("drop", match=shard.path, fraction=0.5, times=100))
+    report = download(url, subsets=["b"], dest=tmp_path / "d", mirrors=[str(src)], endpoint_url=proxy.endpoint,
+                      policy=FAST, workers=8, part_bytes=PART, progress=False)
+    assert report.ok
+    # Each of the four ranges was tried 1 + max_retries times on S3, keeping what arrived; the local mirror
+    # finished them: S3 never served the whole file, yet nothing was discarded.
+    assert len(proxy.requests(shard.path)) == 4 * (1 + FAST.max_retries)
+    assert proxy.served[_key(url, shard.path)] < shard.bytes
+    _verified(tmp_path / "d", fault_corpus)
