@@ -55,6 +55,7 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
       marin-data download s3://my-bucket/marin/sample --subset 'prose/*' --to data/sample
       marin-data download s3://open-data/marin --anonymous --subset pretrain/code --to d --dry-run
       marin-data download s3://bkt/c --manifest-sha256 3f5a...e9 --mirror /mnt/copy --to d --workers 16
+      marin-data download s3://bkt/c --subset midtrain/math --to d --workers 16 --part-mb 128  # few big shards
       marin-data download hf://datasets/my-org/corpus --subset pretrain/code --to d --mirror s3://bkt/c
       marin-data download hf://datasets/team/c@main --endpoint http://127.0.0.1:8080 --subset a --to d
     """
