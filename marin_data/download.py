@@ -18,7 +18,8 @@ discarded and fetched again; nothing unverified ever gets a final name.
 
 Faults (issue 3): a dropped connection or truncated body resumes from the bytes already written; 429/503
 wait for ``Retry-After``; other 5xx back off (`marin_data.retry`); a 200 where a 206 was asked restarts
-the file from byte 0 with that body; a checksum mismatch discards the file and refetches it. When the
+the file from byte 0 with that body (fetched in ranges, the body is cut to the range asked for); a checksum
+mismatch discards the file and refetches it. When the
 retries on one store are spent, the next mirror continues the same partial file.
 
 Requests: one GET per file, from its resume offset to the end, while there are at least as many files left
@@ -221,7 +222,7 @@ def download(
         dry_run: only plan: nothing is written.
         policy: retry knobs (tests shrink the waits).
         progress: show a progress bar; None shows it when stderr is a terminal.
-        part_bytes: with fewer files left than workers, each file of at least twice this size is fetched as
+        part_bytes: with fewer large files (at least twice this size) left than workers, each is fetched as
             parallel byte ranges of at least this size (module docstring); 0: one GET per file always.
         **store_options: passed to `open_store` for the source and every mirror (``endpoint_url``,
             ``anonymous``, ``requester_pays``, ``profile``).

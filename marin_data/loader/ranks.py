@@ -11,10 +11,11 @@ each rank has to read:
   rank fetches the whole run's data, W times over in all (docs/scale.md).
 - ``"shard"``: the global batch's rows are sorted by where they are read (subset, then token offset: a shard
   is a run of its subset's tokens) and rank ``r`` takes the ``r``-th ``b`` of them, in position order. A
-  rank reads only the shards its chunk covers. The chunks stay put from step to step, because the mixture
-  gives each subset the same share of every global batch to within one row (cumulative apportionment,
-  `mixture`): a shard is read by the ranks whose chunks hold its subset's rows, a handful instead of all W
-  (measured at production scale in docs/scale.md). The price: a rank's rows come from a few subsets, not
+  rank reads only the shards its chunk covers. The chunks stay nearly put from step to step, because the
+  mixture gives each subset nearly the same share of every global batch (to within a row when the global
+  batch is a whole number of mixture blocks: cumulative apportionment, `mixture`): a shard is read by the
+  ranks whose chunks hold its subset's rows, a handful instead of all W (measured at production scale in
+  docs/scale.md). The price: a rank's rows come from a few subsets, not
   from the whole mixture (the global batch still does), and each rank locates all ``W·b`` rows of a step
   instead of its ``b``.
 

@@ -13,14 +13,14 @@ Order of work:
 the rows a rank reads of each global batch (`marin_data.loader.ranks`; by default, for a remote corpus, the
 global batch's rows sorted by shard and dealt out in chunks, so that a rank fetches a few shards instead of
 all of them). So before packing its rows of the global batch at ``P`` the stream computes which shards its
-rows of the global batches in the next ``lookahead`` positions read (`shards_at`: locate the windows, then one
-``searchsorted`` over the shards' cumulative token counts, since a window lies in one shard) and hands
+rows of the global batches in the next ``lookahead`` positions read (`shards_at`: locate the windows, then
+one ``searchsorted`` over the shards' cumulative token counts, since a window lies in one shard) and hands
 them, in order of first use, to the cache, which fetches the first few missing ones on background threads
-and evicts the ones needed last. The hierarchical shuffle reads each shard in exactly one stretch per pass, shared with at
-most ``shuffle_window - 1`` other shards of its subset (`permutation`), so with a cache that holds that
-working set for every subset, plus the prefetch, every shard is fetched once per pass (the tests stream a
-pass through a cache of under a third of the corpus). The horizon is extended
-by one batch per batch (one ``locate`` of ``b`` rows), not recomputed.
+and evicts the ones needed last. The hierarchical shuffle reads each shard in exactly one stretch per pass,
+shared with at most ``shuffle_window - 1`` other shards of its subset (`permutation`), so with a cache that
+holds that working set for every subset, plus the prefetch, every shard is fetched once per pass (the tests
+stream a pass through a cache of under a third of the corpus). The horizon is extended by one global batch
+per batch, not recomputed.
 
 The stream's table of open shards keeps them memory-mapped between batches, which pins them in the cache.
 When the cache needs room (a prefetch is waiting for it, or the next batch reads a shard that is not
@@ -119,10 +119,9 @@ class RemoteStream(TokenStream):
         """The shards (sorted indices into `shards`) that the sequences at ``positions`` read."""
         return np.unique(self.shard_ids(positions, split))
 
-    def upcoming(self, start: int, ranks: RankRows, split: str = "train") -> tuple[range | np.ndarray,
-                                                                                    list[ShardRecord]]:
-        """This rank's rows of the global batch at ``start``, and the shards they and its rows of the global
-        batches in the next ``lookahead`` positions read, in order of first use."""
+    def upcoming(self, start: int, ranks: RankRows, split: str = "train") -> list[ShardRecord]:
+        """The shards that this rank's rows of the global batch at ``start`` and of the global batches in the
+        next ``lookahead`` positions read, in order of first use (the batch at ``start`` is `_horizon`'s first)."""
         step = ranks.global_batch
         if self._horizon_key != (split, ranks):
             self._horizon.clear()
@@ -140,17 +139,17 @@ class RemoteStream(TokenStream):
             nxt += step
         ids = np.concatenate([ids for _, _, ids in self._horizon])
         _, first_use = np.unique(ids, return_index=True)
-        return self._horizon[0][1], [self.shards[g] for g in ids[np.sort(first_use)].tolist()]
+        return [self.shards[g] for g in ids[np.sort(first_use)].tolist()]
 
     def fill_batch(self, start: int, ranks: RankRows, out: Batch, split: str = "train") -> Batch:
         """`TokenStream.fill_batch`, with the cache told what comes next, and its open shards released when the
         cache needs the room."""
-        rows, coming = self.upcoming(start, ranks, split)
+        coming = self.upcoming(start, ranks, split)
+        _, rows, now = self._horizon[0]
         if coming != self._wanted:
             self.source.want(coming)
             self._wanted = coming
-        if self._table is not None and (self.source.starved() or
-                                        not self.source.ready(self.shards[g] for g in self.shards_at(rows, split))):
+        if self._table is not None and (self.source.starved() or not self.source.ready(self.shards[g] for g in now)):
             self._table = None  # unmap every shard the table holds, so the cache may evict them (module docstring)
         return self.fill(rows, out, split)
 
