@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from marin_data.atomic import atomic_path, pieces
+from marin_data.atomic import HASH_CHUNK, atomic_path, pieces
 from marin_data.errors import RetryableRemoteError, ShardChecksumError
 from marin_data.stores import Store
 
@@ -257,7 +257,7 @@ class RangedPartial:
                 lo, hi = self.bounds[self.cursor], self.bounds[self.cursor + 1]
                 at = lo
                 while at < hi:
-                    data = os.pread(self.fd, min(hi - at, 8 << 20), at)
+                    data = os.pread(self.fd, min(hi - at, HASH_CHUNK), at)
                     if not data:
                         break  # the file was shortened under us: the digest will not match
                     self.hash.update(data)
@@ -317,7 +317,7 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
 def _hash_prefix(path: Path, size: int):
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while size and (chunk := f.read(min(size, 8 << 20))):
+        while size and (chunk := f.read(min(size, HASH_CHUNK))):
             h.update(chunk)
             size -= len(chunk)
     return h

@@ -25,8 +25,8 @@ from faultproxy import Fault, FaultProxy
 from marin_data.download import DOWNLOAD_POLICY, PARTIAL_SUFFIX
 from marin_data.stores.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
 
-__all__ = ["moto", "bucket_url", "proxy", "fault_corpus", "copy_corpus", "s3_client", "run_cli", "FAST",
-           "file_sha256", "interrupt_download", "kill_and_resume"]
+__all__ = ["moto", "bucket_url", "proxy", "fault_corpus", "published", "copy_corpus", "object_key", "s3_client",
+           "run_cli", "FAST", "file_sha256", "interrupt_download", "kill_and_resume"]
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tiny waits, few retries: the fault tests exercise the retry paths without sleeping.
@@ -63,6 +63,21 @@ def fault_corpus(tmp_path_factory):
     """A corpus with four shards of ~1.3-2.7 MB in two subsets, built once."""
     return build_corpus(tmp_path_factory.mktemp("fault") / "corpus", {"a": [2000, 3000], "b": [1500, 4000]},
                         doc_tokens=(400, 600), seed=3)
+
+
+@pytest.fixture
+def published(moto, bucket_url, fault_corpus, tmp_path):
+    """(url, local root) of a private copy of the fault corpus published to a fresh bucket."""
+    from marin_data.publish import publish
+
+    root = copy_corpus(fault_corpus, tmp_path / "src")
+    publish(root, to=bucket_url, endpoint_url=moto)
+    return bucket_url, root
+
+
+def object_key(url: str, path: str) -> str:
+    """The proxy's request path for a corpus file (`FaultProxy.served` is keyed by it)."""
+    return "/" + url.removeprefix("s3://") + "/" + path
 
 
 def copy_corpus(corpus, dest: Path) -> Path:

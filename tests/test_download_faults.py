@@ -12,25 +12,13 @@ from pathlib import Path
 
 import pytest
 from s3_env import (  # noqa: F401 - fixtures
-    FAST, bucket_url, copy_corpus, fault_corpus, interrupt_download, kill_and_resume, moto, proxy, run_cli)
+    FAST, bucket_url, fault_corpus, interrupt_download, kill_and_resume, moto, object_key, proxy,
+    published, run_cli)
 from faultproxy import Fault
 
 from marin_data.download import PARTIAL_SUFFIX, download, read_download_record
-from marin_data.publish import publish
 from marin_data.stores import READ_CHUNK
 from marin_data.verify import verify_corpus
-
-
-@pytest.fixture
-def published(moto, bucket_url, fault_corpus, tmp_path):
-    root = copy_corpus(fault_corpus, tmp_path / "src")
-    publish(root, to=bucket_url, endpoint_url=moto)
-    return bucket_url, root
-
-
-def _key(url: str, path: str) -> str:
-    """The proxy's request path for a corpus file."""
-    return "/" + url.removeprefix("s3://") + "/" + path
 
 
 def _check_end_state(dest: Path, corpus, subsets: list[str], failed: set[str] = frozenset()) -> None:
@@ -45,7 +33,7 @@ def _check_end_state(dest: Path, corpus, subsets: list[str], failed: set[str] = 
 def _served_once(proxy, url: str, corpus, subsets: list[str], except_path: str | None = None) -> None:
     for s in corpus.shards:
         if s.subset in subsets and s.path != except_path:
-            assert proxy.served[_key(url, s.path)] == s.bytes, s.path
+            assert proxy.served[object_key(url, s.path)] == s.bytes, s.path
 
 
 def _largest(corpus, subset: str):
@@ -64,7 +52,7 @@ def test_a_dropped_connection_resumes_from_the_bytes_already_written(published, 
     sent_before_drop = int(shard.bytes * 0.8)
     # The client keeps what it received, less at most the one read the drop interrupted.
     assert 0 < resumed_at <= sent_before_drop < resumed_at + READ_CHUNK
-    assert proxy.served[_key(url, shard.path)] == sent_before_drop + shard.bytes - resumed_at
+    assert proxy.served[object_key(url, shard.path)] == sent_before_drop + shard.bytes - resumed_at
     _check_end_state(tmp_path / "d", fault_corpus, ["b"])
     _served_once(proxy, url, fault_corpus, ["b"], except_path=shard.path)
 
@@ -110,7 +98,7 @@ def test_a_corrupted_body_is_discarded_and_fetched_again(published, proxy, fault
     shard = _largest(fault_corpus, "a")
     proxy.add(Fault("corrupt", match=shard.path))
     report = download(url, subsets=["a"], dest=tmp_path / "d", endpoint_url=proxy.endpoint, policy=FAST)
-    assert report.ok and proxy.served[_key(url, shard.path)] == 2 * shard.bytes
+    assert report.ok and proxy.served[object_key(url, shard.path)] == 2 * shard.bytes
     _check_end_state(tmp_path / "d", fault_corpus, ["a"])
     _served_once(proxy, url, fault_corpus, ["a"], except_path=shard.path)
 
@@ -131,7 +119,7 @@ def test_a_200_to_a_range_request_restarts_the_file_from_that_body(published, pr
     assert report.ok
     (req,) = proxy.requests(shard.path)
     assert req.range == f"bytes={have}-" and req.status == 200
-    assert proxy.served[_key(url, shard.path)] == shard.bytes  # the 200 body was used, not fetched again
+    assert proxy.served[object_key(url, shard.path)] == shard.bytes  # the 200 body was used, not fetched again
     _check_end_state(tmp_path / "d", fault_corpus, ["a"])
 
 

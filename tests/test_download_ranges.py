@@ -12,7 +12,8 @@ import re
 
 import pytest
 from faultproxy import Fault
-from s3_env import FAST, bucket_url, copy_corpus, fault_corpus, moto, proxy, run_cli  # noqa: F401 - fixtures
+from s3_env import (  # noqa: F401 - fixtures
+    FAST, bucket_url, copy_corpus, fault_corpus, moto, object_key, proxy, published, run_cli)
 
 from marin_data.download import PARTIAL_SUFFIX, RANGES_SUFFIX, download
 from marin_data.publish import publish
@@ -23,19 +24,8 @@ from marin_data.verify import verify_corpus
 PART = 256 << 10
 
 
-@pytest.fixture
-def published(moto, bucket_url, fault_corpus, tmp_path):  # noqa: F811
-    root = copy_corpus(fault_corpus, tmp_path / "src")
-    publish(root, to=bucket_url, endpoint_url=moto)
-    return bucket_url, root
-
-
 def _shards(corpus, subset="b"):
     return [s for s in corpus.shards if s.subset == subset]
-
-
-def _key(url: str, path: str) -> str:
-    return "/" + url.removeprefix("s3://") + "/" + path
 
 
 def _spans(proxy, path: str) -> list[tuple[int, int]]:
@@ -84,7 +74,7 @@ def test_few_large_files_come_as_parallel_ranges_that_tile_each_file_once(publis
         assert len(spans) == 4  # 8 workers over 2 files: 4 ranges each, of a quarter (> PART) of the file
         assert spans[0][0] == 0 and spans[-1][1] == s.bytes
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # contiguous, no overlap
-        assert proxy.served[_key(url, s.path)] == s.bytes
+        assert proxy.served[object_key(url, s.path)] == s.bytes
     _verified(tmp_path / "d", fault_corpus)
 
 
@@ -108,7 +98,7 @@ def test_a_dropped_range_resumes_where_it_stopped(published, proxy, fault_corpus
     first = next(s for s in spans[:4] if s[1] == resumed[1])
     assert first[0] < resumed[0] < resumed[1]
     # Bytes served twice: at most the one read the drop interrupted.
-    assert shard.bytes <= proxy.served[_key(url, shard.path)] < shard.bytes + (1 << 20)
+    assert shard.bytes <= proxy.served[object_key(url, shard.path)] < shard.bytes + (1 << 20)
     _verified(tmp_path / "d", fault_corpus)
 
 
@@ -128,7 +118,7 @@ def test_a_corrupted_range_fails_the_digest_and_the_file_is_fetched_again(publis
     shard = max(_shards(fault_corpus), key=lambda s: s.bytes)
     proxy.add(Fault("corrupt", match=shard.path))
     assert _download(url, proxy, tmp_path / "d").ok
-    assert len(proxy.requests(shard.path)) == 8 and proxy.served[_key(url, shard.path)] == 2 * shard.bytes
+    assert len(proxy.requests(shard.path)) == 8 and proxy.served[object_key(url, shard.path)] == 2 * shard.bytes
     _verified(tmp_path / "d", fault_corpus)
 
 
@@ -142,11 +132,11 @@ def test_a_failed_ranged_download_resumes_each_range_from_its_record(published, 
     record = json.loads((dest / (shard.path + RANGES_SUFFIX)).read_bytes())
     kept = sum(record["done"])
     assert 0 < kept < shard.bytes and record["sha256"] == shard.sha256
-    served_before = proxy.served[_key(url, shard.path)]
+    served_before = proxy.served[object_key(url, shard.path)]
     proxy.clear()
     proxy.reset_counts()
     assert _download(url, proxy, dest).ok
-    assert proxy.served[_key(url, shard.path)] == shard.bytes - kept  # only what the ranges still lacked
+    assert proxy.served[object_key(url, shard.path)] == shard.bytes - kept  # only what the ranges still lacked
     assert served_before >= kept
     _verified(dest, fault_corpus)
 
@@ -160,7 +150,7 @@ def test_a_one_get_partial_becomes_the_first_ranges_done(published, proxy, fault
     partial.parent.mkdir(parents=True)
     partial.write_bytes((src / shard.path).read_bytes()[:have])
     assert _download(url, proxy, dest).ok
-    assert proxy.served[_key(url, shard.path)] == shard.bytes - have
+    assert proxy.served[object_key(url, shard.path)] == shard.bytes - have
     assert min(lo for lo, _ in _spans(proxy, shard.path)) >= have
     _verified(dest, fault_corpus)
 
@@ -175,7 +165,7 @@ def test_a_record_of_another_file_counts_nothing(published, proxy, fault_corpus,
     (dest / (shard.path + RANGES_SUFFIX)).write_text(json.dumps(
         {"sha256": "0" * 64, "bytes": shard.bytes, "bounds": [0, shard.bytes], "done": [shard.bytes]}))
     assert _download(url, proxy, dest).ok
-    assert proxy.served[_key(url, shard.path)] == shard.bytes  # fetched whole, once: the zeros were never hashed
+    assert proxy.served[object_key(url, shard.path)] == shard.bytes  # fetched whole, once: the zeros were never hashed
     _verified(dest, fault_corpus)
 
 
@@ -264,7 +254,7 @@ def test_kill_9_mid_range_then_rerun_fetches_only_what_the_ranges_lacked(big_cor
     report = download(bucket_url, subsets=["big"], dest=dest, endpoint_url=proxy.endpoint, policy=FAST,
                       part_bytes=16 << 20, progress=False)
     assert report.ok
-    assert proxy.served[_key(bucket_url, shard.path)] == shard.bytes - kept
+    assert proxy.served[object_key(bucket_url, shard.path)] == shard.bytes - kept
     _verified(dest, big_corpus, "big")
 
 
@@ -277,7 +267,7 @@ def test_a_damaged_record_counts_nothing_and_the_file_is_fetched_whole(published
     (dest / shard.path).parent.mkdir(parents=True)
     (dest / (shard.path + RANGES_SUFFIX)).write_text(record)
     assert _download(url, proxy, dest).ok
-    assert proxy.served[_key(url, shard.path)] == shard.bytes
+    assert proxy.served[object_key(url, shard.path)] == shard.bytes
     _verified(dest, fault_corpus)
 
 
@@ -291,5 +281,5 @@ def test_ranges_a_store_keeps_failing_are_finished_from_a_mirror(published, prox
     # Each of the four ranges was tried 1 + max_retries times on S3, keeping what arrived; the local mirror
     # finished them: S3 never served the whole file, yet nothing was discarded.
     assert len(proxy.requests(shard.path)) == 4 * (1 + FAST.max_retries)
-    assert proxy.served[_key(url, shard.path)] < shard.bytes
+    assert proxy.served[object_key(url, shard.path)] < shard.bytes
     _verified(tmp_path / "d", fault_corpus)
