@@ -106,6 +106,25 @@ def test_every_number_in_the_subset_table_equals_the_manifest(documented):
                                             for f in ("docs", "tokens", "bytes", "shards")]
 
 
+def test_the_headline_and_the_tokenizer_table_equal_the_manifest(documented):
+    corpus, _, text = documented
+    m, subsets = corpus.manifest, corpus.manifest.subsets.values()
+    head = re.search(r"Corpus `(.+)` version `(.+)`: ([\d,]+) subsets, ([\d,]+) documents, ([\d,]+) tokens, "
+                     r"([\d,]+) bytes \(.+\) in ([\d,]+) shards\. Manifest sha256 `([0-9a-f]{64})`", text)
+    assert head.groups()[:2] == (m.name, m.version)
+    assert [num(g) for g in head.groups()[2:7]] == [len(m.subsets), *(sum(getattr(i, f) for i in subsets)
+                                                                      for f in ("docs", "tokens", "bytes", "shards"))]
+    assert head.group(8) == hashlib.sha256((corpus.root / MANIFEST).read_bytes()).hexdigest()
+    rows = dict(md_tables(text)[("Tokenizer", "Value")])
+    tok = m.tokenizer
+    assert rows["Name"] == f"`{tok.name}`"
+    assert rows["Fingerprint (sha256 of `tokenizer.json`)"] == f"`{tok.sha256}`"
+    assert tok.sha256 == hashlib.sha256((corpus.root / "tokenizer.json").read_bytes()).hexdigest()
+    assert num(rows["Vocabulary size"]) == tok.vocab_size
+    assert rows["EOS id (appended to every document)"] == f"`{tok.eos_id}`"
+    assert rows["BOS"] == (f"`{tok.bos_id}`, prepended to every document" if tok.add_bos else "not added")
+
+
 def test_document_length_percentiles_equal_numpy_over_the_shards(documented):
     corpus, _, text = documented
     rows = md_tables(text)[("Subset", "Documents scanned", *(f"p{p}" for p in PERCENTILES), "max", "mean", "Scope")]
@@ -325,7 +344,7 @@ def test_card_parses_and_has_one_config_per_subset(documented):
 
 
 def test_datasets_reads_a_subset_through_the_card(documented, tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets  # a dev dependency: missing, the test fails rather than skips
     corpus, _, _ = documented
     ds = datasets.load_dataset(str(corpus.root), "b--c", split="train", cache_dir=str(tmp_path / "hf"))
     ids, tokens, _ = read_shard(corpus.root / corpus.shards_of(["b/c"])[0].path)
@@ -343,7 +362,7 @@ def test_card_license_uses_hub_ids(spdx, hub):
 
 # --- Croissant -------------------------------------------------------------------------------------
 def test_croissant_validates_and_its_sha256_values_match_the_shards(documented):
-    mlc = pytest.importorskip("mlcroissant")
+    import mlcroissant as mlc  # a dev dependency: missing, the test fails rather than skips
     corpus, _, _ = documented
     path = corpus.root / CROISSANT
     dataset = mlc.Dataset(jsonld=str(path))  # raises ValidationError on any error
