@@ -14,7 +14,8 @@ the loader have something to balance:
 
 Together they make ~6M tokens with the default 8,192-token byte-level BPE, which is trained here on the
 sample's own text (or pass a tokenizer). The trainer was checked to give the same ``tokenizer.json``
-bytes in separate processes, with one Rayon thread or several (tests/test_sample.py builds it twice).
+bytes in separate processes, with one Rayon thread or several (tests/test_sample.py trains it three
+times; it also builds the whole sample twice, with 2 workers and with 1, and compares the bytes).
 
 ``sample.json``, beside the manifest and listed in it, fingerprints what the sample was made from: the
 Python version, a digest of the standard-library files used, the Unicode and ``tokenizers`` versions,

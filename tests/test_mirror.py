@@ -11,6 +11,7 @@ import filecmp
 import http.client
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from conftest import build_corpus
+from shard_env import tiny_tokenizer  # noqa: F401 - a fixture
 from huggingface_hub import HfApi, HfFileSystem, get_hf_file_metadata, hf_hub_download, hf_hub_url, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
@@ -274,14 +276,25 @@ def test_concurrent_clients_get_the_right_bytes(served):
 
 
 def test_model_urls_serve_a_tokenizer_repo(served, tmp_path):
-    """The tokenizer option of `marin-data shard` resolves a repo id with hf_hub_download (a model repo)."""
     mirror, corpus = served
     path = hf_hub_download(REPO, "tokenizer.json", cache_dir=tmp_path, endpoint=mirror.url)
     assert Path(path).read_bytes() == (corpus / "tokenizer.json").read_bytes()
-    code = ("from marin_data.tokenize import resolve_tokenizer_file\n"
-            f"p, name = resolve_tokenizer_file({REPO!r})\nprint(open(p).read() == {(corpus / 'tokenizer.json').read_text()!r}, name)")
-    out = hf_subprocess(mirror.url, code, tmp_path)
-    assert out.returncode == 0 and out.stdout.split() == ["True", REPO], out.stderr
+
+
+def test_shard_resolves_a_tokenizer_repo_id_through_the_mirror(tiny_tokenizer, tmp_path):
+    """`marin-data shard --tokenizer org/name` with HF_ENDPOINT at the mirror: a model repo holding only a
+    real tokenizer.json."""
+    (tmp_path / "root/acme/bpe").mkdir(parents=True)
+    shutil.copyfile(tiny_tokenizer, tmp_path / "root/acme/bpe/tokenizer.json")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": str(i), "text": f"document number {i}"}) + "\n" for i in range(5)))
+    code = ("from marin_data.cli import main\n"
+            f"main(['shard', {str(docs)!r}, '--subset', 's', '--tokenizer', 'acme/bpe', '--out', {str(tmp_path / 'c')!r}])")
+    with running_mirror(tmp_path / "root") as mirror:
+        out = hf_subprocess(mirror.url, code, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "c/tokenizer.json").read_bytes() == tiny_tokenizer.read_bytes()
+    assert json.loads((tmp_path / "c/manifest.json").read_text())["tokenizer"]["name"] == "acme/bpe"
 
 
 @pytest.mark.slow

@@ -59,6 +59,9 @@ def test_sample_is_a_real_multi_subset_corpus_that_round_trips(tmp_path):
             assert tok.tokenizer.decode(tokens[:-1]) == texts[doc_id]
 
     before = tree_bytes(out)
+    rebuilt = run_cli("sample", tmp_path / "rebuilt", "--workers", "1", timeout=300)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert tree_bytes(tmp_path / "rebuilt") == before  # deterministic: same bytes, other worker count
     again = run_cli("sample", out, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "built 0 of 4 subsets" in again.stdout and tree_bytes(out) == before
