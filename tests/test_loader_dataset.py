@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import build_corpus
@@ -35,8 +37,6 @@ def cache(tmp_path_factory):
 
 
 def _stream(corpus, config, cache, batch_size: int, rank_rows: str = "auto") -> TokenStream:
-    from dataclasses import replace
-
     return TokenStream(corpus, replace(config, batch_size=batch_size, rank_rows=rank_rows), cache_dir=cache)
 
 
@@ -72,6 +72,16 @@ def test_stream_from_a_resume_position_is_the_uninterrupted_stream(corpus, confi
     reference = uninterrupted.read(np.arange(RESUME_AT, RESUME_AT + STEPS * world * batch))
     check_global_stream(_ranks(corpus, config, cache, world, workers, batch, RESUME_AT, rank_rows), RESUME_AT,
                         reference, stream=_dealt_by(rank_rows, uninterrupted))
+
+
+def test_the_reference_stream_is_what_a_loader_run_from_the_start_serves(corpus, config, cache):
+    """The resume tests compare with `TokenStream.read`; here that reference is checked against a loader
+    that iterated, uninterrupted, from position 0 past the resume position."""
+    batches = take(TokenDataset(_stream(corpus, config, cache, 2), prefetch=2), (RESUME_AT + 2 * STEPS) // 2)
+    after = [b for b in batches if b["index"][0] >= RESUME_AT]
+    assert after and after[0]["index"][0] == RESUME_AT
+    check_global_stream([after], RESUME_AT, _stream(corpus, config, cache, 1).read(
+        np.arange(RESUME_AT, RESUME_AT + 2 * len(after))))
 
 
 @pytest.mark.parametrize("rank_rows", ["position", "shard"])
@@ -133,8 +143,6 @@ def test_state_counts_batches_handed_to_the_trainer_not_those_prefetched(corpus,
 
 
 def test_mismatched_fingerprint_is_refused_naming_what_differs_unless_not_strict(corpus, config, cache):
-    from dataclasses import replace
-
     state = make_loader(corpus, config, cache_dir=cache).state_dict()
     other = make_loader(corpus, replace(config, seed=1), cache_dir=cache)
     with pytest.raises(LoaderStateMismatchError, match="seed"):
@@ -150,8 +158,6 @@ def test_mismatched_fingerprint_is_refused_naming_what_differs_unless_not_strict
 
 @pytest.mark.parametrize("rank_rows", ["position", "shard"])
 def test_validation_stream_is_finite_and_ends_with_the_last_whole_global_batch(corpus, config, cache, rank_rows):
-    from dataclasses import replace
-
     loaders = [make_loader(corpus, replace(config, batch_size=2, rank_rows=rank_rows), split="validation",
                            cache_dir=cache, rank=r, world_size=2) for r in range(2)]
     total = loaders[0].dataset.stream.stop("validation")
@@ -170,6 +176,9 @@ def test_passes_report_how_often_each_subset_has_been_read(corpus, config, cache
     assert sum(served.values()) == far
     assert passes == {k: served[k] / n for k, n in stream.sizes().items()}
     assert passes["b/x"] > passes["b/y"]  # b/y left the mixture after phase 0
+    loader = make_loader(corpus, replace(config, batch_size=8), cache_dir=cache, prefetch=0)
+    take(loader, 3)  # what the trainer received: 24 sequences from position 0
+    assert loader.passes() == stream.passes(24) and sum(stream.served(24).values()) == 24
 
 
 def test_prefetch_thread_errors_surface_in_the_trainer(corpus, config, tmp_path):

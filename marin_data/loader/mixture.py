@@ -60,6 +60,11 @@ class Phase:
     ``weights`` maps subset names, parent paths (``pretrain``) or globs (``pretrain/*``) to relative
     weights; a pattern matching several subsets splits its weight among them in proportion to their
     tokens. A subset may be named by one pattern only.
+
+    ``sequences`` is honoured exactly when every subset's quota at that length is whole; otherwise the
+    mixture rounds the phase to whole blocks (``Mixture._phase_length``), so it may end up to half a block
+    (512 sequences at the default block) earlier or later: the |count - w*n| <= 1 guarantee holds at every
+    block boundary, which a phase ending mid-block would break for the next phase.
     """
 
     weights: Mapping[str, float]
@@ -73,7 +78,8 @@ def phases_by_fraction(
 
     Every sequence carries ``seq_len`` new tokens, so a token fraction is a sequence fraction. Phase ends are
     rounded on the cumulative fractions, so the lengths add up to exactly ``total_tokens // seq_len``; the
-    last phase is bounded too, so the stream ends when the budget is spent.
+    last phase is bounded too, so the stream ends when the budget is spent — up to half a mixture block per
+    phase later or earlier, since the mixture rounds each phase to whole blocks (see `Phase`).
     """
     total = sum(f for f, _ in parts)
     if not parts or any(f <= 0 for f, _ in parts) or not math.isclose(total, 1.0, rel_tol=1e-9):
