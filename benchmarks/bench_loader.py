@@ -101,13 +101,22 @@ def loader_rate(stream: TokenStream, start: int, steps: int, *, prefetch: int = 
     return steps * BATCH * SEQ_LEN / wall, cpu / steps
 
 
-def steady_state(root: Path, cache: Path, steps: int, repeats: int) -> dict:
-    config = LoaderConfig(seq_len=SEQ_LEN, batch_size=BATCH, mixture=WEIGHTS)
-    stream = TokenStream(root, config, cache_dir=cache)
+def decoded_stream(root: Path, cache: Path, seed: int = 0) -> tuple[TokenStream, float]:
+    """The benchmark's stream with every shard decoded into ``cache`` and warm in the page cache, and the
+    seconds the decoding took."""
+    stream = TokenStream(root, LoaderConfig(seq_len=SEQ_LEN, batch_size=BATCH, mixture=WEIGHTS, seed=seed),
+                         cache_dir=cache)
     t0 = time.perf_counter()
     for shard in stream.corpus.shards:
         stream.source.ensure(shard)
     decode_s = time.perf_counter() - t0
+    for f in cache.rglob("*.npy"):
+        f.read_bytes()
+    return stream, decode_s
+
+
+def steady_state(root: Path, cache: Path, steps: int, repeats: int) -> dict:
+    stream, decode_s = decoded_stream(root, cache)
     # The floor reads one memory map per subset (the decoded shards concatenated), warm in the page cache.
     maps = []
     for sub in stream.subset_tokens:
@@ -118,8 +127,7 @@ def steady_state(root: Path, cache: Path, steps: int, repeats: int) -> dict:
             whole[lo : lo + len(part)] = part
         whole.flush()
         maps.append(np.asarray(np.load(path, mmap_mode="r")))  # a plain ndarray: no memmap subclass overhead
-    for f in cache.rglob("*.npy"):
-        f.read_bytes()  # warm page cache
+        path.read_bytes()  # warm page cache
     rows: dict[str, list] = {k: [] for k in ("floor", "sync", "sync_cpu", "thread", "thread_cpu", "workers2",
                                               "sync_wait", "thread_wait")}
     for rep in range(repeats):
@@ -189,6 +197,13 @@ def startup(tmp: Path, shards: int) -> dict:
     return out
 
 
+def rate_of(root: Path, cache: Path, steps: int, seed: int) -> dict:
+    """One in-process measurement for ``bench_loader_peers.py`` (which runs it in a fresh process): the
+    loader over ``root``'s shards, decoded into ``cache`` first (outside the timing), warm page cache."""
+    rate, cpu = loader_rate(decoded_stream(root, cache, seed)[0], 1_000_000, steps)
+    return {"tokens_per_s": rate, "cpu_per_step": cpu}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=64_000_000, help="tokens per subset (3 subsets)")
@@ -197,7 +212,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--shards", type=int, default=100_000, help="shards in the simulated start-up index")
     ap.add_argument("--keep", type=Path, help="build the corpus here and keep it (for bench_loader_peers.py)")
+    ap.add_argument("--rate-of", type=Path, metavar="CORPUS", help=argparse.SUPPRESS)  # bench_loader_peers.py's
+    ap.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rate_of:
+        print(json.dumps(rate_of(args.rate_of, args.cache, args.steps, args.seed)))
+        return
     tmp = Path(tempfile.mkdtemp(prefix="bench-loader-"))
     root = args.keep or tmp / "corpus"
     try:

@@ -15,17 +15,27 @@ shards are read with pyarrow in path order, concatenated, and cut into the windo
 - one flat ``.npy`` per subset for the floor: numpy copies of random windows into a preallocated batch
   (the same floor as ``bench_loader.py``, so the two scripts' ratios compare).
 
-Batch 8 x 4096; figures are medians over repeats of tokens/s delivered to a loop that only takes batches.
+and, with ``--marin-python`` (the shell script passes ``.venv/bin/python``), marin's loader in-process on the
+same corpus (``bench_loader.py --rate-of``, the shards decoded into its cache outside the timing).
 
-    benchmarks/bench_loader_peers.sh --corpus /tmp/bench-loader-corpus --steps 2000 --repeats 3
+Every measurement runs in a fresh process, in an order rotated each repeat: the peers leave threads behind
+(MosaicML's iterator keeps its two prefetch threads running when a loop stops early), which slowed whatever
+ran next in the same process; an earlier version of this script timed LitData after MosaicML in one
+process and under-reported it ~2-8x. Batch 8 x 4096; figures are medians over repeats of tokens/s delivered
+to a loop that only takes batches; ratios are taken within this one run.
+
+    benchmarks/bench_loader_peers.sh --corpus /tmp/bench-loader-corpus --steps 2000 --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -125,32 +135,61 @@ def litdata(work: Path, steps: int, workers: int, seed: int) -> float:
     return rate(StreamingDataLoader(combined, batch_size=BATCH, num_workers=workers), steps)
 
 
+PEERS = {"floor": lambda work, steps, workers, seed: floor(work, steps, seed), "mosaic": mosaic, "litdata": litdata}
+
+
+def measure(kind: str, workers: int, args, work: Path, seed: int) -> float:
+    """tokens/s of one measurement, in a fresh process (see the module docstring)."""
+    if kind == "marin":
+        cmd = [args.marin_python, str(Path(__file__).with_name("bench_loader.py")), "--rate-of", str(args.corpus),
+               "--cache", str(work / "marin-cache"), "--steps", str(args.steps), "--seed", str(seed)]
+    else:
+        cmd = [sys.executable, __file__, "--one", kind, str(workers), str(work), "--steps", str(args.steps),
+               "--seed", str(seed), "--corpus", str(args.corpus)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["tokens_per_s"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", type=Path, required=True, help="a corpus from bench_loader.py --keep")
     ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    ap.add_argument("--marin-python", help="the Python of marin's venv: also time marin's loader")
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--one", nargs=3, metavar=("KIND", "WORKERS", "WORK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one:  # a child: one measurement
+        kind, workers, work = args.one
+        print(json.dumps({"tokens_per_s": PEERS[kind](Path(work), args.steps, int(workers), args.seed)}))
+        return
     work = Path(tempfile.mkdtemp(prefix="bench-loader-peers-"))
+    runs = [("floor", 0)] + [(peer, w) for w in args.workers for peer in ("mosaic", "litdata")]
+    runs += [("marin", 0)] if args.marin_python else []
     try:
         t0 = time.perf_counter()
         counts = convert(args.corpus, work)
         convert_s = time.perf_counter() - t0
-        rows: dict[str, list[float]] = {"floor": []}
+        rows: dict[tuple[str, int], list[float]] = {run: [] for run in runs}
         for rep in range(args.repeats):
-            rows["floor"].append(floor(work, args.steps, rep))
-            for w in args.workers:
-                rows.setdefault(f"mosaic, {w} workers", []).append(mosaic(work, args.steps, w, rep))
-                rows.setdefault(f"litdata, {w} workers", []).append(litdata(work, args.steps, w, rep))
+            for kind, workers in runs[rep % len(runs):] + runs[:rep % len(runs)]:
+                rows[kind, workers].append(measure(kind, workers, args, work, rep))
+                print(f"repeat {rep}: {kind}, {workers} workers: {rows[kind, workers][-1] / 1e6:.0f}M tokens/s",
+                      file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work)
-    med = {k: statistics.median(v) for k, v in rows.items()}
+    med = {run: statistics.median(v) for run, v in rows.items()}
     print(f"\n{platform.machine()}, windows per subset {counts}, converted in {convert_s:.1f} s, batch {BATCH} x "
-          f"{SEQ_LEN}, {args.steps} steps, median of {args.repeats}\n")
-    print("| what | M tokens/s | vs floor |\n|---|---:|---:|")
-    for k, v in med.items():
-        print(f"| {k} | {v / 1e6:.0f} | {v / med['floor']:.2f} |")
+          f"{SEQ_LEN}, {args.steps} steps, median of {args.repeats}, each in a fresh process\n")
+    print("| what | M tokens/s | vs floor | vs LitData, 0 workers | runs (M tokens/s) |\n|---|---:|---:|---:|---|")
+    for (kind, workers), v in med.items():
+        label = "floor" if kind == "floor" else "marin, in-process" if kind == "marin" else f"{kind}, {workers} workers"
+        runs_m = ", ".join(f"{x / 1e6:.0f}" for x in rows[kind, workers])
+        vs_lit = f"{v / med['litdata', 0]:.2f}x" if ('litdata', 0) in med else ""
+        print(f"| {label} | {v / 1e6:.0f} | {v / med['floor', 0]:.2f} | {vs_lit} | {runs_m} |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The loader's peers (MosaicML streaming, LitData) in their own environment: they pin other torch builds.
 #
-#   benchmarks/bench_loader_peers.sh --corpus /tmp/bench-loader/corpus --steps 2000     # see bench_loader.py
+#   benchmarks/bench_loader_peers.sh --corpus /tmp/bench-loader-corpus --steps 2000     # see bench_loader.py
 #
 # Creates $PEERS_VENV (default /tmp/peers-venv) once: the CPU build of torch first, then the peers with
 # torch and torchvision pinned. Both peers require torchvision, whose newest release requires a newer torch,
@@ -28,4 +28,5 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import streaming, lit
     printf 'def to_tensor(x):\n    raise NotImplementedError("torchvision shim")\n' \
         > "$SITE/torchvision/transforms/functional.py"
 fi
-exec "$VENV/bin/python" "$HERE/bench_loader_peers.py" "$@"
+MARIN_PYTHON=$HERE/../.venv/bin/python  # marin's loader is timed in the same run, from its own venv
+exec "$VENV/bin/python" "$HERE/bench_loader_peers.py" --marin-python "$MARIN_PYTHON" "$@"
