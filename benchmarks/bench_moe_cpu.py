@@ -10,6 +10,11 @@ gradient the size of all the experts; "naive-mask" is issue 6's literal baseline
 expert runs on every token and its output is multiplied by a dense [T,E] gate, zero where the token is not
 routed to it (E/k times the expert FLOPs).
 
+"mask/ops work" is the ceiling of the "vs naive-mask" ratio: every weight of the block's linear layers is one
+multiply-add per token, masking uses all of them for every token and the op chain all but the (E-k)/E of the
+routed experts' weights a token is not sent to, so their GEMM work differs by the ratio of those two weight
+counts (the same in the backward). A step whose routing ops and glue cost nothing would reach it.
+
 One step = forward, a scalar loss with the z-loss, backward. The module is in eval mode so the balancing
 statistics (which the naive versions do not gather) are not timed. Timing: ``torch.utils.benchmark.Timer
 .blocked_autorange``; each repeat times the four back to back; figures are medians over the repeats.
@@ -63,6 +68,14 @@ def make_step(moe: MoE, x_TD: torch.Tensor, kind: str):
     return step
 
 
+def work_ratio(moe: MoE) -> float:
+    """Multiply-adds per token of the masking loop over those of the op chain (the docstring's ceiling)."""
+    m = moe.cfg
+    block = sum(p.numel() for p in moe.parameters())
+    routed = sum(p.numel() for p in moe.experts.parameters())
+    return block / (block - routed + routed * m.top_k / m.num_experts)
+
+
 def run(sizes: list[str], repeats: int, min_run_time: float, dtype: torch.dtype, clock) -> list[dict]:
     rows = []
     for name in sizes:
@@ -79,7 +92,7 @@ def run(sizes: list[str], repeats: int, min_run_time: float, dtype: torch.dtype,
                                         num_threads=torch.get_num_threads())
                 times[kind].append(timer.blocked_autorange(min_run_time=min_run_time).median)
         ms = {kind: statistics.median(t) * 1e3 for kind, t in times.items()}
-        rows.append(dict(size=name, tokens=tokens, cfg=cfg, ms=ms))
+        rows.append(dict(size=name, tokens=tokens, cfg=cfg, ms=ms, ceiling=work_ratio(moe)))
     return rows
 
 
@@ -102,13 +115,13 @@ def main() -> None:
           f"{platform.processor() or platform.machine()}, {args.dtype}, {args.clock} clock, grouped GEMM "
           f"{'present' if hasattr(torch, '_grouped_mm') else 'absent'}, median of {args.repeats}")
     print("| size | tokens | E | k | d_model | latent | " + " | ".join(f"{kind} (ms)" for kind in KINDS)
-          + " | " + " | ".join(f"vs {kind}" for kind in NAIVE_OPTIONS) + " |")
-    print("|---|---:|---:|---:|---:|---:|" + "---:|" * (len(KINDS) + len(NAIVE_OPTIONS)))
+          + " | " + " | ".join(f"vs {kind}" for kind in NAIVE_OPTIONS) + " | mask/ops work |")
+    print("|---|---:|---:|---:|---:|---:|" + "---:|" * (len(KINDS) + len(NAIVE_OPTIONS) + 1))
     for r in run(sizes, args.repeats, args.min_run_time, getattr(torch, args.dtype), clock):
         m, ms = r["cfg"].moe, r["ms"]
         print(f"| {r['size']} | {r['tokens']} | {m.num_experts} | {m.top_k} | {r['cfg'].d_model} | {m.latent_dim} | "
               + " | ".join(f"{ms[kind]:.1f}" for kind in KINDS) + " | "
-              + " | ".join(f"{ms[kind] / ms['ops']:.2f}x" for kind in NAIVE_OPTIONS) + " |")
+              + " | ".join(f"{ms[kind] / ms['ops']:.2f}x" for kind in NAIVE_OPTIONS) + f" | {r['ceiling']:.2f}x |")
 
 
 if __name__ == "__main__":
