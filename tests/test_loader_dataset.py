@@ -156,6 +156,15 @@ def test_mismatched_fingerprint_is_refused_naming_what_differs_unless_not_strict
     assert same.position == state["position"]
 
 
+def test_a_state_of_another_seq_len_or_other_shards_is_refused(corpus, config, cache, tmp_path):
+    state = make_loader(corpus, config, cache_dir=cache).state_dict()
+    with pytest.raises(LoaderStateMismatchError, match=r"differs in: seq_len\)"):
+        make_loader(corpus, replace(config, seq_len=SEQ_LEN // 2), cache_dir=cache, state=state)
+    grown = build_corpus(tmp_path / "grown", {"a": [40, 30, 5], "b/x": [25], "b/y": [15, 20]}, doc_tokens=(1, 30))
+    with pytest.raises(LoaderStateMismatchError, match=r"differs in: data"):  # a shard more: another corpus
+        make_loader(grown, config, cache_dir=tmp_path / "cache", state=state)
+
+
 @pytest.mark.parametrize("rank_rows", ["position", "shard"])
 def test_validation_stream_is_finite_and_ends_with_the_last_whole_global_batch(corpus, config, cache, rank_rows):
     loaders = [make_loader(corpus, replace(config, batch_size=2, rank_rows=rank_rows), split="validation",
