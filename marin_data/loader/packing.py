@@ -43,7 +43,7 @@ import numpy as np
 from marin_data.loader.cache import ShardSource
 from marin_data.manifest import ShardRecord
 
-__all__ = ["SubsetTokens", "Batch", "batch_layout", "new_batch", "ShardTable", "pack_rows"]
+__all__ = ["SubsetTokens", "Batch", "batch_layout", "new_batch", "shard_rows", "ShardTable", "pack_rows"]
 
 
 @dataclass(frozen=True)
@@ -111,19 +111,21 @@ def new_batch(rows: int, seq_len: int) -> Batch:
 
 
 @numba.njit(cache=True, nogil=True)
-def _rows(subset, start, cumulative, first_shard):
-    """Each row's global shard and the window's first token in it (``[B]`` int64 each).
+def shard_rows(subset, start, cum_flat, cum_offsets):
+    """Each row's global shard and the window's first token in it (``[B]`` int64 each), for windows starting
+    at token ``start[r]`` of subset ``subset[r]``.
 
-    ``cumulative`` holds every subset's cumulative shard tokens back to back: subset ``s``'s array (``n_s + 1``
-    entries) starts at ``first_shard[s] + s``, and its shard ``k`` is global shard ``first_shard[s] + k``.
+    ``cum_flat``, ``cum_offsets``: every subset's `SubsetTokens.cumulative` back to back (the stream's ragged
+    layout): subset ``s``'s ``n_s + 1`` entries are ``cum_flat[cum_offsets[s]:cum_offsets[s + 1]]``, so with
+    one extra entry per earlier subset its shard ``k`` is global shard ``cum_offsets[s] - s + k``.
     """
     shard = np.empty(subset.shape[0], np.int64)
     lo = np.empty(subset.shape[0], np.int64)
     for r in range(subset.shape[0]):
         s = subset[r]
-        cum = cumulative[first_shard[s] + s : first_shard[s + 1] + s + 1]
+        cum = cum_flat[cum_offsets[s] : cum_offsets[s + 1]]
         k = np.searchsorted(cum, start[r], side="right") - 1
-        shard[r] = first_shard[s] + k
+        shard[r] = cum_offsets[s] - s + k
         lo[r] = start[r] - cum[k]
     return shard, lo
 
@@ -172,14 +174,15 @@ class ShardTable:
     process: DataLoader workers get their own.
     """
 
-    def __init__(self, source: ShardSource, subsets: Sequence[SubsetTokens], capacity: int = 64) -> None:
+    def __init__(self, source: ShardSource, shards: Sequence[ShardRecord], cum_flat: np.ndarray,
+                 cum_offsets: np.ndarray, capacity: int = 64) -> None:
+        """``shards``: the stream's shards, subset by subset; ``cum_flat``, ``cum_offsets``: their cumulative
+        token counts (`shard_rows`)."""
         from numba.typed import List
 
         self.source = source
-        self.shards = [shard for sub in subsets for shard in sub.shards]
-        counts = [len(sub.shards) for sub in subsets]
-        self.first_shard = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        self.cumulative = np.concatenate([sub.cumulative for sub in subsets]) if subsets else np.zeros(0, np.int64)
+        self.shards = shards
+        self.cum_flat, self.cum_offsets = cum_flat, cum_offsets
         self.slot_of = np.full(len(self.shards), -1, dtype=np.int64)
         self.shard_in = np.full(capacity, -1, dtype=np.int64)
         self.used = np.zeros(capacity, dtype=np.int64)  # batch counter at last use (LRU)
@@ -227,7 +230,7 @@ def pack_rows(table: ShardTable, subset: np.ndarray, start: np.ndarray, seq_len:
         out: buffers with ``B`` rows.
     """
     out.subset[:] = subset
-    shard, lo = _rows(subset, start, table.cumulative, table.first_shard)
+    shard, lo = shard_rows(subset, start, table.cum_flat, table.cum_offsets)
     slots = table.slots(shard)
     _fill_batch(table.tokens, table.offsets, slots, lo, out.window, out.segment_ids, out.positions, _ramp(seq_len))
 

@@ -33,7 +33,7 @@ from marin_data.errors import LoaderConfigError
 from marin_data.loader.cache import DecodedShardCache, ShardSource
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
 from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
-from marin_data.loader.packing import Batch, ShardTable, SubsetTokens, new_batch, pack_rows
+from marin_data.loader.packing import Batch, ShardTable, SubsetTokens, new_batch, pack_rows, shard_rows
 from marin_data.loader.permutation import SHUFFLES, derive_key, feistel1, hierarchical1, shard_order, sub_key
 from marin_data.loader.ranks import RANK_ROWS, RankRows
 from marin_data.manifest import Corpus, load_corpus, select_subsets, shards_fingerprint
@@ -238,12 +238,6 @@ class TokenStream:
                     "fits in one of its shards; give it weight 0, or lower seq_len", path=t.name, actual=t.tokens)
         self._wstarts = _Ragged.of(wstarts)
         self._cumulative = _Ragged.of([t.cumulative for t in self.subset_tokens])
-        # Every subset's tokens laid end to end: subset s's token x is token base[s] + x of the whole, and
-        # shard g of `shards` holds tokens [ends[g], ends[g+1]) of it.
-        totals = np.cumsum([t.tokens for t in self.subset_tokens], dtype=np.int64)
-        self._base = np.concatenate(([0], totals[:-1])).astype(np.int64)
-        self._ends = np.concatenate([b + t.cumulative[:-1] for b, t in zip(self._base, self.subset_tokens)]
-                                    + [totals[-1:]]).astype(np.int64)
 
     def _keys(self, seed: int, purpose: str) -> np.ndarray:
         return np.array([derive_key(seed, purpose, t.name) for t in self.subset_tokens], dtype=np.uint64)
@@ -312,13 +306,13 @@ class TokenStream:
     def shard_ids(self, positions: range | np.ndarray, split: str = "train") -> np.ndarray:
         """The shard (an index into `shards`) holding the window at each of ``positions``: ``[k]`` int64."""
         subset, start = self.locate(positions, split)
-        return np.searchsorted(self._ends, self._base[subset] + start, side="right") - 1
+        return shard_rows(subset, start, self._cumulative.flat, self._cumulative.offsets)[0]
 
     def fill(self, positions: range | np.ndarray, out: Batch, split: str = "train") -> Batch:
         """Write the sequences at ``positions`` (``B`` of them) into ``out`` (``B`` rows) and return it."""
         subset, start = self.locate(positions, split)
         if self._table is None:  # per process: DataLoader workers build their own
-            self._table = ShardTable(self.source, self.subset_tokens)
+            self._table = ShardTable(self.source, self.shards, self._cumulative.flat, self._cumulative.offsets)
         pack_rows(self._table, subset, start, self.config.seq_len, out)
         out.index[:] = positions
         return out
