@@ -62,9 +62,8 @@ class Phase:
     tokens. A subset may be named by one pattern only.
 
     ``sequences`` is honoured exactly when every subset's quota at that length is whole; otherwise the
-    mixture rounds the phase to whole blocks (``Mixture._phase_length``), so it may end up to half a block
-    (512 sequences at the default block) earlier or later: the |count - w*n| <= 1 guarantee holds at every
-    block boundary, which a phase ending mid-block would break for the next phase.
+    mixture rounds the phase to whole blocks (``Mixture._phase_length``; the module docstring says why), so
+    it may end up to half a block (512 sequences at the default block) earlier or later.
     """
 
     weights: Mapping[str, float]
