@@ -35,8 +35,8 @@ def naive_moe_forward(moe: MoE, x_TD: Tensor, index_stacked: bool = False,
         raise ValueError("naive_moe_forward does not implement device-limited routing (n_group > 1)")
     fp32 = torch.promote_types(x_TD.dtype, torch.float32)
     logits_TE = F.linear(x_TD.to(fp32), moe.router.weight.to(fp32))
-    probs_TE = torch.softmax(logits_TE, dim=-1)
-    score_TE = (probs_TE if m.routing == "softmax_topk" else logits_TE) + moe.bias_E
+    probs_TE = torch.softmax(logits_TE, dim=-1) if m.routing == "softmax_topk" else None
+    score_TE = (probs_TE if probs_TE is not None else logits_TE) + moe.bias_E
     expert_ids_TK = torch.sort(-score_TE, dim=-1, stable=True).indices[:, :m.top_k]  # ties: lower id first
     if m.routing == "topk_softmax":
         weights_TK = torch.softmax(logits_TE.gather(1, expert_ids_TK), dim=-1)

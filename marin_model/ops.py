@@ -44,6 +44,7 @@ module decided (issue 6):
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["ROUTING_MODES", "route_topk", "route_topk_backward", "permute", "unpermute", "unpermute_backward",
@@ -69,6 +70,16 @@ def _gather_rows(table_RH: Tensor, index_N: Tensor) -> Tensor:
     a non-finite value in an unrelated row into NaN."""
     rows_NH = table_RH.index_select(0, index_N.clamp(min=0))
     return rows_NH.index_fill_(0, torch.nonzero(index_N < 0).squeeze(1), 0)
+
+
+def _softmax(x_TE: Tensor) -> Tensor:
+    """softmax over the last dim. torch's CPU kernel takes a slow path when that dim is narrower than 16 (7x
+    slower at 8 experts, 2048 tokens: 0.30 ms; measured on AVX-512, torch 2.13), so narrow rows are padded with
+    -inf, whose exp is exactly 0: the same sum, the same values to rounding."""
+    width = x_TE.shape[-1]
+    if x_TE.device.type != "cpu" or width >= 16:
+        return torch.softmax(x_TE, dim=-1)
+    return torch.softmax(F.pad(x_TE, (0, 16 - width), value=float("-inf")), dim=-1)[..., :width]
 
 
 def _check_ids(name: str, ids: Tensor, rows: int) -> None:
@@ -117,7 +128,7 @@ def route_topk(logits: Tensor, bias: Optional[Tensor], k: int, mode: str, scale:
     if logits.numel() == 0:
         return _empty_route(logits, k, acc)
     logits_TE = logits.to(acc)
-    probs_TE = torch.softmax(logits_TE, dim=-1) if mode == "softmax_topk" else None
+    probs_TE = _softmax(logits_TE) if mode == "softmax_topk" else None
     score_TE = probs_TE if probs_TE is not None else logits_TE
     if bias is not None:
         score_TE = score_TE + bias.to(acc)
@@ -129,7 +140,7 @@ def route_topk(logits: Tensor, bias: Optional[Tensor], k: int, mode: str, scale:
     elif mode == "softmax_topk":
         gate_TK = probs_TE.gather(1, ids_TK)
     else:
-        gate_TK = torch.softmax(logits_TE.gather(1, ids_TK), dim=-1)
+        gate_TK = _softmax(logits_TE.gather(1, ids_TK))
     if renormalize and mode != "topk_softmax":
         gate_TK = gate_TK / gate_TK.sum(-1, keepdim=True)
     ids32_TK = ids_TK.to(torch.int32)
@@ -164,10 +175,10 @@ def route_topk_backward(grad_weights: Tensor, grad_lse: Tensor, logits: Tensor, 
     logits_TE, ids_TK = logits.to(acc), expert_ids.long()
     g_TK, w_TK = grad_weights.to(acc), weights.to(acc)
     gw_T1 = (g_TK * w_TK).sum(-1, keepdim=True)
-    probs_TE = torch.softmax(logits_TE, dim=-1)
+    probs_TE = _softmax(logits_TE)
     grad_TE = grad_lse.to(acc)[:, None] * probs_TE  # the lse term; the chosen gates' terms are added to it
     if mode == "topk_softmax":
-        q_TK = torch.softmax(logits_TE.gather(1, ids_TK), dim=-1)
+        q_TK = _softmax(logits_TE.gather(1, ids_TK))
         grad_TE.scatter_add_(1, ids_TK, q_TK * (scale * g_TK - gw_T1))  # ids distinct in a row: deterministic
     else:
         gate_TK = torch.sigmoid(logits_TE.gather(1, ids_TK)) if mode == "sigmoid" else probs_TE.gather(1, ids_TK)
