@@ -1,6 +1,6 @@
 """MoE block forward+backward on CPU: the marin:: op chain vs naive per-expert loops (issue 6).
 
-All four run the same ``MoE`` module (same parameters, same routing) on the same tokens. "ops" goes through
+All five run the same ``MoE`` module (same parameters, same routing) on the same tokens. "ops" goes through
 ``route_topk -> permute -> grouped experts (torch._grouped_mm) -> unpermute``. The naive versions are
 ``marin_model.naive`` (torch routing, then a Python loop over experts): "naive" gathers each expert's tokens,
 runs it and ``index_add``s the weighted result (Mixtral-style reference code), with one view per expert as a
@@ -10,6 +10,11 @@ gradient the size of all the experts; "naive-mask" is issue 6's literal baseline
 expert runs on every token and its output is multiplied by a dense [T,E] gate, zero where the token is not
 routed to it (E/k times the expert FLOPs).
 
+"floor" is not a variant of the block but a yardstick for the op chain: the same step with the routing done
+once, outside the timed step, and plain ``index_select`` gathers and a weighted sum in place of ``permute`` and
+``unpermute`` (no custom op, no routing math, no gradient through the combine weights). It is what the step
+would cost if the three ops and their backwards cost no more than the rows they move.
+
 "mask/ops work" is the ratio of the two variants' GEMM work: every weight of the block's linear layers is one
 multiply-add per token, masking uses all of them for every token and the op chain all but the (E-k)/E of the
 routed experts' weights a token is not sent to (the same in the backward). It is not a bound on the time
@@ -17,7 +22,7 @@ ratio: masking also does E/k times the experts' element-wise work and loops over
 
 One step = forward, a scalar loss with the z-loss, backward. The module is in eval mode so the balancing
 statistics (which the naive versions do not gather) are not timed. Timing: ``torch.utils.benchmark.Timer
-.blocked_autorange``; each repeat times the four back to back; figures are medians over the repeats.
+.blocked_autorange``; each repeat times the five back to back; figures are medians over the repeats.
 Default: one intra-op thread, because on a shared 2-core VM two OpenMP threads stall at every GEMM barrier
 whenever a neighbour takes a core (the same grouped GEMMs measured 2-5 s with 2 threads, 0.3-0.4 s with 1).
 ``--clock cpu`` times process CPU time instead of wall time: steadier on a busy machine.
@@ -34,10 +39,11 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 import torch.utils.benchmark as benchmark
 
 from marin_model.config import PRESETS, with_overrides
-from marin_model.moe import MoE
+from marin_model.moe import MoE, permute_tokens, route
 from marin_model.naive import naive_moe_forward
 
 SIZES = {
@@ -50,11 +56,13 @@ SIZES = {
 }
 # The naive kinds: naive_moe_forward options.
 NAIVE_OPTIONS = {"naive": {}, "naive-stacked": dict(index_stacked=True), "naive-mask": dict(dense_mask=True)}
-KINDS = ("ops", *NAIVE_OPTIONS)
+KINDS = ("ops", "floor", *NAIVE_OPTIONS)
 
 
 def make_step(moe: MoE, x_TD: torch.Tensor, kind: str):
     probe_TD = torch.randn_like(x_TD)
+    if kind == "floor":
+        return make_floor_step(moe, x_TD, probe_TD)
 
     def step():
         if kind == "ops":
@@ -63,6 +71,26 @@ def make_step(moe: MoE, x_TD: torch.Tensor, kind: str):
         else:
             out_TD, z_loss = naive_moe_forward(moe, x_TD, **NAIVE_OPTIONS[kind])
         ((out_TD.float() * probe_TD).sum() + z_loss).backward()
+        moe.zero_grad(set_to_none=True)
+
+    return step
+
+
+def make_floor_step(moe: MoE, x_TD: torch.Tensor, probe_TD: torch.Tensor):
+    """The "floor" (module docstring): the block's GEMMs and row movement with the routing precomputed."""
+    m, T = moe.cfg, x_TD.shape[0]
+    with torch.no_grad():
+        routing = route(F.linear(x_TD, moe.router.weight), moe.bias_E, m)
+        _, meta = permute_tokens(moe.down(x_TD), routing.expert_ids_TK, m.num_experts, m.align, 0)
+    src_R = meta.src_of_R.long().clamp(min=0) // m.top_k  # padding rows (src -1) read token 0: the same traffic
+    row_N = meta.row_of_TK.reshape(-1).long()
+
+    def step():
+        logits_TE = F.linear(x_TD, moe.router.weight)
+        y_RL = moe.experts(moe.down(x_TD).index_select(0, src_R), meta.offsets_E1)
+        y_TL = (y_RL.index_select(0, row_N).view(T, m.top_k, -1) * routing.weights_TK[..., None]).sum(1)
+        out_TD = moe.up(y_TL) + moe.shared(x_TD)
+        ((out_TD * probe_TD).sum() + logits_TE.sum()).backward()
         moe.zero_grad(set_to_none=True)
 
     return step
@@ -115,13 +143,14 @@ def main() -> None:
           f"{platform.processor() or platform.machine()}, {args.dtype}, {args.clock} clock, grouped GEMM "
           f"{'present' if hasattr(torch, '_grouped_mm') else 'absent'}, median of {args.repeats}")
     print("| size | tokens | E | k | d_model | latent | " + " | ".join(f"{kind} (ms)" for kind in KINDS)
-          + " | " + " | ".join(f"vs {kind}" for kind in NAIVE_OPTIONS) + " | mask/ops work |")
-    print("|---|---:|---:|---:|---:|---:|" + "---:|" * (len(KINDS) + len(NAIVE_OPTIONS) + 1))
+          + " | " + " | ".join(f"vs {kind}" for kind in NAIVE_OPTIONS) + " | mask/ops work | mask/floor |")
+    print("|---|---:|---:|---:|---:|---:|" + "---:|" * (len(KINDS) + len(NAIVE_OPTIONS) + 2))
     for r in run(sizes, args.repeats, args.min_run_time, getattr(torch, args.dtype), clock):
         m, ms = r["cfg"].moe, r["ms"]
         print(f"| {r['size']} | {r['tokens']} | {m.num_experts} | {m.top_k} | {r['cfg'].d_model} | {m.latent_dim} | "
               + " | ".join(f"{ms[kind]:.1f}" for kind in KINDS) + " | "
-              + " | ".join(f"{ms[kind] / ms['ops']:.2f}x" for kind in NAIVE_OPTIONS) + f" | {r['work']:.2f}x |")
+              + " | ".join(f"{ms[kind] / ms['ops']:.2f}x" for kind in NAIVE_OPTIONS) + f" | {r['work']:.2f}x | "
+              + f"{ms['naive-mask'] / ms['floor']:.2f}x |")
 
 
 if __name__ == "__main__":
