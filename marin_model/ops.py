@@ -87,6 +87,22 @@ def _check_ids(name: str, ids: Tensor, rows: int) -> None:
     _check(ids.dtype == torch.int32, f"{name} must be int32, got {ids.dtype}")
 
 
+def _reference_op(name: str):
+    """``torch.library.custom_op`` `name` whose body serves CPU and CUDA tensors (until kernels.py takes CUDA).
+
+    The two devices are registered one call each: torch's ``register_kernel`` given several device types binds
+    its loop variable late (torch 2.13, ``torch/_library/custom_ops.py``), so every device's dispatch entry
+    would call the kernel registered for the *last* one, and the CUDA kernels that kernels.py registers would
+    then take CPU tensors too (and refuse them). tests/test_ops.py checks that they do not.
+    """
+    def wrap(body):
+        op = torch.library.custom_op(name, body, mutates_args=(), device_types="cpu")
+        op.register_kernel("cuda", body)
+        return op
+
+    return wrap
+
+
 # ------------------------------------------------------------------------------------------------ route_topk
 def check_route_topk_args(logits: Tensor, bias: Optional[Tensor], k: int, mode: str, n_group: int,
                           topk_group: int) -> None:
@@ -115,7 +131,7 @@ def _limit_groups(score_TE: Tensor, n_group: int, topk_group: int) -> Tensor:
     return score_TE.masked_fill(~keep_TG.repeat_interleave(E // n_group, dim=1), float("-inf"))
 
 
-@torch.library.custom_op("marin::route_topk", mutates_args=(), device_types=("cpu", "cuda"))
+@_reference_op("marin::route_topk")
 def route_topk(logits: Tensor, bias: Optional[Tensor], k: int, mode: str, scale: float, renormalize: bool,
                n_group: int, topk_group: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Chooses k experts per token and their combine weights (contract in the module docstring).
@@ -160,7 +176,7 @@ def _(logits, bias, k, mode, scale, renormalize, n_group, topk_group):
     return _empty_route(logits, k, _acc_dtype(logits))
 
 
-@torch.library.custom_op("marin::route_topk_backward", mutates_args=(), device_types=("cpu", "cuda"))
+@_reference_op("marin::route_topk_backward")
 def route_topk_backward(grad_weights: Tensor, grad_lse: Tensor, logits: Tensor, expert_ids: Tensor,
                         weights: Tensor, mode: str, scale: float, renormalize: bool) -> Tensor:
     """Gradient of route_topk's (weights, lse) with respect to the logits, exact for each mode.
@@ -236,7 +252,7 @@ def _empty_permute(x: Tensor, expert_ids: Tensor, num_experts: int, align: int):
             expert_ids.new_empty(num_experts + 1))
 
 
-@torch.library.custom_op("marin::permute", mutates_args=(), device_types=("cpu", "cuda"))
+@_reference_op("marin::permute")
 def permute(x: Tensor, expert_ids: Tensor, num_experts: int, align: int,
             capacity: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Groups token copies by expert: a stable counting sort, padded for grouped GEMM (module docstring).
@@ -302,7 +318,7 @@ def check_unpermute_args(routed: Tensor, row_of: Tensor, src_of: Tensor, weights
                f"weights must be fp32 {tuple(row_of.shape)}, got {weights.dtype} {tuple(weights.shape)}")
 
 
-@torch.library.custom_op("marin::unpermute", mutates_args=(), device_types=("cpu", "cuda"))
+@_reference_op("marin::unpermute")
 def unpermute(routed: Tensor, row_of: Tensor, src_of: Tensor, weights: Optional[Tensor]) -> Tensor:
     """Pulls each token's kept rows back and sums them, weighted, in k order (deterministic, no scatter).
 
@@ -331,7 +347,7 @@ def _(routed, row_of, src_of, weights):
     return routed.new_empty(row_of.shape[0], routed.shape[1])
 
 
-@torch.library.custom_op("marin::unpermute_backward", mutates_args=(), device_types=("cpu", "cuda"))
+@_reference_op("marin::unpermute_backward")
 def unpermute_backward(grad_out: Tensor, routed: Tensor, row_of: Tensor, src_of: Tensor,
                        weights: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """Gradients of unpermute: grad_routed[r] = w[src] * grad_out[src // K] (0 where src_of[r] = -1) and

@@ -1,6 +1,8 @@
 """marin:: ops against slow, obvious references (STYLE rule 6), plus opcheck and gradcheck on every op."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -310,3 +312,26 @@ def test_opcheck(case):
     op, args, utils = _opcheck_cases()[case]
     kwargs = {} if utils is None else {"test_utils": utils}
     torch.library.opcheck(op, args, **kwargs)
+
+
+def test_a_kernel_registered_for_cuda_does_not_take_cpu_tensors():
+    """kernels.py registers the CUDA kernels with ``register_kernel(op, "cuda", fn)``; CPU tensors must keep the
+    reference. (With ``custom_op(..., device_types=("cpu", "cuda"))`` torch 2.13 dispatches CPU tensors to the
+    "cuda" kernel: see ops._reference_op.) A fresh interpreter, so this process's ops keep their kernels."""
+    script = """
+import torch
+from marin_model import ops
+def refuse(*args):
+    raise AssertionError("the cuda kernel ran on cpu tensors")
+for name in ("route_topk", "route_topk_backward", "permute", "unpermute", "unpermute_backward"):
+    torch.library.register_kernel(f"marin::{name}", "cuda", refuse)
+logits = torch.randn(6, 8, requires_grad=True)
+x = torch.randn(6, 4, requires_grad=True)
+ids, w, _, lse = ops.route_topk(logits, None, 2, "sigmoid", 1.0, True, 1, 1)
+routed, row_of, src_of, offsets = ops.permute(x, ids, 8, 1, 0)
+(ops.unpermute(routed, row_of, src_of, w).sum() + lse.sum()).backward()
+print("ok", bool(logits.grad.abs().sum() > 0), bool(x.grad.abs().sum() > 0))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["ok", "True", "True"]
