@@ -177,7 +177,8 @@ def main() -> None:
           f"{platform.processor() or platform.machine()}, {args.dtype}, {args.clock} clock, grouped GEMM "
           f"{'present' if hasattr(torch, '_grouped_mm') else 'absent'}, median of {args.repeats}")
     print("| size | tokens | E | k | d_model | latent | " + " | ".join(f"{kind} (ms)" for kind in KINDS)
-          + " | " + " | ".join(f"vs {kind}" for kind in NAIVE_OPTIONS) + " | mask/ops work | mask/dispatch | mask/floor |")
+          + " | " + " | ".join(f"vs {kind}" for kind in NAIVE_OPTIONS)
+          + " | mask/ops work | mask/dispatch | mask/floor |")
     print("|---|---:|---:|---:|---:|---:|" + "---:|" * (len(KINDS) + len(NAIVE_OPTIONS) + 3))
     for r in run(sizes, args.repeats, args.min_run_time, getattr(torch, args.dtype), clock):
         m, ms = r["cfg"].moe, r["ms"]

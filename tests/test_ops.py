@@ -4,6 +4,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -248,6 +249,25 @@ def test_unpermute_matches_reference(dtype, weighted):
     out = unpermute(routed, row_of, src_of, weights)
     assert out.dtype == dtype
     assert_close(out, reference_unpermute(routed, row_of, weights), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unpermute_rounds_each_product_then_each_sum_like_the_cuda_kernel(dtype):
+    """out = ((0 + x0*w0) + x1*w1) + ..., every product and every sum rounded to fp32: the CUDA kernel's
+    ``__fmul_rn`` / ``__fadd_rn``, which tests/test_cuda_ops.py compares bitwise. (``addcmul_`` fuses the
+    multiply and add into one FMA on AVX2 and AVX-512 CPUs, which differs in the last bit.)"""
+    g = torch.Generator().manual_seed(11)
+    T, K, E, H = 512, 4, 16, 64
+    _, row_of, src_of, _ = permute(torch.zeros(T, H), random_ids(T, K, E, g, drop=0.1), E, 1, 0)
+    routed = torch.randn(src_of.shape[0], H, generator=g).to(dtype)
+    weights = torch.rand(T, K, generator=g)
+    rows = routed.float().numpy()
+    want = np.zeros((T, H), dtype=np.float32)
+    for k in range(K):
+        kept = row_of[:, k].numpy() >= 0
+        product = rows[row_of[:, k].numpy()] * weights[:, k, None].numpy()  # numpy rounds every ufunc's result
+        want = np.where(kept[:, None], want + product, want).astype(np.float32)
+    assert torch.equal(unpermute(routed, row_of, src_of, weights), torch.from_numpy(want).to(dtype))  # one rounding
 
 
 def test_unpermute_ignores_non_finite_values_in_rows_it_does_not_pull():
