@@ -187,8 +187,9 @@ class MoE(nn.Module):
 
     def forward(self, x_TD: Tensor) -> tuple[Tensor, RouterStats]:
         m, T = self.cfg, x_TD.shape[0]
-        fp32 = torch.promote_types(x_TD.dtype, torch.float32)  # router logits in fp32 (fp64 for gradcheck)
-        logits_TE = F.linear(x_TD.to(fp32), self.router.weight.to(fp32))
+        fp32 = torch.promote_types(x_TD.dtype, torch.float32)  # router logits in fp32 (fp64 for gradcheck),
+        with torch.autocast(x_TD.device.type, enabled=False):  # also under autocast, which would run it in bf16
+            logits_TE = F.linear(x_TD.to(fp32), self.router.weight.to(fp32))
         routing = route(logits_TE, self.bias_E, m)
         capacity = math.ceil(m.capacity_factor * T * m.top_k / m.num_experts) if m.capacity_factor > 0 else 0
         routed_RL, meta = permute_tokens(self.down(x_TD), routing.expert_ids_TK, m.num_experts, m.align, capacity)

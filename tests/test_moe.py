@@ -56,6 +56,17 @@ def test_moe_block_equals_the_dense_masking_and_stacked_naive_loops(naive_option
     check_matches_naive(moe, torch.randn(48, TINY.d_model), **naive_options)
 
 
+def test_router_logits_stay_fp32_under_bf16_autocast():
+    """Routing under autocast (how train.py runs on CUDA) equals routing without it: the same experts and the
+    same z-loss, bit for bit, although the experts themselves run in bf16."""
+    moe, x_TD = make_moe(), torch.randn(256, TINY.d_model)
+    out_TD, want = moe(x_TD)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_bf16_TD, got = moe(x_TD)
+    assert out_bf16_TD.dtype == torch.bfloat16 and not torch.equal(out_bf16_TD.float(), out_TD)
+    assert torch.equal(got.counts_E, want.counts_E) and torch.equal(got.z_loss, want.z_loss)
+
+
 def test_moe_block_without_latent_or_shared_experts_equals_naive():
     moe = make_moe(latent_dim=0, num_shared=0, top_k=1)
     check_matches_naive(moe, torch.randn(20, TINY.d_model))
