@@ -115,7 +115,7 @@ def _probe_grouped_mm(dtype: torch.dtype, device_type: str) -> bool:
             b_EKN = torch.ones(2, 8, 8, dtype=dtype, device=device_type)
             out = torch._grouped_mm(a_MK, b_EKN, offs=torch.tensor([8, 16], dtype=torch.int32, device=device_type))
             _PROBED[dtype, device_type] = bool((out == 8).all())
-        except (RuntimeError, NotImplementedError):
+        except (RuntimeError, NotImplementedError, ValueError):  # ValueError: torch's TORCH_CHECK_VALUE
             _PROBED[dtype, device_type] = False
     return _PROBED[dtype, device_type]
 
