@@ -73,9 +73,9 @@ def _gather_rows(table_RH: Tensor, index_N: Tensor) -> Tensor:
 
 
 def _softmax(x_TE: Tensor) -> Tensor:
-    """softmax over the last dim. torch's CPU kernel takes a slow path when that dim is narrower than 16 (7x
-    slower at 8 experts, 2048 tokens: 0.30 ms; measured on AVX-512, torch 2.13), so narrow rows are padded with
-    -inf, whose exp is exactly 0: the same sum, the same values to rounding."""
+    """softmax over the last dim. torch's CPU kernel takes a slow path when that dim is narrower than 16 (at
+    2048 x 8: 0.30 ms, 5x the padded 0.06 ms; AVX-512, torch 2.13, benchmarks/bench_softmax_cpu.py), so narrow
+    rows are padded with -inf, whose exp is exactly 0: the same sum, the same values to rounding."""
     width = x_TE.shape[-1]
     if x_TE.device.type != "cpu" or width >= 16:
         return torch.softmax(x_TE, dim=-1)
