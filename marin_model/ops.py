@@ -337,7 +337,7 @@ def unpermute(routed: Tensor, row_of: Tensor, src_of: Tensor, weights: Optional[
         if weights_TK is None:
             out_TH.add_(pulled_TH)
         else:  # the product rounded, then the sum, as the CUDA kernel does (addcmul_ fuses them on AVX2 CPUs)
-            out_TH.add_(pulled_TH * weights_TK[:, k, None])
+            out_TH.add_(pulled_TH.to(acc).mul_(weights_TK[:, k, None]))  # a fresh gather: scaled in place
     return out_TH.to(routed.dtype)
 
 
