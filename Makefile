@@ -46,7 +46,7 @@ test: $(VENV)/.installed-dev
 
 # Builds cuda/ into cuda/build/libmarin_kernels.so for sm_90 (plus PTX); needs nvcc, not a GPU.
 cuda: $(VENV)/.installed
-	$(BIN)/python -m marin_model.kernels --build
+	$(BIN)/python -m marin_model.cuda --build
 
 clean:
 	rm -rf $(VENV) cuda/build out .pytest_cache

@@ -1,7 +1,7 @@
 """GPU benchmark of the cuda/ kernels against plain torch (issue 7), printed as a Markdown table.
 
 For each model shape and token count it times ``marin::route_topk``, ``marin::permute`` and
-``marin::unpermute`` on CUDA tensors (which dispatch to cuda/ through marin_model/kernels.py) against
+``marin::unpermute`` on CUDA tensors (which dispatch to cuda/ through marin_model/cuda/dispatch.py) against
 
 * **torch**: the textbook implementation (argsort + gather for routing, argsort + index_select to permute,
   index_add to combine), written without host synchronisation, and
@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
-from marin_model import kernels, ops  # noqa: E402
+from marin_model import ops  # noqa: E402
+from marin_model.cuda import dispatch  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -269,8 +270,8 @@ def main(argv=None) -> int:
         print("error: no CUDA device (use --device cpu for a smoke test)", file=sys.stderr)
         return 2
     shapes = [s for s in SHAPES if args.shapes is None or any(s.name.startswith(p) for p in args.shapes)]
-    if args.device == "cuda" and not kernels.status()["registered"]:
-        print(f"warning: CUDA kernels not active ({kernels.status()['reason']}); 'ours' is the reference",
+    if args.device == "cuda" and not dispatch.status()["registered"]:
+        print(f"warning: CUDA kernels not active ({dispatch.status()['reason']}); 'ours' is the reference",
               file=sys.stderr)
     started, timer = time.perf_counter(), Timer(args.device, args.warmup_ms, args.rep_ms)
     compiled = None if args.no_compile else {

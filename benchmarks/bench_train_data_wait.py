@@ -2,7 +2,7 @@
 
 The sample corpus (``marin-data sample``; built if ``--corpus`` does not exist) is published to a moto S3
 server and served by ``marin-data serve``, each in its own process on 127.0.0.1. For each source, the tiny
-model trains ``--steps`` steps twice through `marin_data.training.run_training` (the ``marin-train`` path):
+model trains ``--steps`` steps twice through `marin_train.data.run_training` (the ``marin-train`` path):
 *cold* with an empty shard cache (every shard is fetched, verified and decoded on the way), then *warm*
 with the cache the cold run filled (a fresh run from step 0; nothing is fetched). The figure is the sum
 of the time spent in the loader's ``next()`` over the sum of step times; the first step (which also
@@ -28,8 +28,8 @@ MIXTURE = {"code/*": 0.5, "prose/*": 0.4, "reference/*": 0.1}
 
 
 def run(source: str, cache_dir: Path, steps: int, store_options: dict) -> dict:
-    from marin_data.training import run_training
-    from marin_model.train import TRAIN_PRESETS, DataConfig
+    from marin_train.data import run_training
+    from marin_train.config import TRAIN_PRESETS, DataConfig
 
     cfg = dataclasses.replace(TRAIN_PRESETS["tiny"], steps=steps, log_every=10**9, data=DataConfig(
         source=source, mixture=MIXTURE, cache_dir=str(cache_dir), cache_bytes=64 << 20, store_options=store_options))

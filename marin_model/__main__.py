@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from marin_model.config import PRESETS, count_params, get_preset, with_overrides
+from marin_model.config import PRESETS, get_preset, with_overrides
+from marin_model.params import count_params
 from marin_model.model import Transformer
 
 # Above this many parameters the demo only counts (fp32 weights, grads and activations must fit in memory).

@@ -1,21 +1,14 @@
 """The mixture-of-experts block: router -> route_topk -> permute -> experts (grouped) -> unpermute.
 
-Shape suffixes (STYLE rule 2):
+Shape suffixes:
     T  tokens (batch x sequence, flattened)     D  d_model
     L  width the routed experts act in: the latent width, or D without a latent projection
     E  routed experts      K  experts per token (top-k)      F  hidden width of a routed expert
     R  routed rows, the static bound T*K + E*(align-1) of ``permute`` (groups padded, tail zero)
-    E1 E+1 group offsets   B  histogram bins of the quantile balancing rule
+    E1 E+1 group offsets
 
-Balancing (DESIGN.md): experts are chosen on ``logits + bias_E``; the bias has no gradient and is moved
-between optimizer steps by ``MoE.update_bias`` from the load since the previous update, summed over all
-data-parallel ranks. Two rules: DeepSeek-V3's sign update (bias_e += rate * sign(mean load - load_e)), and
-Marin's quantile rule: bias = -beta, beta_e the (1 - k/E) quantile over tokens of the margin between expert e's
-score and the token's (k+1)-th largest, read from a histogram so that ranks can sum it. We measure the margins
-on the *biased* selection scores and subtract beta from the bias: from a zero bias that is exactly the rule
-as published, and repeated it converges to balance, since beta_e = 0 means expert e is in the top k of
-exactly k/E of the tokens. (Margins of the unbiased logits would give the same one-shot bias at every update;
-on tests/test_moe.py's skewed router that one shot leaves a 1.9x max/mean load, the repeated rule 1.1x.)
+Balancing: experts are chosen on ``logits + bias_E``; the bias has no gradient and is moved between optimizer
+steps by ``MoE.update_bias`` through the layer's balancer (``marin_model/balance.py``).
 """
 
 import math
@@ -23,15 +16,18 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from marin_model import ops
+from marin_model.balance import make_balancer
 from marin_model.config import ModelConfig, MoEConfig
+from marin_model.cuda.dispatch import register_cuda_kernels
 
 __all__ = ["MoE", "GroupedExperts", "SwiGLU", "Routing", "PermuteMeta", "RouterStats", "route", "permute_tokens",
-           "unpermute_tokens", "margin_histogram", "histogram_quantile", "swiglu_expert"]
+           "unpermute_tokens", "swiglu_expert"]
+
+register_cuda_kernels()  # CUDA tensors take the kernels of cuda/ where they can run (a no-op elsewhere)
 
 
 class Routing(NamedTuple):
@@ -43,7 +39,7 @@ class Routing(NamedTuple):
 
 @dataclass(frozen=True)
 class PermuteMeta:
-    """What ``unpermute`` needs to bring the routed rows back (STYLE rule 3)."""
+    """What ``unpermute`` needs to bring the routed rows back."""
 
     row_of_TK: Tensor       # int32 row of each token copy in the routed rows, -1 if dropped
     src_of_R: Tensor        # int32 flat source t*K+k of each routed row, -1 for padding
@@ -142,29 +138,6 @@ class GroupedExperts(nn.Module):
         return torch.cat(pieces + [x_RL.new_zeros(x_RL.shape[0] - bounds[-1], x_RL.shape[1])])
 
 
-def margin_histogram(score_TE: Tensor, k: int, bins: int, limit: float) -> Tensor:
-    """Histogram [E,B] (int64) of each score's margin over its token's (k+1)-th largest score, B bins over
-    [-limit, limit] (outliers in the end bins). Summing histograms over ranks gives the global one."""
-    T, E = score_TE.shape
-    margins_TE = score_TE - score_TE.topk(k + 1, dim=-1).values[:, k:]
-    bin_TE = ((margins_TE + limit) * (bins / (2 * limit))).floor().long().clamp(0, bins - 1)
-    flat_N = (bin_TE + torch.arange(E, device=score_TE.device) * bins).reshape(-1)
-    hist = torch.zeros(E * bins, dtype=torch.long, device=score_TE.device)
-    return hist.scatter_add_(0, flat_N, torch.ones_like(flat_N)).view(E, bins)  # static shape, unlike bincount
-
-
-def histogram_quantile(hist_EB: Tensor, q: float, limit: float) -> Tensor:
-    """The q-quantile [E] (fp32) of each expert's histogram over [-limit, limit], linear within a bin."""
-    counts_EB = hist_EB.double()
-    B = counts_EB.shape[1]
-    cum_EB = counts_EB.cumsum(-1)
-    target_E1 = q * cum_EB[:, -1:]
-    idx_E1 = (cum_EB < target_E1).sum(-1, keepdim=True).clamp(max=B - 1)  # first bin reaching the target
-    in_bin_E1 = counts_EB.gather(1, idx_E1)
-    frac_E1 = ((target_E1 - (cum_EB.gather(1, idx_E1) - in_bin_E1)) / in_bin_E1.clamp(min=1)).clamp(0, 1)
-    return (-limit + (idx_E1 + frac_E1) * (2 * limit / B)).squeeze(1).float()
-
-
 class MoE(nn.Module):
     """Router, top-k routing with a selection-only bias, latent routed experts plus shared experts."""
 
@@ -178,12 +151,10 @@ class MoE(nn.Module):
         self.up = nn.Linear(width, D, bias=False) if m.latent_dim else nn.Identity()
         self.experts = GroupedExperts(m.num_experts, width, m.expert_dim, cfg.init_std)
         self.shared = SwiGLU(D, m.num_shared * m.shared_dim) if m.num_shared else None
-        # Balancing state: the bias (fp32, kept fp32 by _apply; checkpointed) and the load counted since the
-        # last update (reset by every update, so not checkpointed).
+        # The selection bias (fp32, kept fp32 by _apply; checkpointed) and the rule that moves it.
         self.register_buffer("bias_E", torch.zeros(m.num_experts))
-        self.register_buffer("load_E", torch.zeros(m.num_experts, dtype=torch.long), persistent=False)
-        self.register_buffer("margin_hist_EB", torch.zeros(m.num_experts, m.hist_bins, dtype=torch.long),
-                             persistent=False)
+        self.balancer = make_balancer(m.bias_update, m.num_experts, m.top_k, rate=m.bias_rate, bins=m.hist_bins,
+                                      limit=m.hist_range)
 
     def forward(self, x_TD: Tensor) -> tuple[Tensor, RouterStats]:
         m, T = self.cfg, x_TD.shape[0]
@@ -198,32 +169,15 @@ class MoE(nn.Module):
         if self.shared is not None:
             out_TD = out_TD + self.shared(x_TD)
         if self.training:
-            self._count_load(logits_TE.detach() + self.bias_E, routing.counts_E)
+            self.balancer.observe(logits_TE.detach() + self.bias_E, routing.counts_E)
         stats = RouterStats(z_loss=routing.lse_T.pow(2).sum() / max(T, 1), counts_E=routing.counts_E,
                             dropped=(meta.row_of_TK < 0).sum() / max(meta.row_of_TK.numel(), 1))
         return out_TD, stats
 
-    @torch.no_grad()
-    def _count_load(self, score_TE: Tensor, counts_E: Tensor) -> None:
-        self.load_E += counts_E
-        if self.cfg.bias_update == "quantile":
-            self.margin_hist_EB += margin_histogram(score_TE, self.cfg.top_k, self.cfg.hist_bins, self.cfg.hist_range)
-
-    @torch.no_grad()
     def update_bias(self) -> None:
-        """Moves the selection bias toward balance from the global load counted since the last call, then
-        resets the count. Call it between optimizer steps on every rank (it all-reduces when distributed)."""
-        load_E, hist_EB = self.load_E.clone(), self.margin_hist_EB.clone()
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(load_E)
-            dist.all_reduce(hist_EB)
-        m = self.cfg
-        if m.bias_update == "sign" and load_E.sum() > 0:  # DeepSeek-V3: overloaded down, underloaded up
-            self.bias_E += m.bias_rate * torch.sign(load_E.float().mean() - load_E.float())
-        elif m.bias_update == "quantile" and hist_EB.sum() > 0:  # Marin: each expert wins ~k/E of tokens
-            self.bias_E -= histogram_quantile(hist_EB, 1 - m.top_k / m.num_experts, m.hist_range)
-        self.load_E.zero_()
-        self.margin_hist_EB.zero_()
+        """Moves the selection bias toward balance from the global load counted since the last call. Call it
+        between optimizer steps on every rank (it all-reduces when distributed)."""
+        self.balancer.update(self.bias_E)
 
     def _apply(self, fn, recurse=True):
         """Keeps the balancing bias fp32 (and its exact value) when the module is cast, e.g. to bf16: its

@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh            # logs and tables under $OUT if set, else out/gpu_check/
 #
 # Steps, each time-boxed so the whole run stays under 8 minutes (the device tool's calls stop at 10):
-#   1. build cuda/ (python -m marin_model.kernels --build) and keep the ptxas report
+#   1. build cuda/ (python -m marin_model.cuda --build) and keep the ptxas report
 #   2. the GPU tests (tests/test_cuda_ops.py; tests/test_train_cuda.py: bf16 training on the kernels) and
 #      the build tests, with MARIN_CUDA_KERNELS=require so a kernel that fails to load fails the run
 #      instead of falling back to the reference
@@ -45,7 +45,7 @@ step() {
 } > "$OUT_DIR/summary.txt" 2>&1
 cat "$OUT_DIR/summary.txt"
 
-step build 120 "$PY" -m marin_model.kernels --build || STATUS=1
+step build 120 "$PY" -m marin_model.cuda --build || STATUS=1
 { echo "== ptxas report"; cat cuda/build/libmarin_kernels-*.log; } >> "$OUT_DIR/build.log" 2>&1
 
 # --noconftest: tests/conftest.py serves the data tests and imports pyarrow-based modules

@@ -2,8 +2,8 @@
 
 import pytest
 
-from marin_model.config import PRESETS, PUBLISHED, MoEConfig, count_params, formula_params, get_preset, \
-    with_overrides
+from marin_model.config import PRESETS, MoEConfig, get_preset, with_overrides
+from marin_model.params import PUBLISHED, count_params, formula_params
 
 MARIN = PRESETS["marin-535b-a23b"]
 

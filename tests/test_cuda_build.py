@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from marin_model import kernels, ops  # noqa: F401 - ops defines torch.ops.marin
+from marin_model import ops  # noqa: F401 - defines torch.ops.marin
+from marin_model.cuda import build, dispatch, library, ptxas
 
 ROOT = Path(__file__).resolve().parent.parent
-needs_nvcc = pytest.mark.skipif(kernels.find_nvcc() is None,
+needs_nvcc = pytest.mark.skipif(build.find_nvcc() is None,
                                 reason="nvcc not found (set MARIN_NVCC or CUDA_HOME): cannot build cuda/")
 
 # Kernel families and how many instantiations each must have (dtypes x scores-per-lane, vector widths).
@@ -30,12 +31,12 @@ KERNELS = {"route_topk_kernel": 15, "route_topk_backward_kernel": 15, "permute_r
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    if kernels.find_nvcc() is None:
+    if build.find_nvcc() is None:
         pytest.skip("nvcc not found (set MARIN_NVCC or CUDA_HOME): cannot build cuda/")
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one build per test session: workers share it (file lock)
         base = base.parent
-    return kernels.build_library(out_dir=base / "cuda-build", archs=["90"])
+    return build.build_library(out_dir=base / "cuda-build", archs=["90"])
 
 
 def family(mangled):
@@ -44,7 +45,7 @@ def family(mangled):
 
 def embedded_ptx(library: Path) -> str:
     """The PTX inside the library's fatbin: via cuobjdump when installed, else by unpacking its zstd frames."""
-    cuobjdump = shutil.which("cuobjdump") or (Path(kernels.find_nvcc()).parent / "cuobjdump")
+    cuobjdump = shutil.which("cuobjdump") or (Path(build.find_nvcc()).parent / "cuobjdump")
     if cuobjdump and os.access(cuobjdump, os.X_OK):
         return subprocess.run([str(cuobjdump), "--dump-ptx", str(library)], capture_output=True, text=True,
                               check=True).stdout
@@ -62,7 +63,7 @@ def embedded_ptx(library: Path) -> str:
 
 @needs_nvcc
 def test_every_kernel_compiles_for_sm90_without_spills_or_stack_frames(built):
-    report = kernels.parse_ptxas_report(built.log)
+    report = ptxas.parse_ptxas_report(built.log)
     seen = {name: 0 for name in KERNELS}
     for kernel in report:
         assert kernel.arch == "sm_90"
@@ -92,9 +93,9 @@ def test_library_exports_the_c_abi_and_loads_without_a_driver(built):
         symbols = subprocess.run([nm, "-D", "--defined-only", str(built.library)], capture_output=True, text=True,
                                  check=True).stdout
         exported = set(re.findall(r" T (marin_\w+)", symbols))
-        assert exported == set(kernels._SIGNATURES)  # noqa: SLF001 - the table that mirrors the header
-    lib = kernels.open_library(built.library)  # dlopen + ABI version check
-    assert lib.marin_kernels_abi_version() == kernels.ABI_VERSION
+        assert exported == set(library.SIGNATURES)  # noqa: SLF001 - the table that mirrors the header
+    lib = library.open_library(built.library)  # dlopen + ABI version check
+    assert lib.marin_kernels_abi_version() == library.ABI_VERSION
     assert lib.marin_cuda_error_string(0) == b"no error"
     # the scratch of permute: a [tile][expert] histogram of 1024-entry tiles plus one count per expert
     assert lib.marin_permute_workspace_bytes(4096, 8, 384) == 4 * (32 + 1) * 384
@@ -104,7 +105,7 @@ def test_library_exports_the_c_abi_and_loads_without_a_driver(built):
 @needs_nvcc
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-driver path; a GPU is present")
 def test_launcher_without_a_gpu_returns_an_error_instead_of_crashing(built):
-    lib = kernels.open_library(built.library)
+    lib = library.open_library(built.library)
     err = lib.marin_route_topk(None, 0, None, 1, 8, 2, 0, 1.0, 1, 1, 1, None, None, None, None, None)
     assert err != 0
     assert lib.marin_cuda_error_string(err).decode()  # e.g. "CUDA driver version is insufficient ..."
@@ -114,22 +115,22 @@ def test_launcher_without_a_gpu_returns_an_error_instead_of_crashing(built):
 
 @needs_nvcc
 def test_builds_are_cached_by_content(built, tmp_path):
-    again = kernels.build_library(out_dir=built.library.parent, archs=["90"])
+    again = build.build_library(out_dir=built.library.parent, archs=["90"])
     assert again.cached and again.library == built.library and again.log == built.log
     assert (built.library.parent / "libmarin_kernels.so").resolve() == built.library
     copy = tmp_path / "cuda"
-    shutil.copytree(kernels.cuda_dir(), copy, ignore=shutil.ignore_patterns("build"))
-    flags, version = kernels.nvcc_flags(["90"]), "nvcc 13"
-    before = kernels._source_hash(copy, flags, version)  # noqa: SLF001
+    shutil.copytree(build.cuda_dir(), copy, ignore=shutil.ignore_patterns("build"))
+    flags, version = build.nvcc_flags(["90"]), "nvcc 13"
+    before = build._source_hash(copy, flags, version)  # noqa: SLF001
     (copy / "permute.cuh").write_text((copy / "permute.cuh").read_text() + "\n// edited\n")
-    assert kernels._source_hash(copy, flags, version) != before  # noqa: SLF001
-    assert kernels._source_hash(copy, kernels.nvcc_flags(["80", "90"]), version) != before  # noqa: SLF001
+    assert build._source_hash(copy, flags, version) != before  # noqa: SLF001
+    assert build._source_hash(copy, build.nvcc_flags(["80", "90"]), version) != before  # noqa: SLF001
 
 
 @needs_nvcc
 def test_make_cuda_command_builds_into_the_build_dir(built):
     env = dict(os.environ, MARIN_CUDA_BUILD_DIR=str(built.library.parent), MARIN_CUDA_ARCHS="90")
-    done = subprocess.run([sys.executable, "-m", "marin_model.kernels", "--build"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "marin_model.cuda", "--build"], capture_output=True, text=True,
                           env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert f"cached: {built.library}" in done.stdout
@@ -137,21 +138,21 @@ def test_make_cuda_command_builds_into_the_build_dir(built):
 
 
 def test_missing_nvcc_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(kernels, "find_nvcc", lambda: None)
-    with pytest.raises(kernels.KernelBuildError, match="nvcc not found"):
-        kernels.build_library()
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    with pytest.raises(build.KernelBuildError, match="nvcc not found"):
+        build.build_library()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback on a machine without a GPU")
 def test_without_a_gpu_dispatch_keeps_the_reference(monkeypatch):
     monkeypatch.delenv("MARIN_CUDA_KERNELS", raising=False)
-    assert kernels.register_cuda_kernels() is False
-    assert "no CUDA device" in kernels.status()["reason"]
+    assert dispatch.register_cuda_kernels() is False
+    assert "no CUDA device" in dispatch.status()["reason"]
     monkeypatch.setenv("MARIN_CUDA_KERNELS", "require")
-    with pytest.raises(kernels.KernelBuildError, match="no CUDA device"):
-        kernels.register_cuda_kernels()
+    with pytest.raises(build.KernelBuildError, match="no CUDA device"):
+        dispatch.register_cuda_kernels()
     monkeypatch.setenv("MARIN_CUDA_KERNELS", "off")
-    assert kernels.register_cuda_kernels() is False and kernels.status()["reason"] == "MARIN_CUDA_KERNELS=off"
+    assert dispatch.register_cuda_kernels() is False and dispatch.status()["reason"] == "MARIN_CUDA_KERNELS=off"
     ids, *_ = torch.ops.marin.route_topk(torch.tensor([[0.0, 2.0, 1.0]]), None, 2, "sigmoid", 1.0, True, 1, 1)
     assert ids.tolist() == [[1, 2]]
 
@@ -163,19 +164,19 @@ def test_entry_points_pass_arguments_the_launchers_accept(built, monkeypatch):
     the call must reach the launcher (ctypes rejects a wrong count or type) and come back with its CUDA error.
     Only the device guard and the stream lookup of ``_launch`` are replaced; without a driver the launchers
     fail before touching the (host) pointers."""
-    monkeypatch.setattr(kernels, "_lib", kernels.open_library(built.library))
-    monkeypatch.setattr(kernels, "_launch", lambda name, device, *args: kernels._call(name, *args, None))
+    monkeypatch.setattr(library, "_lib", library.open_library(built.library))
+    monkeypatch.setattr(dispatch, "_launch", lambda name, device, *args: dispatch._call(name, *args, None))
     g = torch.Generator().manual_seed(0)
     logits, x = torch.randn(6, 7, generator=g), torch.randn(6, 16, generator=g)
     ids, weights = torch.randint(0, 7, (6, 2), generator=g, dtype=torch.int32), torch.rand(6, 2, generator=g)
     routed, row_of, src_of, _ = ops.permute(x, ids, 7, 4, 0)
     calls = {
-        "marin_route_topk": lambda: kernels.route_topk(logits, torch.zeros(7), 2, "sigmoid", 2.5, True, 1, 1),
-        "marin_route_topk_backward": lambda: kernels.route_topk_backward(weights, torch.zeros(6), logits, ids,
+        "marin_route_topk": lambda: dispatch.route_topk(logits, torch.zeros(7), 2, "sigmoid", 2.5, True, 1, 1),
+        "marin_route_topk_backward": lambda: dispatch.route_topk_backward(weights, torch.zeros(6), logits, ids,
                                                                          weights, "softmax_topk", 1.0, False),
-        "marin_permute": lambda: kernels.permute(x.bfloat16(), ids, 7, 4, 0),
-        "marin_unpermute": lambda: kernels.unpermute(routed, row_of, src_of, weights),
-        "marin_unpermute_backward": lambda: kernels.unpermute_backward(x, routed, row_of, src_of, None),
+        "marin_permute": lambda: dispatch.permute(x.bfloat16(), ids, 7, 4, 0),
+        "marin_unpermute": lambda: dispatch.unpermute(routed, row_of, src_of, weights),
+        "marin_unpermute_backward": lambda: dispatch.unpermute_backward(x, routed, row_of, src_of, None),
     }
     for name, call in calls.items():
         with pytest.raises(RuntimeError, match=rf"{name} failed: CUDA error [1-9]"):

@@ -14,7 +14,8 @@ import torch
 
 from cuda_env import cuda_kernels  # noqa: F401 - autouse fixture
 
-from marin_model import kernels, ops
+from marin_model import ops
+from marin_model.cuda import dispatch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -294,6 +295,6 @@ def test_tiny_model_trains_on_gpu_with_the_kernels():
         optimizer.zero_grad(set_to_none=True)
         model.update_router_bias()
         losses.append(loss.item())
-    assert kernels.status()["registered"]
+    assert dispatch.status()["registered"]
     assert abs(losses[0] - cpu_loss.item()) < 1e-3 * max(1.0, abs(cpu_loss.item()))  # same model, same loss
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] - 0.5  # it learns the batch

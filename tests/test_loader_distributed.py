@@ -12,7 +12,7 @@ from loader_checks import check_global_stream, take
 
 from marin_data.loader import LoaderConfig, TokenStream, make_loader
 from marin_data.loopback import free_port
-from marin_model.train import shutdown_distributed
+from marin_train.distributed import shutdown_distributed
 
 CONFIG = LoaderConfig(seq_len=16, batch_size=3, mixture={"a": 0.7, "b": 0.3}, val_fraction=0.05, mixture_block=64)
 STEPS = 4

@@ -335,9 +335,9 @@ def test_opcheck(case):
 
 
 def test_a_kernel_registered_for_cuda_does_not_take_cpu_tensors():
-    """kernels.py registers the CUDA kernels with ``register_kernel(op, "cuda", fn)``; CPU tensors must keep the
-    reference. (With ``custom_op(..., device_types=("cpu", "cuda"))`` torch 2.13 dispatches CPU tensors to the
-    "cuda" kernel: see ops._reference_op.) A fresh interpreter, so this process's ops keep their kernels."""
+    """marin_model.cuda.dispatch registers the CUDA kernels with ``register_kernel(op, "cuda", fn)``; CPU tensors
+    must keep the reference. (With ``custom_op(..., device_types=("cpu", "cuda"))`` torch 2.13 dispatches CPU
+    tensors to the "cuda" kernel: see ops.contract.reference_op.) A fresh interpreter, so this process's ops keep their kernels."""
     script = """
 import torch
 from marin_model import ops

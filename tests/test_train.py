@@ -14,7 +14,8 @@ import torch
 from conftest import VOCAB, build_corpus
 
 from marin_data.loader import LoaderConfig, make_loader
-from marin_model.train import TrainConfig, train
+from marin_train.config import TrainConfig
+from marin_train.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG = TrainConfig(steps=20, batch_size=2, seq_len=32, warmup=4, log_every=1000, model_overrides={"vocab_size": VOCAB, "n_layers": 2})
@@ -55,7 +56,8 @@ import hashlib, json, sys, torch
 sys.path.insert(0, {tests!r})
 from test_train import CFG, digest, loader_for
 from marin_data.manifest import load_corpus
-from marin_model.train import init_distributed, train
+from marin_train.distributed import init_distributed
+from marin_train.loop import train
 init_distributed()  # joins torchrun's group first: the loader takes its rank and world size from it
 seen = []
 class Recording:

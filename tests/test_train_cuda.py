@@ -14,7 +14,8 @@ import torch
 
 from cuda_env import cuda_kernels  # noqa: F401 - autouse fixture
 
-from marin_model.train import TrainConfig, train
+from marin_train.config import TrainConfig
+from marin_train.loop import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -8,6 +8,7 @@ and checks its flags, and calls one library function. Errors are mapped to messa
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import sys
 import traceback
@@ -32,23 +33,29 @@ COMMANDS = {
     "shard": "marin_data.cli.shard",
     "info": "marin_data.cli.info",
     "sample": "marin_data.cli.sample",
-    "train": "marin_data.cli.train",
 }
+# Other installed packages add commands through this entry-point group: `marin-data train` comes from
+# marin_train (see pyproject.toml), which imports this package, so this package cannot import it.
+PLUGIN_GROUP = "marin_data.commands"
+
+
+def _plugins() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP)}
 
 
 class LazyGroup(click.Group):
     """Imports a command's module only when it is listed or invoked, so `marin-data --help` stays fast."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*COMMANDS, *self.commands})
+        return sorted({*COMMANDS, *_plugins(), *self.commands})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        module = COMMANDS.get(name)
-        if module is None:  # a command attached directly with @cli.command()
+        module, plugin = COMMANDS.get(name), _plugins().get(name) if name not in COMMANDS else None
+        if module is None and plugin is None:  # a command attached directly with @cli.command()
             return super().get_command(ctx, name)
         if name not in NUMERIC_COMMANDS and "numpy" not in sys.modules:  # (no effect once it is loaded)
             os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        return importlib.import_module(module).command
+        return importlib.import_module(module).command if module else plugin.load()
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

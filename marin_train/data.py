@@ -1,30 +1,28 @@
-"""The data side of ``marin-train``: a loader for a `marin_model.train.TrainConfig`, then the training loop.
+"""The data side of a run: the loader a `TrainConfig` describes, then the training loop on it.
 
-`marin_model.train` imports only torch and numpy, so the loader is built here: a local corpus through
-`make_loader`, a remote one (``s3://``, ``hf://``) through `make_remote_loader`, with this process's rank
-and world size from ``torch.distributed``. The model's vocabulary is the corpus tokenizer's.
+A local corpus goes through `make_loader`, a remote one (``s3://``, ``hf://``) through `make_remote_loader`,
+with this process's rank and world size from ``torch.distributed``. The model's vocabulary is the corpus
+tokenizer's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from marin_data.errors import LoaderConfigError
-
-if TYPE_CHECKING:
-    from marin_model.train import TrainConfig, TrainResult
+from marin_data.loader import LoaderConfig, make_loader
+from marin_data.loader.remote import is_remote, make_remote_loader
+from marin_data.manifest import load_corpus
+from marin_train.config import TrainConfig
+from marin_train.distributed import init_distributed
+from marin_train.loop import TrainResult, train
 
 __all__ = ["run_training", "training_loader"]
 
 
 def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: int | None = None):
     """The `TokenLoader` that ``cfg.data`` describes, serving ``cfg.batch_size`` x ``cfg.seq_len`` batches."""
-    from marin_data.loader import LoaderConfig, make_loader
-    from marin_data.loader.remote import is_remote, make_remote_loader
-    from marin_data.manifest import load_corpus
-
     data = cfg.data
     if not data.source:
         raise LoaderConfigError("no training data: set DataConfig.source (--data) to a corpus path or URL")
@@ -40,9 +38,7 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
 
 def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = None,
                  log: Callable[[str], None] = print) -> TrainResult:
-    """Build the loader, then `marin_model.train.train` (joining ``torchrun``'s process group if there is one)."""
-    from marin_model.train import init_distributed, train
-
+    """Build the loader, then `marin_train.loop.train` (joining ``torchrun``'s process group if there is one)."""
     _, _, device = init_distributed()
     loader = training_loader(cfg)
     stream = loader.dataset.stream

@@ -1,12 +1,17 @@
-"""``marin-train`` (also ``marin-data train`` and ``python -m marin_model.train``): train on a corpus, local or remote."""
+"""``marin-train`` (also ``marin-data train`` and ``python -m marin_train``): train on a corpus, local or remote."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import click
 
+from marin_data.cli import main as cli_main
 from marin_data.cli._store_options import check_sha256, store_kwargs, store_options
+from marin_train.config import TRAIN_PRESETS, DataConfig
+from marin_train.data import run_training
+from marin_train.distributed import shutdown_distributed
 
 __all__ = ["command", "main"]
 
@@ -61,12 +66,8 @@ def command(source, preset, mixture, steps, until, batch_size, accumulation, seq
       marin-train --data s3://bucket/corpus --endpoint-url http://127.0.0.1:9000 \\
                   --mixture 'code/*=0.3' --mixture 'prose/*=0.7' --cache-gb 4
       marin-train --data hf://datasets/marin/sample --endpoint http://127.0.0.1:8000 --steps 100
-      torchrun --nproc-per-node 2 -m marin_model.train --data out/sample --steps 20
+      torchrun --nproc-per-node 2 -m marin_train --data out/sample --steps 20
     """
-    from marin_model.train import TRAIN_PRESETS, DataConfig, shutdown_distributed
-
-    from marin_data.training import run_training
-
     if preset not in TRAIN_PRESETS:
         raise click.UsageError(f"unknown --preset {preset!r}; choose one of {', '.join(TRAIN_PRESETS)}")
     check_sha256(manifest_sha256)
@@ -97,8 +98,4 @@ def command(source, preset, mixture, steps, until, batch_size, accumulation, seq
 
 def main(argv: list[str] | None = None) -> None:
     """``marin-train``: `command` with marin-data's error messages and exit codes."""
-    import sys
-
-    from marin_data.cli import main as cli_main
-
     cli_main(["train", *(sys.argv[1:] if argv is None else argv)])

@@ -1,0 +1,164 @@
+"""Build ``cuda/*.cu`` into one shared library with nvcc (no GPU needed).
+
+:func:`build_library` compiles each ``.cu`` in parallel and links ``libmarin_kernels-<hash>.so``, where the
+hash covers the sources, the flags and the nvcc version; the file appears by atomic rename under a file lock,
+so concurrent test workers build once and never load half a file. ``make cuda`` does it ahead of time.
+Imports nothing but torch's peers in the standard library: it runs on a GPU machine with torch and nothing
+else of ours.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["SOURCES", "BuildResult", "KernelBuildError", "build_dir", "build_library", "cuda_dir", "default_archs",
+           "find_nvcc", "nvcc_flags"]
+
+SOURCES = ("api.cu", "route_topk.cu", "permute.cu", "unpermute.cu")
+
+
+class KernelBuildError(RuntimeError):
+    """The CUDA library could not be built or loaded (no nvcc, a compile error, an ABI mismatch).
+
+    Defined here, not with the data side's errors: marin_model imports nothing of marin_data. ``log`` holds
+    the compiler output when there is one.
+    """
+
+    def __init__(self, message: str, *, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log
+
+
+def cuda_dir() -> Path:
+    """The kernel sources: ``$MARIN_CUDA_DIR`` or the repository's ``cuda/``."""
+    return Path(os.environ.get("MARIN_CUDA_DIR") or Path(__file__).resolve().parents[2] / "cuda")
+
+
+def build_dir() -> Path:
+    """Where built libraries go: ``$MARIN_CUDA_BUILD_DIR``, else ``cuda/build`` (``~/.cache/marin/cuda`` when
+    the sources are read-only, e.g. an installed package)."""
+    if os.environ.get("MARIN_CUDA_BUILD_DIR"):
+        return Path(os.environ["MARIN_CUDA_BUILD_DIR"])
+    src = cuda_dir()
+    if os.access(src, os.W_OK):
+        return src / "build"
+    return Path.home() / ".cache" / "marin" / "cuda"
+
+
+def find_nvcc() -> Optional[str]:
+    """``$MARIN_NVCC``, nvcc on the PATH, ``$CUDA_HOME/bin/nvcc`` or ``/usr/local/cuda/bin/nvcc``; None if none."""
+    candidates = [os.environ.get("MARIN_NVCC"), shutil.which("nvcc")]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            candidates.append(str(Path(home) / "bin" / "nvcc"))
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def default_archs() -> list[str]:
+    """Compute capabilities to build for: ``$MARIN_CUDA_ARCHS`` ("80;90"), default Hopper ("90")."""
+    return [a for a in re.split(r"[;, ]+", os.environ.get("MARIN_CUDA_ARCHS", "90")) if a]
+
+
+def nvcc_flags(archs: Optional[list[str]] = None) -> list[str]:
+    """Compile flags: machine code for each arch plus PTX of the last (newer GPUs JIT it); ``-Xptxas -v``
+    so the build log reports registers, stack frames and spills (tests/test_cuda_build.py reads it)."""
+    archs = archs or default_archs()
+    flags = ["-O3", "-std=c++17", "-lineinfo", "-Xcompiler", "-fPIC", "-Xptxas", "-v"]
+    for arch in archs:
+        flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+    return flags + ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResult:
+    """A built library: its path, the compiler's report (ptxas -v), and whether it came from the cache."""
+
+    library: Path
+    log: str
+    cached: bool
+
+
+def _nvcc_version(nvcc: str) -> str:
+    return subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _source_hash(src: Path, flags: list[str], version: str) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in src.iterdir() if p.suffix in (".cu", ".cuh", ".h")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(("\0".join(flags) + "\0" + version).encode())
+    return digest.hexdigest()[:16]
+
+
+def build_library(*, out_dir: Optional[Path] = None, nvcc: Optional[str] = None, archs: Optional[list[str]] = None,
+                  force: bool = False) -> BuildResult:
+    """Builds ``cuda/*.cu`` into one shared library, or returns the cached one for the same inputs.
+
+    Args:
+        out_dir: where the library goes (default :func:`build_dir`).
+        nvcc: the compiler (default :func:`find_nvcc`).
+        archs: compute capabilities, e.g. ``["90"]`` (default ``$MARIN_CUDA_ARCHS`` or Hopper).
+        force: rebuild even when a library for these inputs exists.
+
+    Returns: a :class:`BuildResult`; its log is the ptxas report, kept beside the library as ``.log``.
+    Raises: :class:`KernelBuildError` without nvcc or when a compile fails (with the compiler output).
+    """
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        raise KernelBuildError("nvcc not found: install the CUDA toolkit, or set MARIN_NVCC or CUDA_HOME")
+    src, out = cuda_dir(), Path(out_dir) if out_dir is not None else build_dir()
+    flags = nvcc_flags(archs)
+    tag = _source_hash(src, flags, _nvcc_version(nvcc))
+    library, log_path = out / f"libmarin_kernels-{tag}.so", out / f"libmarin_kernels-{tag}.log"
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per directory at a time; later comers find it cached
+        if library.exists() and log_path.exists() and not force:
+            return BuildResult(library, log_path.read_text(), cached=True)
+        with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
+            log = _compile_and_link(nvcc, src, Path(tmp), flags)
+            (Path(tmp) / "lib.log").write_text(log)
+            os.replace(Path(tmp) / "lib.log", log_path)  # atomic renames: no reader sees half a file
+            os.replace(Path(tmp) / "lib.so", library)
+        _point_latest(out, library)
+    return BuildResult(library, log, cached=False)
+
+
+def _compile_and_link(nvcc: str, src: Path, tmp: Path, flags: list[str]) -> str:
+    def compile_one(name: str) -> str:
+        cmd = [nvcc, *flags, "-c", str(src / name), "-o", str(tmp / (name + ".o"))]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise KernelBuildError(f"nvcc failed on cuda/{name}:\n{done.stderr[-4000:]}", log=done.stderr)
+        return done.stdout + done.stderr
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(SOURCES), os.cpu_count() or 1)) as pool:
+        logs = list(pool.map(compile_one, SOURCES))
+    # cudart is linked statically (nvcc's default): loading needs no libcudart on the library path, only the
+    # driver, and only once a launcher runs.
+    cmd = [nvcc, "--shared", *[str(tmp / (n + ".o")) for n in SOURCES], "-o", str(tmp / "lib.so")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise KernelBuildError(f"nvcc failed to link:\n{done.stderr[-4000:]}", log=done.stderr)
+    return "".join(logs)
+
+
+def _point_latest(out: Path, library: Path) -> None:
+    """``libmarin_kernels.so`` -> the newest build (a symlink replaced atomically); older builds removed."""
+    link, tmp = out / "libmarin_kernels.so", out / f".libmarin_kernels.so.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(library.name)
+    os.replace(tmp, link)
+    for old in out.glob("libmarin_kernels-*"):
+        if old.stem != library.stem:
+            old.unlink(missing_ok=True)

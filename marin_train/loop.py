@@ -1,0 +1,153 @@
+"""The training loop: one optimizer step after another on any iterable of batches in the loader's contract.
+
+One step: ``accumulation`` micro-batches, each forward (bf16 autocast on CUDA; off on CPU by default, where it
+buys little and costs exactness) and backward of ``loss / accumulation``, with the wait for the loader's
+``next()`` measured apart; under ``torchrun`` the gradients are averaged with one all-reduce of a flat buffer
+(every rank then takes the same step, so the weights stay identical without DDP's buffer broadcasts, which
+would clobber each rank's router load counts); clipping, AdamW (no weight decay on norms), linear warmup then
+cosine; then the balancing bias moves from the *global* expert load of the step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from marin_model.model import Transformer
+from marin_train.checkpoint import Batches, latest_checkpoint, load_checkpoint, save_checkpoint
+from marin_train.config import TrainConfig
+from marin_train.distributed import init_distributed
+
+__all__ = ["TrainResult", "lr_at", "train"]
+
+
+@dataclass
+class TrainResult:
+    steps: int  # the step reached
+    records: list[dict[str, float]]  # one per optimizer step run by this call
+    checkpoint: str | None  # the last checkpoint written
+    model: Transformer
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Linear warmup to ``lr`` over ``warmup`` steps, then cosine decay to ``lr * min_lr_ratio``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _optimizer(model: Transformer, cfg: TrainConfig) -> torch.optim.AdamW:
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    other = [p for n, p in model.named_parameters() if p.ndim < 2]  # norm weights
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
+
+
+def _all_reduce_mean(tensors: list[torch.Tensor], world: int) -> None:
+    """Average ``tensors`` over ranks in place with one all-reduce of a flat buffer."""
+    if world == 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable[[str], None] = print,
+          device: torch.device | None = None, until: int | None = None) -> TrainResult:
+    """Train ``cfg.model_config()`` on ``data`` up to ``cfg.steps`` optimizer steps.
+
+    Args:
+        cfg: the run (`TrainConfig`).
+        data: batches of ``cfg.batch_size`` rows of ``cfg.seq_len`` tokens for this rank, with loader state.
+        resume: continue from the newest checkpoint in ``cfg.checkpoint_dir`` when there is one.
+        log: where log lines go (rank 0 only).
+        device: default from `init_distributed`.
+        until: stop after this step (a checkpoint is written there) — a time-limited job's share of the run;
+            the learning-rate schedule still spans ``cfg.steps``.
+
+    Returns:
+        A `TrainResult`: the step reached, per-step metrics, the last checkpoint, the model.
+    """
+    rank, world, auto_device = init_distributed()
+    device = device or auto_device
+    log = log if rank == 0 else (lambda line: None)
+    bf16 = cfg.autocast == "bf16" or (cfg.autocast == "auto" and device.type == "cuda")
+    torch.manual_seed(cfg.seed)
+    model = Transformer(cfg.model_config()).to(device).train()
+    optimizer = _optimizer(model, cfg)
+    step, previous = 0, latest_checkpoint(cfg.checkpoint_dir) if resume and cfg.checkpoint_dir else None
+    if previous is not None:
+        step = load_checkpoint(previous, model=model, optimizer=optimizer, data=data)
+        log(f"resumed from {previous} at step {step}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.accumulation * world
+    records: list[dict[str, float]] = []
+    checkpoint: str | None = None
+    saved = 0  # records already appended to metrics.jsonl
+    batches = iter(data)
+    stop = min(cfg.steps, until or cfg.steps)
+    while step < stop:
+        t0, waited = time.perf_counter(), 0.0
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        # Summed on the device and read once per step: no host sync between micro-batches.
+        sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, cross-entropy, z-loss, dropped fraction
+        counts = torch.zeros(model.cfg.n_layers, model.cfg.moe.num_experts, dtype=torch.float64, device=device)
+        for _ in range(cfg.accumulation):
+            tw = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                log(f"the data ended after step {step}")
+                return TrainResult(step, records, checkpoint, model)
+            waited += time.perf_counter() - tw
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                out = model(batch["input_ids"].to(device), batch["labels"].to(device),
+                            segment_ids_BS=batch["segment_ids"].to(device), positions_BS=batch["positions"].to(device))
+            (out.loss / cfg.accumulation).backward()
+            dropped = torch.stack([s.dropped for s in out.router]).double().mean()
+            sums += torch.stack([out.loss.detach().double(), out.ce_loss.detach().double(),
+                                 out.z_loss.detach().double(), dropped])
+            counts += torch.stack([s.counts_E.detach().double() for s in out.router])
+        _all_reduce_mean([p.grad for p in params if p.grad is not None], world)
+        stats = torch.cat([sums / cfg.accumulation, counts.reshape(-1)])
+        if world > 1:
+            dist.all_reduce(stats)
+            stats[:4] /= world
+        stats = stats.cpu()
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip > 0 else torch.tensor(0.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        model.update_router_bias()  # from the global load of this step
+        step += 1
+        seconds = time.perf_counter() - t0
+        load = stats[4:].view_as(counts)
+        records.append({"step": step, "loss": float(stats[0]), "ce_loss": float(stats[1]), "z_loss": float(stats[2]),
+                        "dropped": float(stats[3]), "lr": optimizer.param_groups[0]["lr"], "grad_norm": float(norm),
+                        "imbalance": float((load.max(1).values / load.mean(1).clamp(min=1e-9)).mean()),
+                        "seconds": seconds, "data_wait": waited, "tokens": tokens_per_step,
+                        "tokens_per_s": tokens_per_step / seconds})
+        if step == 1 or step % cfg.log_every == 0 or step == stop:
+            log(_format(records[-1], cfg.steps))
+        if cfg.checkpoint_dir and (step == stop or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
+            checkpoint = save_checkpoint(cfg, step=step, model=model, optimizer=optimizer, data=data, rank=rank,
+                                         records=records[saved:])
+            saved = len(records)
+            log(f"checkpoint {checkpoint}")
+    return TrainResult(step, records, checkpoint, model)
+
+
+def _format(r: dict[str, float], steps: int) -> str:
+    return (f"step {r['step']:>5}/{steps}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  {r['tokens_per_s']:,.0f} tok/s  "
+            f"data wait {r['data_wait'] * 1e3:.1f} ms ({r['data_wait'] / r['seconds']:.1%})  "
+            f"experts max/mean {r['imbalance']:.2f}  dropped {r['dropped']:.3f}  z-loss {r['z_loss']:.3f}")
