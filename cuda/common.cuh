@@ -37,4 +37,7 @@ MARIN_HD int popcount32(uint32_t mask) {
 
 MARIN_HD bool is_nan(float v) { return v != v; }
 
+// max that propagates NaN (fmaxf ignores it), as torch's max and logsumexp do.
+MARIN_HD float max_or_nan(float a, float b) { return (a > b || is_nan(a)) ? a : b; }
+
 }  // namespace marin

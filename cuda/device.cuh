@@ -1,4 +1,4 @@
-// Device-only helpers shared by the .cu files (nvcc only; the host harness never includes this).
+// Device-only helpers shared by the .cu files (nvcc, or g++ with the emulation of tests/cuda_emu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -6,6 +6,12 @@
 #include <cuda_fp16.h>
 
 #include "common.cuh"
+
+// A kernel launch: MARIN_LAUNCH(grid, block, stream, kernel)(args...). One macro, so that the host build of
+// tests/cuda_emu (which defines its own) runs the same launch lines.
+#ifndef MARIN_LAUNCH
+#define MARIN_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<(grid), (block), 0, (stream)>>>
+#endif
 
 namespace marin {
 
@@ -27,9 +33,9 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
+__device__ __forceinline__ float warp_max(float v) {  // NaN if any lane holds NaN
   MARIN_UNROLL
-  for (int m = kWarpSize / 2; m > 0; m /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
+  for (int m = kWarpSize / 2; m > 0; m /= 2) v = max_or_nan(v, __shfl_xor_sync(kFullMask, v, m));
   return v;
 }
 

@@ -133,7 +133,7 @@ cudaError_t launch_scatter(const void* x, int64_t row_bytes, const int* expert_i
                            cudaStream_t stream) {
   const int64_t blocks = tokens + (rows + kRowThreads - 1) / kRowThreads;
   if (blocks == 0) return cudaSuccess;
-  permute_scatter_kernel<V><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
+  MARIN_LAUNCH(static_cast<unsigned>(blocks), kRowThreads, stream, permute_scatter_kernel<V>)(
       static_cast<const V*>(x), row_bytes / static_cast<int64_t>(sizeof(V)), expert_ids, tokens, top_k,
       num_experts, capacity, tile_base, offsets, kept, row_of, src_of, rows, static_cast<V*>(routed));
   return cudaGetLastError();
@@ -169,10 +169,10 @@ extern "C" int marin_permute(const void* x, int64_t tokens, int64_t hidden, int 
   int* hist = static_cast<int*>(workspace);
   int* kept = hist + tiles * num_experts;
   if (tiles > 0) {
-    permute_rank_kernel<<<static_cast<unsigned>(tiles), kPermuteThreads, 0, stream>>>(expert_ids, entries,
+    MARIN_LAUNCH(static_cast<unsigned>(tiles), kPermuteThreads, stream, permute_rank_kernel)(expert_ids, entries,
                                                                                       num_experts, row_of, hist);
   }
-  permute_scan_kernel<<<1, kScanThreads, 0, stream>>>(hist, tiles, num_experts, align, capacity, kept, offsets);
+  MARIN_LAUNCH(1, kScanThreads, stream, permute_scan_kernel)(hist, tiles, num_experts, align, capacity, kept, offsets);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const int64_t row_bytes = hidden * elem_size;

@@ -45,7 +45,7 @@ __device__ __forceinline__ void limit_groups(float (&score)[VPT], float* row, fl
 }
 
 // Loads a token's logits (lane holds e = j*32 + lane) and reduces max and sum(exp(x - max)) over the row.
-// Slots past E are marked in `invalid` and hold -inf.
+// Slots past E are marked in `invalid` and hold -inf. A NaN logit makes the max, the sum and lse NaN (torch).
 template <int VPT, typename In>
 __device__ __forceinline__ void load_row(const In* __restrict__ row, int num_experts, int lane, float (&x)[VPT],
                                          uint32_t& invalid, float& row_max, float& sum_exp) {
@@ -60,7 +60,7 @@ __device__ __forceinline__ void load_row(const In* __restrict__ row, int num_exp
       x[j] = -INFINITY;
       invalid |= 1u << j;
     }
-    row_max = fmaxf(row_max, x[j]);
+    row_max = max_or_nan(row_max, x[j]);
   }
   row_max = warp_max(row_max);
   float sum = 0.f;
@@ -215,7 +215,7 @@ extern "C" int marin_route_topk(const void* logits, int dtype, const float* bias
   return with_dtype(dtype, [&](auto type) {
     using In = typename decltype(type)::type;
     return with_vpt(num_experts, [&](auto vpt) {
-      route_topk_kernel<decltype(vpt)::value, In><<<route_grid(tokens), kRouteThreads, 0, stream>>>(
+      MARIN_LAUNCH(route_grid(tokens), kRouteThreads, stream, route_topk_kernel<decltype(vpt)::value, In>)(
           static_cast<const In*>(logits), bias, tokens, num_experts, k, mode, scale, renormalize != 0, n_group,
           topk_group, expert_ids, weights, counts, lse);
     });
@@ -231,7 +231,7 @@ extern "C" int marin_route_topk_backward(const float* grad_weights, const float*
   return with_dtype(dtype, [&](auto type) {
     using In = typename decltype(type)::type;
     return with_vpt(num_experts, [&](auto vpt) {
-      route_topk_backward_kernel<decltype(vpt)::value, In><<<route_grid(tokens), kRouteThreads, 0, stream>>>(
+      MARIN_LAUNCH(route_grid(tokens), kRouteThreads, stream, route_topk_backward_kernel<decltype(vpt)::value, In>)(
           grad_weights, grad_lse, static_cast<const In*>(logits), expert_ids, tokens, num_experts, k, mode, scale,
           renormalize != 0, static_cast<In*>(grad_logits));
     });

@@ -123,11 +123,11 @@ cudaError_t launch_unpermute(const void* routed, int64_t hidden, const int* row_
   const auto* in = static_cast<const T*>(routed);
   auto* dst = static_cast<T*>(out);
   if (vectorizable<T>(hidden, routed, out, routed))
-    unpermute_kernel<T, kVec><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(in, hidden, row_of, top_k,
-                                                                                       weights, dst);
+    MARIN_LAUNCH(static_cast<unsigned>(tokens), kRowThreads, stream, unpermute_kernel<T, kVec>)(in, hidden, row_of, top_k,
+                                                                                              weights, dst);
   else
-    unpermute_kernel<T, 1><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(in, hidden, row_of, top_k,
-                                                                                    weights, dst);
+    MARIN_LAUNCH(static_cast<unsigned>(tokens), kRowThreads, stream, unpermute_kernel<T, 1>)(in, hidden, row_of, top_k,
+                                                                                           weights, dst);
   return cudaGetLastError();
 }
 
@@ -143,10 +143,10 @@ cudaError_t launch_unpermute_backward(const void* grad_out, const void* routed, 
   const auto* r = static_cast<const T*>(routed);
   auto* dst = static_cast<T*>(grad_routed);
   if (vectorizable<T>(hidden, grad_out, routed, grad_routed))
-    unpermute_backward_kernel<T, kVec><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
+    MARIN_LAUNCH(static_cast<unsigned>(blocks), kRowThreads, stream, unpermute_backward_kernel<T, kVec>)(
         g, r, hidden, row_of, src_of, tokens, top_k, rows, weights, dst, grad_weights);
   else
-    unpermute_backward_kernel<T, 1><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
+    MARIN_LAUNCH(static_cast<unsigned>(blocks), kRowThreads, stream, unpermute_backward_kernel<T, 1>)(
         g, r, hidden, row_of, src_of, tokens, top_k, rows, weights, dst, grad_weights);
   return cudaGetLastError();
 }

@@ -9,15 +9,18 @@ loaded. ``MARIN_CUDA_KERNELS=off`` skips it, ``=require`` turns a failure into a
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Optional
+from pathlib import Path
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor
 
 from marin_model import ops
 from marin_model.cuda.build import KernelBuildError
-from marin_model.cuda.library import STATUS, load_library
+from marin_model.cuda import library
+from marin_model.cuda.library import STATUS, load_library, open_library
 from marin_model.ops.contract import check_permute_args, check_route_topk_args, check_unpermute_args, permute_rows
 
 __all__ = ["register_cuda_kernels", "status", "route_topk", "route_topk_backward", "permute", "unpermute",
@@ -34,9 +37,29 @@ def _check(cond: bool, message: str) -> None:
         raise ValueError(message)
 
 
+_SERVED = {"device": "cuda"}  # the device type the entry points take: "cpu" inside host_library()
+
+
+@contextlib.contextmanager
+def host_library(path: Path) -> Iterator:
+    """Serves this module's entry points from a host build of cuda/ (tests/cuda_emu compiles the kernels'
+    own source with g++ under a CUDA emulation) on CPU tensors: the kernels and these wrappers, tested
+    without a GPU. The ops' dispatch is untouched: call the entry points of this module. Yields the library."""
+    saved = library._lib  # noqa: SLF001 - the one loaded library, swapped for the duration
+    lib = open_library(path)
+    library._lib, _SERVED["device"] = lib, "cpu"  # noqa: SLF001
+    try:
+        yield lib
+    finally:
+        library._lib, _SERVED["device"] = saved, "cuda"  # noqa: SLF001
+
+
 def _launch(name: str, device: torch.device, *args) -> None:
     """Calls launcher `name` on `device`'s current stream (so CUDA graphs capture it); raises on error."""
-    _check(device.type == "cuda", f"the CUDA kernels need CUDA tensors, got {device}")
+    _check(device.type == _SERVED["device"], f"the CUDA kernels need {_SERVED['device'].upper()} tensors, got {device}")
+    if device.type == "cpu":  # the host build: launches run before the call returns, no stream
+        _call(name, *args, None)
+        return
     with torch.cuda.device(device):
         _call(name, *args, torch.cuda.current_stream(device).cuda_stream)
 

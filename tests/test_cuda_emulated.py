@@ -1,0 +1,292 @@
+"""The kernels of cuda/ run on the CPU, from their own source, against the reference ops (no GPU, no nvcc).
+
+tests/cuda_emu builds cuda/*.cu with g++ under a small CUDA execution model (blocks in sequence, the threads
+of a block as fibers with real barriers, lock-step warp collectives, garbage-filled shared memory, a random
+thread order at every barrier, two multiprocessors so grid-stride loops go round). The library is served
+through the same Python entry points as the GPU build, so their checks run too. The cases are the ones
+tests/test_cuda_ops.py runs on a GPU. What must be bitwise and what has a tolerance is docs/cuda.md's table
+("Exactness"): ids, counts, every permute output, unpermute's output and grad_routed bitwise (softmax_topk's
+ids up to near-ties); weights, lse and gradients of the logits within fp32 tolerance; NaN compares as NaN.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from marin_model import ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_emu"))
+from host_build import asan_runtime, build_host_library  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ["sigmoid", "softmax_topk", "topk_softmax"]
+WEIGHT_TOL = dict(rtol=2e-5, atol=1e-6)  # fp32 math, another exp and another summation order
+LSE_TOL = dict(rtol=2e-6, atol=1e-6)
+GRAD_TOL = dict(rtol=1e-4, atol=1e-6)
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------------------------- the build
+def build_dir() -> Path:
+    """One build per checkout, shared by test workers and runs (cached by content)."""
+    return Path(os.environ.get("MARIN_EMU_BUILD_DIR") or ROOT / "cuda" / "build" / "host")
+
+
+@pytest.fixture(scope="session")
+def host_lib():
+    """The host build of cuda/ (or of $MARIN_EMU_CUDA_DIR: scripts/mutate_kernels.py), bound to the entry
+    points. A missing g++ fails the suite: without it nothing here would check the kernels."""
+    from marin_model.cuda import dispatch
+
+    cuda_dir = os.environ.get("MARIN_EMU_CUDA_DIR")
+    path = build_host_library(build_dir(), cuda_dir=Path(cuda_dir) if cuda_dir else None)
+    with dispatch.host_library(path) as lib:
+        lib.cuda_emu_set_seed.argtypes = (ctypes.c_uint64,)
+        yield lib
+
+
+@pytest.fixture(autouse=True)
+def _seeded(host_lib, request):
+    """A new thread order and shared-memory garbage per test, reproducible from the test's name."""
+    host_lib.cuda_emu_set_seed(sum(request.node.name.encode()) * 7919)
+
+
+@pytest.fixture
+def kern(host_lib):
+    from marin_model.cuda import dispatch
+
+    return dispatch
+
+
+# ------------------------------------------------------------------------------------------ slow references
+def slow_topk_ids(score_E, k):
+    """The tie rule, spelled out: larger first, equal -> lower id, NaN after everything (then by id)."""
+    return sorted(range(len(score_E)),
+                  key=lambda e: (math.isnan(score_E[e]), 0 if math.isnan(score_E[e]) else -score_E[e], e))[:k]
+
+
+def slow_counting_sort(ids_N, num_experts, align, capacity):
+    """Entries in flat order appended to their expert's list (unless dropped), groups padded: (rows, offsets)."""
+    groups = [[] for _ in range(num_experts)]
+    for flat, e in enumerate(ids_N):
+        if 0 <= e < num_experts and (capacity == 0 or len(groups[e]) < capacity):
+            groups[e].append(flat)
+    row_of, offsets = [-1] * len(ids_N), [0]
+    for flat_list in groups:
+        for rank, flat in enumerate(flat_list):
+            row_of[flat] = offsets[-1] + rank
+        offsets.append(offsets[-1] + -(-len(flat_list) // align) * align)
+    return row_of, offsets
+
+
+# ------------------------------------------------------------------------------------------------ comparing
+def assert_same_experts(got, want, logits, bias, mode):
+    """Ids and counts equal; in softmax_topk a row may differ only where the reference's and the kernel's
+    choices score equal within 1e-6 (the probabilities' last bits: docs/cuda.md, "Exactness")."""
+    ids, counts, want_ids = got[0], got[2], want[0]
+    if mode != "softmax_topk" or torch.equal(ids, want_ids):
+        assert torch.equal(ids, want_ids)
+        assert torch.equal(counts, want[2])
+        return
+    rows = (ids != want_ids).any(-1)
+    score = torch.softmax(logits.float(), -1) + (0 if bias is None else bias)
+    torch.testing.assert_close(score.gather(1, ids.long())[rows], score.gather(1, want_ids.long())[rows],
+                               rtol=0, atol=1e-6)
+    assert torch.equal(counts, torch.bincount(ids.flatten().long(), minlength=logits.shape[1]).int())
+
+
+def assert_routes_match(got, want, logits, bias, mode):
+    assert_same_experts(got, want, logits, bias, mode)
+    same = (got[0] == want[0]).all(-1)
+    torch.testing.assert_close(got[1][same], want[1][same], equal_nan=True, **WEIGHT_TOL)
+    torch.testing.assert_close(got[3], want[3], equal_nan=True, **LSE_TOL)
+
+
+def assert_bitwise(got, want):
+    """Equal tensors, NaN equal to any NaN (a NaN's bits are not part of the contract)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.is_floating_point():
+        nan = torch.isnan(got)
+        assert torch.equal(nan, torch.isnan(want))
+        assert torch.equal(got[~nan], want[~nan])
+    else:
+        assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------- route_topk
+ROUTE_SHAPES = [  # (E, k, n_group, topk_group): every scores-per-lane path (1, 2, 4, 8, 16)
+    (7, 1, 1, 1), (7, 5, 1, 1), (32, 8, 1, 1), (64, 8, 8, 3), (65, 4, 1, 1), (100, 6, 4, 2), (129, 8, 1, 1),
+    (256, 8, 8, 4), (257, 16, 1, 1), (384, 8, 1, 1), (384, 16, 12, 6), (512, 16, 1, 1), (512, 8, 16, 4),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("E,k,n_group,topk_group", ROUTE_SHAPES)
+def test_route_topk_equals_the_reference(kern, E, k, n_group, topk_group, mode):
+    g = gen(E * 131 + k)
+    logits = torch.randn(21, E, generator=g) * 3
+    bias = torch.randn(E, generator=g) * (0.01 if mode == "softmax_topk" else 1.0)
+    for b, renormalize in ((None, True), (bias, False)):
+        args = (k, mode, 2.5, renormalize, n_group, topk_group)
+        got, want = kern.route_topk(logits, b, *args), ops.route_topk(logits, b, *args)
+        assert_routes_match(got, want, logits, b, mode)
+        if n_group == 1 and mode != "softmax_topk":  # and the tie rule, spelled out
+            score = logits + b if b is not None else logits
+            assert got[0].tolist() == [slow_topk_ids(row, k) for row in score.tolist()]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("E,k", [(7, 2), (200, 8), (512, 16)])
+def test_route_topk_16_bit_logits(kern, E, k, dtype):
+    logits = (torch.randn(33, E, generator=gen(E)) * 2).to(dtype)
+    for mode in MODES:
+        got, want = kern.route_topk(logits, None, k, mode, 1.0, True, 1, 1), ops.route_topk(logits, None, k, mode,
+                                                                                              1.0, True, 1, 1)
+        assert_routes_match(got, want, logits, None, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_route_topk_ties_go_to_the_lower_expert(kern, mode):
+    g = gen(5)
+    logits = torch.randint(0, 3, (40, 257), generator=g).float()  # many exact ties
+    bias = torch.randint(-1, 2, (257,), generator=g).float()  # ties that only appear after the bias
+    for b, groups in ((None, (1, 1)), (bias, (1, 1)), (bias, (257, 30))):
+        args = (8, mode, 1.0, True, *groups)
+        assert_routes_match(kern.route_topk(logits, b, *args), ops.route_topk(logits, b, *args), logits, b, mode)
+    flat = torch.zeros(4, 384)  # all equal: ids 0..k-1
+    assert kern.route_topk(flat, None, 16, mode, 1.0, True, 1, 1)[0].tolist() == [list(range(16))] * 4
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("E", [40, 300])
+def test_route_topk_infinities_and_nan(kern, mode, E):
+    logits = torch.randn(12, E, generator=gen(2))
+    logits[0, :] = -math.inf  # nothing to choose: ids 0..k-1
+    logits[1, ::3] = -math.inf
+    logits[2, [4, 9]] = math.inf
+    logits[3, [1, 2]] = float("nan")  # NaN sorts last: never chosen while anything else remains
+    logits[4, :E - 2] = float("nan")
+    logits[5, :] = float("nan")
+    logits[6, 0], logits[6, 1:] = float("nan"), -math.inf
+    logits[7, :] = math.inf
+    got, want = kern.route_topk(logits, None, 4, mode, 1.0, True, 1, 1), ops.route_topk(logits, None, 4, mode,
+                                                                                         1.0, True, 1, 1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    torch.testing.assert_close(got[1], want[1], equal_nan=True, **WEIGHT_TOL)
+    torch.testing.assert_close(got[3], want[3], equal_nan=True, **LSE_TOL)  # NaN where torch.logsumexp has it
+
+
+def test_route_topk_one_hot_bias_and_counts_across_blocks(kern):
+    bias = torch.zeros(384)
+    bias[300] = 1e4  # every token picks expert 300 first
+    logits = torch.randn(97, 384, generator=gen(2))  # 97 tokens: 25 blocks of 4 warps on 2 emulated SMs
+    got = kern.route_topk(logits, bias, 8, "sigmoid", 1.0, True, 1, 1)
+    want = ops.route_topk(logits, bias, 8, "sigmoid", 1.0, True, 1, 1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]) and got[2][300] == 97
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_route_topk_backward_equals_the_reference(kern, mode, renormalize, dtype):
+    g = gen(7)
+    for E, k in ((7, 1), (100, 4), (257, 8), (512, 16)):
+        logits = torch.randn(19, E, generator=g).to(dtype)
+        ids, weights, _, _ = ops.route_topk(logits, None, k, mode, 2.5, renormalize, 1, 1)
+        grad_w, grad_lse = torch.randn(19, k, generator=g), torch.randn(19, generator=g)
+        got = kern.route_topk_backward(grad_w, grad_lse, logits, ids, weights, mode, 2.5, renormalize)
+        want = ops.route_topk_backward(grad_w, grad_lse, logits, ids, weights, mode, 2.5, renormalize)
+        assert got.dtype == dtype
+        tol = GRAD_TOL if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-5)
+        torch.testing.assert_close(got, want, **tol)
+
+
+# ------------------------------------------------------------------------------------------------- permute
+PERMUTE_CASES = [  # (T, K, E): T*K > 1024 spans several tiles of the ranking kernel
+    (1, 1, 7), (37, 2, 7), (300, 5, 257), (129, 8, 512), (2100, 2, 384), (90, 16, 100),
+]
+
+
+@pytest.mark.parametrize("align,capacity", [(1, 0), (8, 0), (16, 3), (128, 0), (1, 1)])
+@pytest.mark.parametrize("T,K,E", PERMUTE_CASES)
+def test_permute_equals_the_reference_bitwise(kern, T, K, E, align, capacity):
+    g = gen(T * K + E)
+    x = torch.randn(T, 24, generator=g)
+    ids = torch.randint(-1, E, (T, K), generator=g, dtype=torch.int32)  # -1 = dropped
+    got, want = kern.permute(x, ids, E, align, capacity), ops.permute(x, ids, E, align, capacity)
+    for a, b in zip(got, want):
+        assert_bitwise(a, b)
+    slow_rows, slow_offsets = slow_counting_sort(ids.reshape(-1).tolist(), E, align, capacity)
+    assert got[1].reshape(-1).tolist() == slow_rows and got[3].tolist() == slow_offsets
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("H", [1, 3, 33, 64, 520])  # row bytes 2..2080: 1-, 2-, 4-, 8- and 16-byte copies
+def test_permute_any_row_width_and_offset_views(kern, H, dtype):
+    g = gen(H)
+    storage = torch.randn(70 * H + 1, generator=g).to(dtype)
+    for x in (storage[:-1].view(70, H), storage[1:].view(70, H)):  # aligned, then one element past it
+        ids = torch.randint(-1, 7, (70, 3), generator=g, dtype=torch.int32)
+        for a, b in zip(kern.permute(x, ids, 7, 4, 0), ops.permute(x, ids, 7, 4, 0)):
+            assert_bitwise(a, b)
+
+
+def test_permute_all_tokens_to_one_expert_and_out_of_range_ids(kern):
+    ids = torch.full((1500, 2), 6, dtype=torch.int32)  # 3000 entries: three tiles, one expert
+    x = torch.randn(1500, 8, generator=gen(3))
+    for capacity in (0, 100):
+        for a, b in zip(kern.permute(x, ids, 7, 4, capacity), ops.permute(x, ids, 7, 4, capacity)):
+            assert_bitwise(a, b)
+    ids = torch.tensor([[0, 9], [-5, 1], [2, 7]], dtype=torch.int32)  # E = 7: 9, -5 and 7 count as dropped
+    clean = torch.where((ids >= 0) & (ids < 7), ids, -1)
+    x = torch.randn(3, 8, generator=gen(4))
+    for a, b in zip(kern.permute(x, ids, 7, 2, 0), ops.permute(x, clean, 7, 2, 0)):
+        assert_bitwise(a, b)
+
+
+# ----------------------------------------------------------------------------------------------- unpermute
+UNPERMUTE_CASES = [(1, 1, 7, 64), (120, 8, 384, 256), (50, 16, 512, 72), (60, 2, 7, 33), (40, 3, 9, 5),
+                   (30, 5, 20, 2)]  # (T, K, E, H): H * element size a multiple of 16, of 8, 4 and 2 bytes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("T,K,E,H", UNPERMUTE_CASES)
+def test_unpermute_and_backward_equal_the_reference(kern, T, K, E, H, weighted, dtype):
+    g = gen(T + H)
+    ids = torch.randint(-1, E, (T, K), generator=g, dtype=torch.int32)
+    _, row_of, src_of, _ = ops.permute(torch.zeros(T, 1), ids, E, 8, 0)
+    routed = torch.randn(src_of.shape[0], H, generator=g).to(dtype)
+    weights = torch.rand(T, K, generator=g) if weighted else None
+    assert_bitwise(kern.unpermute(routed, row_of, src_of, weights), ops.unpermute(routed, row_of, src_of, weights))
+    grad_out = torch.randn(T, H, generator=g).to(dtype)
+    got_routed, got_w = kern.unpermute_backward(grad_out, routed, row_of, src_of, weights)
+    want_routed, want_w = ops.unpermute_backward(grad_out, routed, row_of, src_of, weights)
+    assert_bitwise(got_routed, want_routed)
+    torch.testing.assert_close(got_w, want_w, rtol=1e-4, atol=1e-4)  # dots over H in another order
+
+
+def test_unpermute_offset_views(kern):
+    g = gen(9)
+    ids = torch.randint(-1, 7, (30, 3), generator=g, dtype=torch.int32)
+    _, row_of, src_of, _ = ops.permute(torch.zeros(30, 1), ids, 7, 4, 0)
+    rows = src_of.shape[0]
+    storage = torch.randn(rows * 16 + 1, generator=g).bfloat16()
+    routed = storage[1:].view(rows, 16)  # 32-byte rows starting 2 bytes past an aligned address
+    weights = torch.rand(30, 3, generator=g)
+    assert_bitwise(kern.unpermute(routed, row_of, src_of, weights), ops.unpermute(routed, row_of, src_of, weights))
+    grad = torch.randn(30 * 16 + 1, generator=g).bfloat16()[1:].view(30, 16)
+    for a, b in zip(kern.unpermute_backward(grad, routed, row_of, src_of, weights),
+                    ops.unpermute_backward(grad, routed, row_of, src_of, weights)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
