@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "common.cuh"
 
 // A kernel launch: MARIN_LAUNCH(grid, block, stream, kernel)(args...). One macro, so that the host build of
@@ -53,19 +55,66 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
+// Accesses of at most 16 bytes: VEC fp32 values of a bf16 row's fp32 gradient may take two.
+template <typename T, int VEC>
+constexpr int piece_of() { return 16 / static_cast<int>(sizeof(T)) < VEC ? 16 / static_cast<int>(sizeof(T)) : VEC; }
+
 template <typename T, int VEC>
 __device__ __forceinline__ void load_floats(const T* __restrict__ src, float (&out)[VEC]) {
-  const Pack<T, VEC> pack = *reinterpret_cast<const Pack<T, VEC>*>(src);
+  constexpr int kPiece = piece_of<T, VEC>();
   MARIN_UNROLL
-  for (int i = 0; i < VEC; ++i) out[i] = to_float(pack.v[i]);
+  for (int p = 0; p < VEC; p += kPiece) {
+    const Pack<T, kPiece> pack = *reinterpret_cast<const Pack<T, kPiece>*>(src + p);
+    MARIN_UNROLL
+    for (int i = 0; i < kPiece; ++i) out[p + i] = to_float(pack.v[i]);
+  }
 }
 
 template <typename T, int VEC>
 __device__ __forceinline__ void store_floats(T* __restrict__ dst, const float (&in)[VEC]) {
-  Pack<T, VEC> pack;
+  constexpr int kPiece = piece_of<T, VEC>();
   MARIN_UNROLL
-  for (int i = 0; i < VEC; ++i) pack.v[i] = from_float<T>(in[i]);
-  *reinterpret_cast<Pack<T, VEC>*>(dst) = pack;
+  for (int p = 0; p < VEC; p += kPiece) {
+    Pack<T, kPiece> pack;
+    MARIN_UNROLL
+    for (int i = 0; i < kPiece; ++i) pack.v[i] = from_float<T>(in[p + i]);
+    *reinterpret_cast<Pack<T, kPiece>*>(dst + p) = pack;
+  }
+}
+
+// A row operand of a row kernel: its base address and element size.
+struct RowOperand {
+  const void* ptr;
+  size_t elem_size;
+};
+
+// Elements per access of a row kernel: the largest of max_vec, max_vec/2, ..., 1 for which every operand's
+// rows and base address allow accesses of min(16, vec * elem_size) bytes (16, 8, 4 or 2 bytes).
+template <int N>
+int row_vector(int max_vec, int64_t hidden, const RowOperand (&operands)[N]) {
+  for (int vec = max_vec; vec > 1; vec /= 2) {
+    bool ok = true;
+    for (const RowOperand& o : operands) {
+      const int64_t size = static_cast<int64_t>(o.elem_size), bytes = vec * size < 16 ? vec * size : 16;
+      ok = ok && (hidden * size) % bytes == 0 && reinterpret_cast<uintptr_t>(o.ptr) % bytes == 0;
+    }
+    if (ok) return vec;
+  }
+  return 1;
+}
+
+// Calls fn(std::integral_constant<int, V>{}) with V the largest power of two <= min(vec, MaxVec).
+template <int MaxVec, typename Fn>
+void with_vector(int vec, Fn fn) {
+  if constexpr (MaxVec > 1) {
+    if (vec >= MaxVec) {
+      fn(std::integral_constant<int, MaxVec>{});
+      return;
+    }
+    with_vector<MaxVec / 2>(vec, fn);
+  } else {
+    fn(std::integral_constant<int, 1>{});
+  }
 }
 
 // Row kernels (permute's copy, unpermute and its backward) run one block of kRowThreads per token, plus

@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 // Bumped whenever a signature below changes; kernels.py refuses a library with another number.
-#define MARIN_KERNELS_ABI_VERSION 1
+#define MARIN_KERNELS_ABI_VERSION 2
 int marin_kernels_abi_version(void);
 const char* marin_cuda_error_string(int error);
 
@@ -41,13 +41,15 @@ int marin_permute(const void* x, int64_t tokens, int64_t hidden, int elem_size, 
                   void* workspace, cudaStream_t stream);
 
 // unpermute: routed [R,H] (dtype), row_of [T,K], weights [T,K] fp32 or NULL (= 1) -> out [T,H] (dtype).
-int marin_unpermute(const void* routed, int dtype, int64_t hidden, const int* row_of, int64_t tokens, int top_k,
-                    const float* weights, void* out, cudaStream_t stream);
+// Entries of row_of outside [0, R) count as dropped.
+int marin_unpermute(const void* routed, int dtype, int64_t rows, int64_t hidden, const int* row_of, int64_t tokens,
+                    int top_k, const float* weights, void* out, cudaStream_t stream);
 
-// unpermute_backward: grad_out [T,H] -> grad_routed [R,H] (dtype) and, when grad_weights is not NULL (needs
-// weights), grad_weights [T,K] fp32. row_of and src_of must come from one permute call.
-int marin_unpermute_backward(const void* grad_out, const void* routed, int dtype, int64_t rows, int64_t hidden,
-                             const int* row_of, const int* src_of, int64_t tokens, int top_k,
+// unpermute_backward: grad_out [T,H] (grad_dtype: dtype or fp32) -> grad_routed [R,H] (dtype) and, when
+// grad_weights is not NULL (needs weights), grad_weights [T,K] fp32. row_of and src_of must come from one
+// permute call.
+int marin_unpermute_backward(const void* grad_out, int grad_dtype, const void* routed, int dtype, int64_t rows,
+                             int64_t hidden, const int* row_of, const int* src_of, int64_t tokens, int top_k,
                              const float* weights, void* grad_routed, float* grad_weights, cudaStream_t stream);
 
 #ifdef __cplusplus

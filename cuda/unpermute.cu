@@ -12,11 +12,13 @@ constexpr int kRowWarps = kRowThreads / kWarpSize;
 constexpr int kPullBatch = 4;      // routed rows a thread of unpermute loads before summing
 constexpr int kRowMinBlocks = 8;   // blocks per multiprocessor the row kernels are compiled for (<= 64 regs)
 
-// Token t's kept rows and weights, staged in shared memory by the first top_k threads.
+// Token t's kept rows and weights, staged in shared memory by the first top_k threads. A row outside
+// [0, total_rows) counts as dropped: row_of is not checked on the host (that would cost a synchronisation).
 __device__ __forceinline__ void stage_token(const int* __restrict__ row_of, const float* __restrict__ weights,
-                                            int64_t t, int top_k, int* rows, float* w) {
+                                            int64_t t, int top_k, int64_t total_rows, int* rows, float* w) {
   if (threadIdx.x < top_k) {
-    rows[threadIdx.x] = row_of[t * top_k + threadIdx.x];
+    const int row = row_of[t * top_k + threadIdx.x];
+    rows[threadIdx.x] = row >= 0 && row < total_rows ? row : -1;
     w[threadIdx.x] = weights != nullptr ? weights[t * top_k + threadIdx.x] : 1.f;
   }
   __syncthreads();
@@ -24,12 +26,12 @@ __device__ __forceinline__ void stage_token(const int* __restrict__ row_of, cons
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
-unpermute_kernel(const T* __restrict__ routed, int64_t hidden, const int* __restrict__ row_of, int top_k,
-                 const float* __restrict__ weights, T* __restrict__ out) {
+unpermute_kernel(const T* __restrict__ routed, int64_t total_rows, int64_t hidden, const int* __restrict__ row_of,
+                 int top_k, const float* __restrict__ weights, T* __restrict__ out) {
   __shared__ int rows[kMaxTopK];
   __shared__ float w[kMaxTopK];
   const int64_t t = blockIdx.x;
-  stage_token(row_of, weights, t, top_k, rows, w);
+  stage_token(row_of, weights, t, top_k, total_rows, rows, w);
   const bool weighted = weights != nullptr;
   for (int64_t i = threadIdx.x * VEC; i < hidden; i += kRowThreads * VEC) {
     float acc[VEC];
@@ -55,10 +57,11 @@ unpermute_kernel(const T* __restrict__ routed, int64_t hidden, const int* __rest
 }
 
 // Blocks [0, T): token t writes w[t,k] * grad_out[t] to each kept row and, when grad_weights is set, the dot
-// products <grad_out[t], routed[row]>. Blocks [T, ...): zero the rows whose src_of is -1.
-template <typename T, int VEC>
+// products <grad_out[t], routed[row]>. Blocks [T, ...): zero the rows whose src_of is -1. grad_out is read in
+// its own type G (T or fp32), so an fp32 gradient of bf16 rows is rounded once, after scaling.
+template <typename T, typename G, int VEC>
 __global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
-unpermute_backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ routed, int64_t hidden,
+unpermute_backward_kernel(const G* __restrict__ grad_out, const T* __restrict__ routed, int64_t hidden,
                           const int* __restrict__ row_of, const int* __restrict__ src_of, int64_t tokens,
                           int top_k, int64_t rows_total, const float* __restrict__ weights,
                           T* __restrict__ grad_routed, float* __restrict__ grad_weights) {
@@ -73,7 +76,7 @@ unpermute_backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ 
   __shared__ float w[kMaxTopK];
   __shared__ float partial[kRowWarps][kMaxTopK];
   const int64_t t = blockIdx.x;
-  stage_token(row_of, weights, t, top_k, rows, w);
+  stage_token(row_of, weights, t, top_k, rows_total, rows, w);
   const bool dots = grad_weights != nullptr;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   // k outer: grad_out[t] is re-read from L1/L2 per destination, which keeps one dot accumulator per thread
@@ -83,7 +86,7 @@ unpermute_backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ 
     float dot = 0.f;
     for (int64_t i = threadIdx.x * VEC; i < hidden; i += kRowThreads * VEC) {
       float g[VEC], scaled[VEC];
-      load_floats<T, VEC>(grad_out + t * hidden + i, g);
+      load_floats<G, VEC>(grad_out + t * hidden + i, g);
       MARIN_UNROLL
       for (int q = 0; q < VEC; ++q) scaled[q] = __fmul_rn(g[q], w[k]);
       store_floats<T, VEC>(grad_routed + row * hidden + i, scaled);
@@ -108,46 +111,33 @@ unpermute_backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ 
   }
 }
 
-// 16-byte accesses when the row size and the base addresses allow, else one element at a time.
 template <typename T>
-bool vectorizable(int64_t hidden, const void* a, const void* b, const void* c) {
-  constexpr int64_t kVec = 16 / sizeof(T);
-  return hidden % kVec == 0 && reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(c) % 16 == 0;
-}
-
-template <typename T>
-cudaError_t launch_unpermute(const void* routed, int64_t hidden, const int* row_of, int64_t tokens, int top_k,
-                             const float* weights, void* out, cudaStream_t stream) {
-  constexpr int kVec = 16 / sizeof(T);
-  const auto* in = static_cast<const T*>(routed);
-  auto* dst = static_cast<T*>(out);
-  if (vectorizable<T>(hidden, routed, out, routed))
-    MARIN_LAUNCH(static_cast<unsigned>(tokens), kRowThreads, stream, unpermute_kernel<T, kVec>)(in, hidden, row_of, top_k,
-                                                                                              weights, dst);
-  else
-    MARIN_LAUNCH(static_cast<unsigned>(tokens), kRowThreads, stream, unpermute_kernel<T, 1>)(in, hidden, row_of, top_k,
-                                                                                           weights, dst);
+cudaError_t launch_unpermute(const void* routed, int64_t rows, int64_t hidden, const int* row_of, int64_t tokens,
+                             int top_k, const float* weights, void* out, cudaStream_t stream) {
+  const int vec = row_vector(16 / sizeof(T), hidden, {RowOperand{routed, sizeof(T)}, RowOperand{out, sizeof(T)}});
+  with_vector<16 / sizeof(T)>(vec, [&](auto v) {
+    MARIN_LAUNCH(static_cast<unsigned>(tokens), kRowThreads, stream, unpermute_kernel<T, decltype(v)::value>)(
+        static_cast<const T*>(routed), rows, hidden, row_of, top_k, weights, static_cast<T*>(out));
+  });
   return cudaGetLastError();
 }
 
-template <typename T>
+template <typename T, typename G>
 cudaError_t launch_unpermute_backward(const void* grad_out, const void* routed, int64_t rows, int64_t hidden,
                                       const int* row_of, const int* src_of, int64_t tokens, int top_k,
                                       const float* weights, void* grad_routed, float* grad_weights,
                                       cudaStream_t stream) {
-  constexpr int kVec = 16 / sizeof(T);
   const int64_t blocks = tokens + (rows + kRowThreads - 1) / kRowThreads;
   if (blocks == 0) return cudaSuccess;
-  const auto* g = static_cast<const T*>(grad_out);
-  const auto* r = static_cast<const T*>(routed);
-  auto* dst = static_cast<T*>(grad_routed);
-  if (vectorizable<T>(hidden, grad_out, routed, grad_routed))
-    MARIN_LAUNCH(static_cast<unsigned>(blocks), kRowThreads, stream, unpermute_backward_kernel<T, kVec>)(
-        g, r, hidden, row_of, src_of, tokens, top_k, rows, weights, dst, grad_weights);
-  else
-    MARIN_LAUNCH(static_cast<unsigned>(blocks), kRowThreads, stream, unpermute_backward_kernel<T, 1>)(
-        g, r, hidden, row_of, src_of, tokens, top_k, rows, weights, dst, grad_weights);
+  const int vec = row_vector(16 / sizeof(T), hidden,
+                             {RowOperand{grad_out, sizeof(G)}, RowOperand{routed, sizeof(T)},
+                              RowOperand{grad_routed, sizeof(T)}});
+  with_vector<16 / sizeof(T)>(vec, [&](auto v) {
+    MARIN_LAUNCH(static_cast<unsigned>(blocks), kRowThreads, stream,
+                 unpermute_backward_kernel<T, G, decltype(v)::value>)(
+        static_cast<const G*>(grad_out), static_cast<const T*>(routed), hidden, row_of, src_of, tokens, top_k, rows,
+        weights, static_cast<T*>(grad_routed), grad_weights);
+  });
   return cudaGetLastError();
 }
 
@@ -156,24 +146,28 @@ cudaError_t launch_unpermute_backward(const void* grad_out, const void* routed, 
 
 using namespace marin;
 
-extern "C" int marin_unpermute(const void* routed, int dtype, int64_t hidden, const int* row_of, int64_t tokens,
-                               int top_k, const float* weights, void* out, cudaStream_t stream) {
-  if (hidden < 0 || tokens < 0 || top_k < 0 || top_k > kMaxTopK) return cudaErrorInvalidValue;
+extern "C" int marin_unpermute(const void* routed, int dtype, int64_t rows, int64_t hidden, const int* row_of,
+                               int64_t tokens, int top_k, const float* weights, void* out, cudaStream_t stream) {
+  if (rows < 0 || hidden < 0 || tokens < 0 || top_k < 0 || top_k > kMaxTopK) return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
   return with_dtype(dtype, [&](auto type) {
-    return launch_unpermute<typename decltype(type)::type>(routed, hidden, row_of, tokens, top_k, weights, out,
+    return launch_unpermute<typename decltype(type)::type>(routed, rows, hidden, row_of, tokens, top_k, weights, out,
                                                            stream);
   });
 }
 
-extern "C" int marin_unpermute_backward(const void* grad_out, const void* routed, int dtype, int64_t rows,
-                                        int64_t hidden, const int* row_of, const int* src_of, int64_t tokens,
-                                        int top_k, const float* weights, void* grad_routed, float* grad_weights,
-                                        cudaStream_t stream) {
+extern "C" int marin_unpermute_backward(const void* grad_out, int grad_dtype, const void* routed, int dtype,
+                                        int64_t rows, int64_t hidden, const int* row_of, const int* src_of,
+                                        int64_t tokens, int top_k, const float* weights, void* grad_routed,
+                                        float* grad_weights, cudaStream_t stream) {
   if (rows < 0 || hidden < 0 || tokens < 0 || top_k < 0 || top_k > kMaxTopK) return cudaErrorInvalidValue;
+  if (grad_dtype != dtype && grad_dtype != kFloat32) return cudaErrorInvalidValue;
   return with_dtype(dtype, [&](auto type) {
-    return launch_unpermute_backward<typename decltype(type)::type>(grad_out, routed, rows, hidden, row_of, src_of,
-                                                                    tokens, top_k, weights, grad_routed,
-                                                                    grad_weights, stream);
+    using T = typename decltype(type)::type;
+    if (grad_dtype == dtype)
+      return launch_unpermute_backward<T, T>(grad_out, routed, rows, hidden, row_of, src_of, tokens, top_k, weights,
+                                             grad_routed, grad_weights, stream);
+    return launch_unpermute_backward<T, float>(grad_out, routed, rows, hidden, row_of, src_of, tokens, top_k,
+                                               weights, grad_routed, grad_weights, stream);
   });
 }

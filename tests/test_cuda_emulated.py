@@ -50,7 +50,8 @@ def host_lib():
     from marin_model.cuda import dispatch
 
     cuda_dir = os.environ.get("MARIN_EMU_CUDA_DIR")
-    path = build_host_library(build_dir(), cuda_dir=Path(cuda_dir) if cuda_dir else None)
+    path = build_host_library(build_dir(), cuda_dir=Path(cuda_dir) if cuda_dir else None,
+                              extra_flags=tuple(os.environ.get("MARIN_EMU_EXTRA_FLAGS", "").split()))
     with dispatch.host_library(path) as lib:
         lib.cuda_emu_set_seed.argtypes = (ctypes.c_uint64,)
         yield lib
@@ -290,3 +291,103 @@ def test_unpermute_offset_views(kern):
     for a, b in zip(kern.unpermute_backward(grad, routed, row_of, src_of, weights),
                     ops.unpermute_backward(grad, routed, row_of, src_of, weights)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_unpermute_backward_scales_an_fp32_gradient_before_rounding(kern, dtype):
+    g = gen(10)
+    ids = torch.randint(-1, 9, (40, 4), generator=g, dtype=torch.int32)
+    _, row_of, src_of, _ = ops.permute(torch.zeros(40, 1), ids, 9, 4, 0)
+    routed = torch.randn(src_of.shape[0], 24, generator=g).to(dtype)
+    weights = torch.rand(40, 4, generator=g)
+    grad_out = torch.randn(40, 24, generator=g)  # fp32: the reference rounds w * grad once, to the rows' dtype
+    got = kern.unpermute_backward(grad_out, routed, row_of, src_of, weights)
+    want = ops.unpermute_backward(grad_out, routed, row_of, src_of, weights)
+    assert_bitwise(got[0], want[0])
+    twice = ops.unpermute_backward(grad_out.to(dtype), routed, row_of, src_of, weights)[0]
+    assert not torch.equal(got[0], twice)  # what casting first would give: the test can tell them apart
+    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-4)
+
+
+def test_unpermute_treats_rows_out_of_range_as_dropped(kern):
+    g = gen(12)
+    ids = torch.randint(0, 7, (25, 3), generator=g, dtype=torch.int32)
+    _, row_of, src_of, _ = ops.permute(torch.zeros(25, 1), ids, 7, 2, 0)
+    routed, weights = torch.randn(src_of.shape[0], 8, generator=g), torch.rand(25, 3, generator=g)
+    garbage = row_of.clone()
+    garbage[::4, 0] = 10**6  # far past R
+    garbage[1::5, 2] = -7
+    garbage[2, 1] = src_of.shape[0]  # one past the end
+    clean = torch.where((garbage >= 0) & (garbage < src_of.shape[0]), garbage, -1)
+    assert_bitwise(kern.unpermute(routed, garbage, src_of, weights), ops.unpermute(routed, clean, src_of, weights))
+    grad = torch.randn(25, 8, generator=g)
+    got_w = kern.unpermute_backward(grad, routed, garbage, src_of, weights)[1]
+    torch.testing.assert_close(got_w, ops.unpermute_backward(grad, routed, clean, src_of, weights)[1],
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_nan_outputs_are_nan(kern, dtype):
+    """The contract says NaN, not which NaN: bf16 NaN is 0x7FFF on the GPU (and here), torch's CPU differs."""
+    g = gen(14)
+    ids = torch.randint(0, 5, (20, 2), generator=g, dtype=torch.int32)
+    _, row_of, src_of, _ = ops.permute(torch.zeros(20, 1), ids, 5, 1, 0)
+    routed = torch.randn(src_of.shape[0], 16, generator=g).to(dtype)
+    routed[row_of[3, 0], :5] = float("nan")
+    routed[row_of[4, 1], 7] = float("inf")
+    weights = torch.rand(20, 2, generator=g)
+    weights[4, 0] = 0.0
+    got = kern.unpermute(routed, row_of, src_of, weights)
+    assert_bitwise(got, ops.unpermute(routed, row_of, src_of, weights))
+    assert torch.isnan(got[3, :5]).all()
+    if dtype == torch.bfloat16:
+        assert (got[3, :5].view(torch.int16) == 0x7FFF).all()  # the device's canonical NaN, emulated
+
+
+def test_entry_points_validate_before_allocating_and_for_empty_batches(kern):
+    logits = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="k must be"):
+        kern.route_topk(logits, None, -1, "sigmoid", 1.0, True, 1, 1)
+    with pytest.raises(ValueError, match="k must be"):
+        kern.route_topk(torch.randn(0, 8), None, 9, "sigmoid", 1.0, True, 1, 1)  # k > E, no tokens
+    with pytest.raises(ValueError, match="mode"):
+        kern.route_topk(torch.randn(0, 8), None, 2, "softmax", 1.0, True, 1, 1)
+    with pytest.raises(ValueError, match="k=9"):
+        kern.route_topk_backward(torch.zeros(0, 9), torch.zeros(0), torch.zeros(0, 8),
+                                 torch.zeros(0, 9, dtype=torch.int32), torch.zeros(0, 9), "sigmoid", 1.0, True)
+    _, row_of, src_of, _ = ops.permute(torch.zeros(0, 1), torch.zeros(0, 2, dtype=torch.int32), 4, 1, 0)
+    with pytest.raises(ValueError, match="grad_out"):
+        kern.unpermute_backward(torch.zeros(3, 5), torch.zeros(src_of.shape[0], 5), row_of, src_of, None)
+    ids, w, counts, lse = kern.route_topk(torch.randn(0, 8), None, 2, "sigmoid", 1.0, True, 1, 1)
+    assert ids.shape == (0, 2) and counts.tolist() == [0] * 8 and lse.shape == (0,)
+
+
+# ---------------------------------------------------------------------------------------- the emulator itself
+def test_emulator_reports_deadlocks_and_lanes_that_left_instead_of_hanging(host_lib):
+    out = torch.zeros(128, dtype=torch.int32)
+    for which, reason in ((0, "deadlock in block"), (1, "exited")):  # before or after the others arrived
+        err = host_lib.emu_selftest(which, ctypes.c_void_p(out.data_ptr()))
+        assert err == 719  # cudaErrorLaunchFailure
+        host_lib.marin_cuda_error_string.restype = ctypes.c_char_p
+        assert reason in host_lib.marin_cuda_error_string(err).decode()
+    assert host_lib.emu_selftest(2, ctypes.c_void_p(out.data_ptr())) == 0  # threads that returned left the barrier
+    assert out[0] == sum(range(64))
+
+
+def test_emulated_16_bit_conversions_round_like_the_device(host_lib):
+    """Round to nearest even, as torch's CPU conversions do, for finite values; NaN is the canonical 0x7FFF."""
+    lib = host_lib
+    values = torch.cat([torch.randn(4000, generator=gen(1)) * 10.0 ** torch.randint(-9, 6, (4000,), generator=gen(2)),
+                        torch.tensor([0.0, -0.0, 65504.0, 65519.0, 65520.0, 1e9, -1e9, 2.0**-24, 2.0**-25, 3 * 2.0**-25,
+                                      float("inf"), -float("inf"), 1.00390625, 1.01171875])])
+    for fn, dtype in ((lib.emu_to_bf16, torch.bfloat16), (lib.emu_to_half, torch.float16)):
+        out = torch.empty(values.shape, dtype=torch.int16)
+        fn(ctypes.c_void_p(values.data_ptr()), ctypes.c_void_p(out.data_ptr()), values.numel())
+        assert torch.equal(out, values.to(dtype).view(torch.int16))
+        nan = torch.tensor([float("nan"), -float("nan")])
+        fn(ctypes.c_void_p(nan.data_ptr()), ctypes.c_void_p(out.data_ptr()), 2)
+        assert out[:2].tolist() == [0x7FFF, 0x7FFF]
+    halves = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    back = torch.empty(halves.shape)
+    lib.emu_from_half(ctypes.c_void_p(halves.data_ptr()), ctypes.c_void_p(back.data_ptr()), halves.numel())
+    assert_bitwise(back, halves.view(torch.float16).float())

@@ -94,16 +94,15 @@ def _reference(name: str, *args):
 def route_topk(logits: Tensor, bias: Optional[Tensor], k: int, mode: str, scale: float, renormalize: bool,
                n_group: int, topk_group: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """CUDA ``marin::route_topk`` (contract: marin_model/ops/contract.py). One warp per token, one pass over the logits."""
-
+    check_route_topk_args(logits, bias, k, mode, n_group, topk_group)  # before any allocation, T = 0 included
+    _on_device(logits.device, bias=bias)
     T, E = logits.shape
-    ids, weights = logits.new_empty(T, k, dtype=torch.int32), logits.new_empty(T, k, dtype=torch.float32)
-    counts, lse = logits.new_empty(E, dtype=torch.int32), logits.new_empty(T, dtype=torch.float32)
-    if logits.numel() == 0:
-        return ids, weights, counts.zero_(), lse
-    check_route_topk_args(logits, bias, k, mode, n_group, topk_group)
     if logits.dtype not in _DTYPES or E > MAX_EXPERTS or k > MAX_TOP_K:
         return _reference("route_topk", logits, bias, k, mode, scale, renormalize, n_group, topk_group)
-    _on_device(logits.device, bias=bias)
+    ids, weights = logits.new_empty(T, k, dtype=torch.int32), logits.new_empty(T, k, dtype=torch.float32)
+    counts, lse = logits.new_empty(E, dtype=torch.int32), logits.new_empty(T, dtype=torch.float32)
+    if T == 0:
+        return ids, weights, counts.zero_(), lse
     dtype, logits = _DTYPES[logits.dtype], logits.contiguous()
     bias = None if bias is None else bias.to(torch.float32).contiguous()
     _launch("marin_route_topk", logits.device, logits.data_ptr(), dtype, _ptr(bias), T, E, k, _MODES[mode],
@@ -115,8 +114,8 @@ def route_topk(logits: Tensor, bias: Optional[Tensor], k: int, mode: str, scale:
 def route_topk_backward(grad_weights: Tensor, grad_lse: Tensor, logits: Tensor, expert_ids: Tensor, weights: Tensor,
                         mode: str, scale: float, renormalize: bool) -> Tensor:
     """CUDA ``marin::route_topk_backward``: gates recomputed from the logits, one warp per token."""
-    if logits.numel() == 0:
-        return torch.zeros_like(logits)
+    _check(logits.dim() == 2 and expert_ids.dim() == 2, f"logits and expert_ids must be 2-D, got "
+           f"{tuple(logits.shape)} and {tuple(expert_ids.shape)}")
     T, E = logits.shape
     k = expert_ids.shape[1]
     _check(mode in _MODES, f"mode must be one of {tuple(_MODES)}, got {mode!r}")
@@ -125,10 +124,12 @@ def route_topk_backward(grad_weights: Tensor, grad_lse: Tensor, logits: Tensor, 
            f"grad_weights {tuple(grad_weights.shape)}, grad_lse {tuple(grad_lse.shape)}")
     _check(expert_ids.dtype == torch.int32, f"expert_ids must be int32, got {expert_ids.dtype}")
     _check(1 <= k <= E, f"k={k} must be in [1, E={E}]")
+    _on_device(logits.device, grad_weights=grad_weights, grad_lse=grad_lse, expert_ids=expert_ids)
+    if T == 0:
+        return torch.zeros_like(logits)
     if logits.dtype not in _DTYPES or E > MAX_EXPERTS or k > MAX_TOP_K:
         return _reference("route_topk_backward", grad_weights, grad_lse, logits, expert_ids, weights, mode, scale,
                           renormalize)
-    _on_device(logits.device, grad_weights=grad_weights, grad_lse=grad_lse, expert_ids=expert_ids)
     dtype, logits = _DTYPES[logits.dtype], logits.contiguous()
     grad_weights, grad_lse = grad_weights.to(torch.float32).contiguous(), grad_lse.to(torch.float32).contiguous()
     expert_ids, grad_logits = expert_ids.contiguous(), torch.empty_like(logits)
@@ -182,8 +183,8 @@ def unpermute(routed: Tensor, row_of: Tensor, src_of: Tensor, weights: Optional[
     dtype, routed, row_of = _DTYPES[routed.dtype], routed.contiguous(), row_of.contiguous()
     weights = None if weights is None else weights.contiguous()
     out = routed.new_empty(T, H)
-    _launch("marin_unpermute", routed.device, routed.data_ptr(), dtype, H, row_of.data_ptr(), T, row_of.shape[1],
-            _ptr(weights), out.data_ptr())
+    _launch("marin_unpermute", routed.device, routed.data_ptr(), dtype, routed.shape[0], H, row_of.data_ptr(), T,
+            row_of.shape[1], _ptr(weights), out.data_ptr())
     return out
 
 
@@ -193,20 +194,24 @@ def unpermute_backward(grad_out: Tensor, routed: Tensor, row_of: Tensor, src_of:
     row_of and src_of must come from one permute call (the kernel writes the rows row_of names)."""
     supported = _unpermute_supported(routed, row_of, src_of, weights)
     T, K = row_of.shape
+    _check(grad_out.shape == (T, routed.shape[1]), f"grad_out must be {(T, routed.shape[1])}, got {tuple(grad_out.shape)}")
+    _on_device(routed.device, grad_out=grad_out)
     if not supported:
         return _reference("unpermute_backward", grad_out, routed, row_of, src_of, weights)
     grad_weights = routed.new_zeros(T, K, dtype=torch.float32)
     if row_of.numel() == 0:
         return torch.zeros_like(routed), grad_weights
-    _check(grad_out.shape == (T, routed.shape[1]), f"grad_out must be {(T, routed.shape[1])}, got {tuple(grad_out.shape)}")
-    _on_device(routed.device, grad_out=grad_out)
+    # grad_out is read as it is when it has the rows' dtype or fp32 (scaled in fp32, rounded once, as the
+    # reference does); any other float dtype is widened to fp32 first, which is exact.
+    if grad_out.dtype not in (routed.dtype, torch.float32):
+        grad_out = grad_out.to(torch.float32)
     dtype, routed = _DTYPES[routed.dtype], routed.contiguous()
-    grad_out, row_of, src_of = grad_out.to(routed.dtype).contiguous(), row_of.contiguous(), src_of.contiguous()
+    grad_out, row_of, src_of = grad_out.contiguous(), row_of.contiguous(), src_of.contiguous()
     weights = None if weights is None else weights.contiguous()
     grad_routed = torch.empty_like(routed)
-    _launch("marin_unpermute_backward", routed.device, grad_out.data_ptr(), routed.data_ptr(), dtype,
-            routed.shape[0], routed.shape[1], row_of.data_ptr(), src_of.data_ptr(), T, K, _ptr(weights),
-            grad_routed.data_ptr(), None if weights is None else grad_weights.data_ptr())
+    _launch("marin_unpermute_backward", routed.device, grad_out.data_ptr(), _DTYPES[grad_out.dtype],
+            routed.data_ptr(), dtype, routed.shape[0], routed.shape[1], row_of.data_ptr(), src_of.data_ptr(), T, K,
+            _ptr(weights), grad_routed.data_ptr(), None if weights is None else grad_weights.data_ptr())
     return grad_routed, grad_weights
 
 

@@ -16,7 +16,7 @@ from marin_model.cuda.build import build_library, default_archs, KernelBuildErro
 
 __all__ = ["ABI_VERSION", "SIGNATURES", "STATUS", "load_library", "open_library"]
 
-ABI_VERSION = 1  # must equal MARIN_KERNELS_ABI_VERSION in cuda/marin_kernels.h
+ABI_VERSION = 2  # must equal MARIN_KERNELS_ABI_VERSION in cuda/marin_kernels.h
 _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {  # name -> (restype, argtypes), mirroring cuda/marin_kernels.h
     "marin_kernels_abi_version": (_I, ()),
@@ -25,8 +25,8 @@ SIGNATURES = {  # name -> (restype, argtypes), mirroring cuda/marin_kernels.h
     "marin_route_topk_backward": (_I, (_P, _P, _P, _I, _P, _L, _I, _I, _I, _F, _I, _P, _P)),
     "marin_permute_workspace_bytes": (ctypes.c_size_t, (_L, _I, _I)),
     "marin_permute": (_I, (_P, _L, _L, _I, _P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P)),
-    "marin_unpermute": (_I, (_P, _I, _L, _P, _L, _I, _P, _P, _P)),
-    "marin_unpermute_backward": (_I, (_P, _P, _I, _L, _L, _P, _P, _L, _I, _P, _P, _P, _P)),
+    "marin_unpermute": (_I, (_P, _I, _L, _L, _P, _L, _I, _P, _P, _P)),
+    "marin_unpermute_backward": (_I, (_P, _I, _P, _I, _L, _L, _P, _P, _L, _I, _P, _P, _P, _P)),
 }
 
 

@@ -52,11 +52,11 @@ def _digest(cuda_dir: Path, flags: list[str], compiler: str) -> str:
 
 
 def build_host_library(out_dir: Path, *, flavour: str = "plain", cuda_dir: Optional[Path] = None,
-                       jobs: int = 2) -> Path:
+                       jobs: int = 2, extra_flags: tuple[str, ...] = ()) -> Path:
     """The host build of cuda_dir (default: the repository's cuda/) as a shared library under out_dir."""
     compiler = find_compiler()
     cuda_dir = Path(cuda_dir or ROOT / "cuda")
-    flags = COMMON_FLAGS + FLAVOURS[flavour] + [f"-I{EMU_DIR}", f"-I{cuda_dir}"]
+    flags = COMMON_FLAGS + FLAVOURS[flavour] + list(extra_flags) + [f"-I{EMU_DIR}", f"-I{cuda_dir}"]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     library = out_dir / f"libmarin_kernels_host-{flavour}-{_digest(cuda_dir, flags, compiler)}.so"
@@ -74,7 +74,7 @@ def build_host_library(out_dir: Path, *, flavour: str = "plain", cuda_dir: Optio
                     raise HostBuildError(f"g++ failed on {source.name}:\n{done.stderr[-6000:]}")
                 return obj
 
-            sources = [cuda_dir / name for name in SOURCES] + [EMU_DIR / "emu.cpp"]
+            sources = [cuda_dir / name for name in SOURCES] + [EMU_DIR / "emu.cpp", EMU_DIR / "selftest.cu"]
             with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
                 objects = list(pool.map(compile_one, sources))
             link = [compiler, "-shared", *FLAVOURS[flavour], *map(str, objects), "-o", str(Path(tmp) / "lib.so")]
