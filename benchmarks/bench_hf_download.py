@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench_s3_download import SUBSET, make_corpus
 
-from marin_data.mirror import mirror_process
+from marin_data.testing.mirror import mirror_process
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = "bench/corpus"

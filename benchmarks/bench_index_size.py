@@ -25,25 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
+from marin_data.corpus.build import sources_path
+from marin_data.corpus.manifest import Manifest, ShardRecord, SubsetInfo, commit_corpus, load_corpus
+from marin_data.corpus.shard import shard_path
 from marin_data.docs.croissant import render_croissant
 from marin_data.docs.questions import Metadata
 from marin_data.docs.stats import CorpusStats, LengthStats, SubsetStats
-from marin_data.manifest import (
-    MANIFEST,
-    SHARDS_INDEX,
-    SUMS,
-    TOKENIZER,
-    Manifest,
-    ShardRecord,
-    SubsetInfo,
-    TokenizerInfo,
-    commit_corpus,
-    load_corpus,
-)
-from marin_data.sharding import sources_path
-from marin_data.shards import shard_path
+from marin_data.layout import MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER
+from marin_data.raw.tokenizer import TokenizerInfo
 
-SHARD_TOKENS = 1 << 28  # marin_data.sharding.DEFAULT_SHARD_TOKENS
+SHARD_TOKENS = 1 << 28  # marin_data.corpus.build.DEFAULT_SHARD_TOKENS
 BYTES_PER_TOKEN = 1.32  # DESIGN.md: shards measure 0.33x of raw uint32
 TOKENIZER_JSON = b'{"model": {"type": "index-only", "vocab_size": 128256}}'
 

@@ -37,10 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
+from marin_data.corpus.manifest import Manifest, ShardRecord, SubsetInfo, commit_corpus, load_corpus
+from marin_data.corpus.shard import shard_path, write_shard
+from marin_data.layout import TOKENIZER
 from marin_data.loader import LoaderConfig, TokenDataset, TokenLoader, TokenStream
-from marin_data.loader.simulate import simulated_corpus, write_simulated_index
-from marin_data.manifest import TOKENIZER, Manifest, ShardRecord, SubsetInfo, TokenizerInfo, commit_corpus, load_corpus
-from marin_data.shards import shard_path, write_shard
+from marin_data.raw.tokenizer import TokenizerInfo
+from marin_data.testing.simulate import simulated_corpus, write_simulated_index
 
 VOCAB = 128_256
 WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}

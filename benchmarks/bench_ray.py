@@ -1,6 +1,6 @@
 """`marin-data shard` on the local process pool vs on Ray tasks, same cores, side by side (issue 10).
 
-Both engines run the same pipeline (`marin_data.sharding.shard_subset`) over the same inputs as
+Both engines run the same pipeline (`marin_data.corpus.build.shard_subset`) over the same inputs as
 `bench_shard.py` (the standard library's source cut into ~4 KB documents, a byte-level BPE trained on
 them), with ``--workers`` workers each: the local engine a spawned process pool, the Ray engine a private
 local Ray instance with that many CPUs. Each engine is started once and warmed by one untimed run (worker
@@ -25,9 +25,9 @@ from pathlib import Path
 
 from bench_shard import train_tokenizer, write_documents
 
-from marin_data.engine import LocalEngine
-from marin_data.ray_engine import RayEngine
-from marin_data.sharding import shard_subset
+from marin_data.corpus.build import shard_subset
+from marin_data.engines.local import LocalEngine
+from marin_data.engines.ray import RayEngine
 
 
 def timed_run(files: list[Path], tokenizer: Path, out: Path, engine) -> tuple[float, int, str]:

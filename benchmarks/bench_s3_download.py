@@ -7,7 +7,7 @@ transfer. moto copies the whole object for every ranged GET, so tools that split
 the server do far more work than one GET per file does (aws cli's default 8 MiB parts on 128 MiB objects
 hung moto for minutes here), which measures moto, not the client. So every tool is set to one GET per
 file (marin-data with ``--part-mb 0``; it uses ranges only for subsets of fewer large files than workers,
-see `marin_data.download`): aws through a config file with a multipart threshold
+see `marin_data.transfer.download`): aws through a config file with a multipart threshold
 above the shard size and ``--workers`` concurrent requests, s5cmd with ``--numworkers`` and a part size
 above the shard size. The tools run interleaved within each run, each run starting with the next tool (on
 this VM, writing a GB into memory the host has reclaimed costs 0.2-2.3 s of kernel time by itself, measured
@@ -42,9 +42,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from marin_data.manifest import TOKENIZER, Manifest, ShardRecord, SubsetInfo, TokenizerInfo, commit_corpus
-from marin_data.publish import publish
-from marin_data.stores.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
+from marin_data.corpus.manifest import Manifest, ShardRecord, SubsetInfo, commit_corpus
+from marin_data.layout import TOKENIZER
+from marin_data.raw.tokenizer import TokenizerInfo
+from marin_data.testing.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
+from marin_data.transfer.publish_s3 import publish
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBSET = "bench/random"

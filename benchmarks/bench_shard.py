@@ -103,8 +103,8 @@ def tokenizer_floor(tokenizer: Path, files: list[Path], workers: int) -> tuple[f
 
 
 def run_pipeline(files: list[Path], tokenizer: Path, out: Path, workers: int, shard_tokens: int | None) -> int:
-    """`marin_data.sharding.shard_subset` (what ``marin-data shard`` calls); returns the tokens written."""
-    from marin_data.sharding import shard_subset
+    """`marin_data.corpus.build.shard_subset` (what ``marin-data shard`` calls); returns the tokens written."""
+    from marin_data.corpus.build import shard_subset
 
     extra = {} if shard_tokens is None else {"shard_tokens": shard_tokens}
     return shard_subset(files, subset="bench", tokenizer=str(tokenizer), out=out, workers=workers, **extra).tokens

@@ -51,10 +51,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="S3 only")
     args = parser.parse_args()
 
-    from marin_data.mirror import mirror_process
-    from marin_data.publish import publish
-    from marin_data.sample import build_sample
-    from marin_data.stores.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
+    from marin_data.corpus.sample import build_sample
+    from marin_data.testing.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
+    from marin_data.testing.mirror import mirror_process
+    from marin_data.transfer.publish_s3 import publish
 
     if not (args.corpus / "manifest.json").exists():
         build_sample(args.corpus)

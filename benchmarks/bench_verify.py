@@ -29,9 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.manifest import TOKENIZER, Manifest, ShardRecord, SubsetInfo, TokenizerInfo, commit_corpus, load_corpus
-from marin_data.shards import shard_path, write_shard
-from marin_data.verify import verify_corpus
+from marin_data.corpus.manifest import Manifest, ShardRecord, SubsetInfo, commit_corpus, load_corpus
+from marin_data.corpus.shard import shard_path, write_shard
+from marin_data.corpus.verify import verify_corpus
+from marin_data.layout import TOKENIZER
+from marin_data.raw.tokenizer import TokenizerInfo
 
 VOCAB = 128_256
 BYTES_PER_TOKEN = 2.2  # zstd + BYTE_STREAM_SPLIT on uniform random ids below 2^17: measured ~2.2 B/token

@@ -1,6 +1,6 @@
 """How many ranks read each shard: `LoaderConfig.rank_rows` "position" vs "shard", at production scale.
 
-Arithmetic on the real loader code over the index-only 23T-token corpus of `marin_data.loader.simulate`
+Arithmetic on the real loader code over the index-only 23T-token corpus of `marin_data.testing.simulate`
 (100,000 shards, 200 subsets; no data is read): for ``--steps`` consecutive global batches of ``W·b`` rows,
 which shards each rank's rows read (`marin_data.loader.ranks.RankRows.rows`, then the shard holding each
 row's window). A rank whose rows read a shard once must fetch all of it, so the number of ranks reading a
@@ -22,7 +22,7 @@ import numpy as np
 
 from marin_data.loader import LoaderConfig, TokenStream
 from marin_data.loader.ranks import RANK_ROWS, RankRows
-from marin_data.loader.simulate import simulated_corpus
+from marin_data.testing.simulate import simulated_corpus
 
 
 def main() -> None:

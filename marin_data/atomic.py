@@ -17,7 +17,7 @@ from pathlib import Path
 __all__ = ["atomic_path", "atomic_write_bytes", "sha256_file", "pieces", "HASH_CHUNK", "WRITE_BYTES"]
 
 HASH_CHUNK = 8 << 20  # 8 MiB reads: bounded memory whatever the file size, large enough for ~1 GB/s
-# The largest single write of downloaded bytes (`pieces`, used by `marin_data.partial`). On the VM this was
+# The largest single write of downloaded bytes (`pieces`, used by `marin_data.transfer.partial`). On the VM this was
 # measured on, page-cache writes of 512 KiB or more at times cost 1.2-2.2 s of kernel time per GiB against
 # 0.25 s in 128 KiB writes (docs/benchmarks.md, issue 3; likely Linux 6.x's large folios), and a write call
 # costs ~2 us: 128 KiB is cheap everywhere.

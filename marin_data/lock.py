@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from marin_data.errors import CorpusLockedError
+from marin_data.layout import LOCK_NAME
 
-__all__ = ["LOCK_NAME", "corpus_lock"]
+__all__ = ["corpus_lock"]
 
-LOCK_NAME = ".marin.lock"
 
 
 @contextlib.contextmanager

@@ -43,7 +43,7 @@ def main() -> None:
 
 def train_on_it(corpus: Path) -> None:
     """Iterate the loader over the sample with a two-phase mixture, checkpoint it, resume on another world size."""
-    demo = ["-m", "marin_data.loader.demo", str(corpus.relative_to(ROOT)), "--cache-dir",
+    demo = ["-m", "marin_data.testing.demo", str(corpus.relative_to(ROOT)), "--cache-dir",
             str((OUT / "loader-cache").relative_to(ROOT))]
     print(f"\n== Feed training: a mixture schedule, a checkpoint, an exact resume on 2 ranks\n$ python "
           f"{shlex.join(demo)}", flush=True)
@@ -58,7 +58,7 @@ def publish_and_download(corpus: Path) -> None:
     A copy is published because publish records the bucket in the manifest's mirrors, and the local server's
     port changes every run: the sample corpus itself stays as built. The server is always stopped.
     """
-    from marin_data.stores.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
+    from marin_data.testing.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
 
     copy, fetched = OUT / "to-publish", OUT / "downloaded"
     for old in (copy, fetched):
@@ -125,7 +125,7 @@ def serve_and_download(corpus: Path) -> None:
     The mirror serves ROOT/org/name as the dataset repo org/name, so the sample is linked into a fresh ROOT
     (hard links: no copy). It listens on a free port and is always stopped.
     """
-    from marin_data.mirror import mirror_process
+    from marin_data.testing.mirror import mirror_process
 
     hub, fetched = OUT / "hub", OUT / "from-mirror"
     for old in (hub, fetched):

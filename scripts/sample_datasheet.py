@@ -27,7 +27,7 @@ def provenance(corpus: Path) -> dict:
     import matplotlib
     import pyarrow
 
-    from marin_data.sample import SAMPLE_JSON
+    from marin_data.corpus.sample import SAMPLE_JSON
 
     return {"sample.json": json.loads((corpus / SAMPLE_JSON).read_text()), "pyarrow": pyarrow.__version__,
             "matplotlib": matplotlib.__version__}
@@ -35,7 +35,7 @@ def provenance(corpus: Path) -> dict:
 
 def generate(corpus: Path, dest: Path) -> None:
     """Write the documents of ``corpus`` under ``dest`` (the corpus is not touched)."""
-    from marin_data.datasheet import write_datasheet
+    from marin_data.docs.write import write_datasheet
 
     write_datasheet(corpus, meta=META, out=dest)
 
@@ -46,7 +46,7 @@ def main() -> None:
                         help="the sample corpus; built there with `marin-data sample` if missing")
     args = parser.parse_args()
     if not (args.corpus / "manifest.json").exists():
-        from marin_data.sample import build_sample
+        from marin_data.corpus.sample import build_sample
 
         print(f"building the sample corpus in {args.corpus} ...", flush=True)
         build_sample(args.corpus)

@@ -10,17 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marin_data.manifest import (
-    TOKENIZER,
-    Corpus,
-    Manifest,
-    ShardRecord,
-    SubsetInfo,
-    TokenizerInfo,
-    commit_corpus,
-    load_corpus,
-)
-from marin_data.shards import shard_path, write_shard
+from marin_data.corpus.manifest import Corpus, Manifest, ShardRecord, SubsetInfo, commit_corpus, load_corpus
+from marin_data.corpus.shard import shard_path, write_shard
+from marin_data.layout import TOKENIZER
+from marin_data.raw.tokenizer import TokenizerInfo
 
 VOCAB = 1000
 EOS = 0

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from marin_data.loader import Mixture, TokenDataset, TokenLoader, TokenStream
-from marin_data.shards import read_shard
+from marin_data.corpus.shard import read_shard
 
 EOS = 0  # tests/conftest.py's synthetic corpora end every document with token 0
 

@@ -22,8 +22,9 @@ import pytest
 from conftest import build_corpus
 from faultproxy import Fault, FaultProxy
 
-from marin_data.download import DOWNLOAD_POLICY, PARTIAL_SUFFIX
-from marin_data.stores.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
+from marin_data.layout import PARTIAL_SUFFIX
+from marin_data.testing.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
+from marin_data.transfer.plan import DOWNLOAD_POLICY
 
 __all__ = ["moto", "bucket_url", "proxy", "fault_corpus", "published", "copy_corpus", "object_key", "s3_client",
            "run_cli", "FAST", "file_sha256", "interrupt_download", "kill_and_resume"]
@@ -68,7 +69,7 @@ def fault_corpus(tmp_path_factory):
 @pytest.fixture
 def published(moto, bucket_url, fault_corpus, tmp_path):
     """(url, local root) of a private copy of the fault corpus published to a fresh bucket."""
-    from marin_data.publish import publish
+    from marin_data.transfer.publish_s3 import publish
 
     root = copy_corpus(fault_corpus, tmp_path / "src")
     publish(root, to=bucket_url, endpoint_url=moto)

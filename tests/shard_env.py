@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from marin_data.manifest import TOKENIZER
-from marin_data.sample import train_tokenizer
+from marin_data.corpus.sample import train_tokenizer
+from marin_data.layout import TOKENIZER
 
 ROOT = Path(__file__).resolve().parent.parent
 _SYLLABLES = [c + v for c in "bcdfghklmnprstvz" for v in "aeiou"] + ["é", "ß", "日本", "ü", "ø"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from shard_env import write_jsonl, write_parquet
 
-from marin_data.corpus import (
+from marin_data.raw.documents import (
     BAD_JSON,
     MISSING_TEXT,
     UNDECODABLE,

@@ -21,14 +21,13 @@ import pytest
 import yaml
 
 from marin_data.cli import main
-from marin_data.datasheet import CARD, FIGURES, LISTED, UNLISTED, write_datasheet
-from marin_data.docs.croissant import CROISSANT
-from marin_data.docs.datasheet import DATASHEET
+from marin_data.corpus.manifest import commit_corpus, load_corpus
+from marin_data.corpus.shard import read_shard
 from marin_data.docs.questions import QUESTIONS, SUBSET_QUESTIONS, not_answered
 from marin_data.docs.stats import PERCENTILES, nearest_rank
+from marin_data.docs.write import write_datasheet
 from marin_data.errors import DatasheetIncompleteError, InvalidMetadataError, ShardFormatError
-from marin_data.manifest import MANIFEST, commit_corpus, load_corpus
-from marin_data.shards import read_shard
+from marin_data.layout import CARD, CROISSANT, DATASHEET, FIGURES, LISTED, MANIFEST, UNLISTED
 
 SUBSETS = {"a": [20, 10], "b/c": [5], "web/en": [40, 25, 30]}
 
@@ -282,7 +281,7 @@ def test_mirrors_from_the_manifest_are_shown_with_their_commands(make_corpus, tm
 
 
 def test_verify_passes_on_a_documented_corpus(documented):
-    from marin_data.verify import verify_corpus
+    from marin_data.corpus.verify import verify_corpus
 
     corpus, result, _ = documented
     report = verify_corpus(corpus.root, manifest_sha256=result.manifest_sha256)

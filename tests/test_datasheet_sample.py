@@ -42,7 +42,7 @@ def _differences(recorded: dict, current: dict, prefix: str = "") -> list[str]:
 def test_repository_datasheets_match_a_fresh_generation(tmp_path):
     from PIL import Image
 
-    from marin_data.sample import build_sample, sample_documents
+    from marin_data.corpus.sample import build_sample, sample_documents
 
     script = _script()
     recorded = json.loads(script.RECORD.read_text())

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 from s3_env import FAST, bucket_url, copy_corpus, fault_corpus, moto, proxy, run_cli, s3_client  # noqa: F401
 
-from marin_data.download import PARTIAL_SUFFIX, RECORD, download, read_download_record
+from marin_data.corpus.manifest import load_corpus, read_shard_index, write_shard_index
+from marin_data.corpus.record import read_download_record
+from marin_data.corpus.verify import verify_corpus
 from marin_data.errors import ManifestHashMismatchError, RemoteError, UnsafePathError
-from marin_data.manifest import MANIFEST, SHARDS_INDEX, load_corpus, read_shard_index, write_shard_index
-from marin_data.publish import publish
-from marin_data.verify import verify_corpus
+from marin_data.layout import MANIFEST, PARTIAL_SUFFIX, RECORD, SHARDS_INDEX
+from marin_data.transfer.download import download
+from marin_data.transfer.publish_s3 import publish
 
 
 @pytest.fixture
@@ -144,7 +146,7 @@ def test_anonymous_requests_are_unsigned_and_requester_pays_is_sent(moto, publis
 def test_a_wrong_file_under_a_final_name_is_replaced_and_a_short_one_resumed(moto, published, proxy, tmp_path,
                                                                                monkeypatch, writeback_chunk):
     if writeback_chunk is not None:  # the test shards are smaller than the default chunk: make every one cross it
-        monkeypatch.setattr("marin_data.partial.WRITEBACK_CHUNK", writeback_chunk)
+        monkeypatch.setattr("marin_data.transfer.partial.WRITEBACK_CHUNK", writeback_chunk)
     url, src, _ = published
     dest = tmp_path / "dest"
     download(url, subsets=["a"], dest=dest, endpoint_url=moto, policy=FAST)

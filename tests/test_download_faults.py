@@ -16,9 +16,11 @@ from s3_env import (  # noqa: F401 - fixtures
     published, run_cli)
 from faultproxy import Fault
 
-from marin_data.download import PARTIAL_SUFFIX, download, read_download_record
-from marin_data.stores import READ_CHUNK
-from marin_data.verify import verify_corpus
+from marin_data.corpus.record import read_download_record
+from marin_data.corpus.verify import verify_corpus
+from marin_data.layout import PARTIAL_SUFFIX
+from marin_data.stores.base import READ_CHUNK
+from marin_data.transfer.download import download
 
 
 def _check_end_state(dest: Path, corpus, subsets: list[str], failed: set[str] = frozenset()) -> None:

@@ -15,11 +15,13 @@ from faultproxy import Fault
 from s3_env import (  # noqa: F401 - fixtures
     FAST, bucket_url, copy_corpus, fault_corpus, moto, object_key, proxy, published, run_cli)
 
-from marin_data.download import PARTIAL_SUFFIX, RANGES_SUFFIX, download
-from marin_data.publish import publish
+from marin_data.corpus.verify import verify_corpus
+from marin_data.layout import PARTIAL_SUFFIX, RANGES_SUFFIX
 from marin_data.retry import RetryPolicy
-from marin_data.stores import open_store, range_header
-from marin_data.verify import verify_corpus
+from marin_data.stores import open_store
+from marin_data.stores.base import range_header
+from marin_data.transfer.download import download
+from marin_data.transfer.publish_s3 import publish
 
 PART = 256 << 10
 
@@ -172,8 +174,8 @@ def test_a_record_of_another_file_counts_nothing(published, proxy, fault_corpus,
 def test_ranges_from_a_hugging_face_mirror(fault_corpus, tmp_path):  # noqa: F811
     from faultproxy import FaultProxy
 
-    from marin_data.mirror import running_mirror
-    from marin_data.publish_hf import publish_hf
+    from marin_data.testing.mirror import running_mirror
+    from marin_data.transfer.publish_hf import publish_hf
 
     (tmp_path / "mirror").mkdir()
     with running_mirror(tmp_path / "mirror", writable=True, token="t") as mirror:
@@ -220,7 +222,7 @@ def test_kill_9_mid_range_then_rerun_fetches_only_what_the_ranges_lacked(big_cor
 
     from s3_env import ROOT
 
-    from marin_data.stores.local_s3 import LOCAL_S3_ENV
+    from marin_data.testing.local_s3 import LOCAL_S3_ENV
 
     (shard,) = big_corpus.shards
     assert shard.bytes > 2 * (16 << 20)

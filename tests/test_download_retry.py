@@ -75,7 +75,7 @@ def test_marin_data_imports_boto3_only_inside_the_s3_store():
     import subprocess
     import sys
 
-    code = ("import sys, marin_data.download, marin_data.publish, marin_data.remote_verify, marin_data.stores.local, "
+    code = ("import sys, marin_data.transfer.download, marin_data.transfer.publish_s3, marin_data.transfer.remote_verify, marin_data.stores.local, "
             "marin_data.cli.download, marin_data.cli.publish; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore')); "
             "assert not bad, bad")

@@ -12,15 +12,16 @@ from conftest import build_corpus
 from faultproxy import FaultProxy
 from s3_env import FAST, bucket_url, copy_corpus, fault_corpus, kill_and_resume, moto, s3_client  # noqa: F401
 
-from marin_data.download import download
+from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.verify import ProblemKind, verify_corpus
 from marin_data.errors import RemoteError
-from marin_data.manifest import MANIFEST, load_corpus
-from marin_data.mirror import running_mirror
-from marin_data.publish import publish
-from marin_data.publish_hf import publish_hf
-from marin_data.remote_verify import verify_remote
+from marin_data.layout import MANIFEST
 from marin_data.stores import open_store
-from marin_data.verify import ProblemKind, verify_corpus
+from marin_data.testing.mirror import running_mirror
+from marin_data.transfer.download import download
+from marin_data.transfer.publish_hf import publish_hf
+from marin_data.transfer.publish_s3 import publish
+from marin_data.transfer.remote_verify import verify_remote
 
 TOKEN = "t"
 SUBSETS = {"a": [30, 20], "b/c": [20], "d": [5, 5, 5]}

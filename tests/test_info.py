@@ -7,7 +7,7 @@ import json
 
 from shard_env import run_cli
 
-from marin_data.info import corpus_info
+from marin_data.corpus.info import corpus_info
 
 
 def test_info_sums_the_subsets_and_shows_the_manifest_digest(make_corpus):

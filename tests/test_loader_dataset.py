@@ -201,7 +201,7 @@ def test_prefetch_thread_errors_surface_in_the_trainer(corpus, config, tmp_path)
 
 
 def test_the_quickstart_demo_resumes_on_another_world_size_identically(corpus, tmp_path, capsys):
-    from marin_data.loader.demo import demo
+    from marin_data.testing.demo import demo
 
     assert demo(corpus.root, seq_len=SEQ_LEN, cache_dir=tmp_path)
     assert "identical to the uninterrupted stream: True" in capsys.readouterr().out

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from loader_checks import check_global_stream, take
 
 from marin_data.loader import LoaderConfig, TokenStream, make_loader
-from marin_data.loopback import free_port
+from marin_data.testing.loopback import free_port
 from marin_train.distributed import shutdown_distributed
 
 CONFIG = LoaderConfig(seq_len=16, batch_size=3, mixture={"a": 0.7, "b": 0.3}, val_fraction=0.05, mixture_block=64)

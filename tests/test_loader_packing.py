@@ -9,7 +9,7 @@ from loader_checks import check_batch, check_permutation, reference_tokens, wind
 from marin_data.errors import LoaderConfigError, ShardFormatError, ShardMissingError
 from marin_data.loader import DecodedShardCache, LoaderConfig, TokenStream
 from marin_data.loader.holdout import held_before, holdout_every, train_windows, val_windows
-from marin_data.shards import read_shard
+from marin_data.corpus.shard import read_shard
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ def test_other_caches_and_processes_reuse_a_decode_still_being_stored(make_corpu
     (corpus.root / corpus.shards[0].path).unlink()  # from now on only the first decode can serve it
     same_process = DecodedShardCache(corpus.root, tmp_path / "cache").open(corpus.shards[0])
     assert np.array_equal(same_process.tokens, tokens)
-    code = ("import sys, numpy as np\nfrom marin_data.manifest import load_corpus\n"
+    code = ("import sys, numpy as np\nfrom marin_data.corpus.manifest import load_corpus\n"
             "from marin_data.loader import DecodedShardCache\n"
             "c = load_corpus(sys.argv[1])\n"
             "print(int(DecodedShardCache(c.root, sys.argv[2]).open(c.shards[0]).tokens.astype(np.int64).sum()))")

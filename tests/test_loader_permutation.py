@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from loader_checks import check_permutation
 
-from marin_data.loader.permutation import SHUFFLES, derive_key, feistel, hierarchical, shuffle
+from marin_data.loader.shuffle import SHUFFLES, feistel, hierarchical, shuffle
+from marin_data.loader.shuffle.keys import derive_key
 
 
 def shards_of(n: int, size: int) -> np.ndarray:

@@ -21,9 +21,9 @@ from s3_env import FAST, bucket_url, moto, proxy, s3_client  # noqa: F401 - fixt
 
 from marin_data.errors import LoaderConfigError, TransferFailedError
 from marin_data.loader import LoaderConfig, Phase, TokenStream, make_loader
-from marin_data.loader.remote import make_remote_loader
-from marin_data.loader.remote_cache import decoded_bytes
-from marin_data.publish import publish
+from marin_data.loader.remote.cache import decoded_bytes
+from marin_data.loader.remote.stream import make_remote_loader
+from marin_data.transfer.publish_s3 import publish
 
 CONFIG = LoaderConfig(seq_len=64, batch_size=8, shuffle_window=1, val_fraction=0.01)
 
@@ -167,7 +167,7 @@ def test_a_shard_corrupt_on_the_server_fails_over_to_a_mirror_or_fails_the_batch
 
 
 def test_hf_mirror_streams_the_same_batches_under_the_limit(corpus, tmp_path):
-    from marin_data.mirror import running_mirror
+    from marin_data.testing.mirror import running_mirror
 
     import shutil
 
@@ -225,7 +225,7 @@ def test_a_limit_below_one_shard_is_refused_with_the_size_needed(corpus, publish
 def test_a_mapped_shard_is_never_evicted_and_the_least_recently_used_free_one_is(corpus, tmp_path):
     import gc
 
-    from marin_data.loader.remote_cache import RemoteShardCache, _footprint
+    from marin_data.loader.remote.cache import RemoteShardCache, _footprint
     from marin_data.stores import open_store
 
     shards = corpus.shards[:4]
@@ -324,7 +324,7 @@ def test_make_loader_streams_an_s3_url_like_make_remote_loader_and_refuses_worke
 
 
 def test_caches_of_one_host_fetch_a_shard_once_and_hard_link_it(corpus, published, proxy, tmp_path):  # noqa: F811
-    from marin_data.loader.remote_cache import RemoteShardCache
+    from marin_data.loader.remote.cache import RemoteShardCache
     from marin_data.stores import open_store
 
     url, _ = published

@@ -6,9 +6,9 @@ import tracemalloc
 
 import numpy as np
 
+from marin_data.corpus.manifest import load_corpus
 from marin_data.loader import LoaderConfig, TokenStream
-from marin_data.loader.simulate import simulated_corpus, write_simulated_index
-from marin_data.manifest import load_corpus
+from marin_data.testing.simulate import simulated_corpus, write_simulated_index
 
 SUBSETS = 200
 

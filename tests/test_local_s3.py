@@ -1,11 +1,11 @@
-"""The throwaway S3 server of the quickstart and the tests (`marin_data.stores.local_s3`)."""
+"""The throwaway S3 server of the quickstart and the tests (`marin_data.testing.local_s3`)."""
 
 from __future__ import annotations
 
 import boto3
 from botocore.config import Config
 
-from marin_data.stores.local_s3 import create_bucket, local_s3_server
+from marin_data.testing.local_s3 import create_bucket, local_s3_server
 
 
 def test_the_server_keeps_answering_after_thousands_of_logged_requests():

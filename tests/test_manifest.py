@@ -9,9 +9,10 @@ import subprocess
 import pyarrow.parquet as pq
 import pytest
 
+from marin_data.corpus.manifest import load_corpus, safe_relpath, select_subsets
+from marin_data.corpus.shard import TOKENS_VALUES, inspect_shard, read_shard
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnsafePathError
-from marin_data.manifest import MANIFEST, SHARDS_INDEX, load_corpus, safe_relpath, select_subsets
-from marin_data.shards import TOKENS_VALUES, inspect_shard, read_shard
+from marin_data.layout import MANIFEST, SHARDS_INDEX
 
 
 def test_committed_corpus_passes_coreutils_sha256sum(make_corpus):

@@ -16,8 +16,8 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, co
 from huggingface_hub.errors import HfHubHTTPError
 from test_mirror import REPO, corpus_files, make_root, raw_request
 
-from marin_data.mirror import running_mirror
-from marin_data.verify import verify_corpus
+from marin_data.corpus.verify import verify_corpus
+from marin_data.testing.mirror import running_mirror
 
 TOKEN = "s3cret-token"
 

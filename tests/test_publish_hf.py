@@ -13,11 +13,12 @@ from conftest import build_corpus
 from huggingface_hub import HfApi, snapshot_download
 from test_mirror import corpus_files
 
+from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.verify import verify_corpus
 from marin_data.errors import ObjectTooLargeError, ShardChecksumError
-from marin_data.manifest import MANIFEST, load_corpus
-from marin_data.mirror import running_mirror
-from marin_data.publish_hf import plan_repos, publish_hf
-from marin_data.verify import verify_corpus
+from marin_data.layout import MANIFEST
+from marin_data.testing.mirror import running_mirror
+from marin_data.transfer.publish_hf import plan_repos, publish_hf
 
 TOKEN = "t0ken"
 SUBSETS = {"a": [20, 30], "b/c": [20], "d": [5, 5, 5]}

@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 from shard_env import ROOT, make_texts, run_cli, tiny_tokenizer, tree_bytes, write_jsonl  # noqa: F401 - fixture
 
-from marin_data.engine import LocalEngine
+from marin_data.corpus.build import UnitJob, shard_subset, sources_path
+from marin_data.corpus.manifest import commit_corpus, load_corpus
+from marin_data.corpus.verify import verify_corpus
+from marin_data.engines.local import LocalEngine
 from marin_data.errors import BadRecordError, EngineError
-from marin_data.manifest import commit_corpus, load_corpus
-from marin_data.sharding import STAGING, UnitJob, shard_subset, sources_path
-from marin_data.verify import verify_corpus
+from marin_data.layout import STAGING
 
 try:
     import ray
@@ -93,7 +94,7 @@ def ray_engine():
     """One local Ray instance (2 CPUs) for the module, started by the engine itself; stopped at the end."""
     if ray is None:
         pytest.skip("Ray is not installed")
-    from marin_data.ray_engine import RayEngine
+    from marin_data.engines.ray import RayEngine
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
     engine = RayEngine(2)
@@ -108,7 +109,7 @@ class _Injecting:
     """An engine that runs each job through `_flaky` on the module's Ray instance (``max_retries`` as given)."""
 
     def __init__(self, log: Path, mode: str, max_retries: int = 3) -> None:
-        from marin_data.ray_engine import RayEngine
+        from marin_data.engines.ray import RayEngine
 
         self.log, self.mode = log, mode
         self.inner = RayEngine(2, max_retries=max_retries)

@@ -10,12 +10,13 @@ import pytest
 from conftest import build_corpus
 from s3_env import bucket_url, copy_corpus, fault_corpus, moto, proxy, run_cli, s3_client  # noqa: F401
 
+from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.verify import ProblemKind
 from marin_data.errors import ObjectTooLargeError, TransferFailedError
-from marin_data.manifest import MANIFEST, load_corpus
-from marin_data.publish import publish
-from marin_data.remote_verify import verify_remote
+from marin_data.layout import MANIFEST
 from marin_data.stores.s3 import parse_s3_url
-from marin_data.verify import ProblemKind
+from marin_data.transfer.publish_s3 import publish
+from marin_data.transfer.remote_verify import verify_remote
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +144,7 @@ def test_cli_publish_prints_the_manifest_sha256_and_refuses_bad_urls(moto, bucke
 
 def test_the_unlisted_datasheet_is_published_and_a_stale_digest_in_it_is_flagged(moto, bucket_url, fault_corpus,
                                                                                  tmp_path):
-    from marin_data.datasheet import UNLISTED
+    from marin_data.layout import UNLISTED
 
     (datasheet,) = UNLISTED
     root = copy_corpus(fault_corpus, tmp_path / "c")

@@ -11,15 +11,16 @@ import pyarrow.parquet as pq
 import pytest
 from shard_env import ROOT, run_cli, tree_bytes
 
-from marin_data.manifest import MANIFEST, SUMS, load_corpus
-from marin_data.sample import SAMPLE_JSON, sample_documents
-from marin_data.tokenize import load_tokenizer
+from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.sample import SAMPLE_JSON, sample_documents
+from marin_data.layout import MANIFEST, SUMS
+from marin_data.raw.tokenizer import load_tokenizer
 
 TRAIN = """
 import hashlib, sys
 sys.path.insert(0, {tests!r})
 from shard_env import make_texts
-from marin_data.sample import train_tokenizer
+from marin_data.corpus.sample import train_tokenizer
 print(hashlib.sha256(train_tokenizer(make_texts(400, 7), 1000)).hexdigest())
 """
 

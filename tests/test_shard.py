@@ -30,6 +30,9 @@ from shard_env import (  # noqa: F401 - tiny_tokenizer is a fixture
     write_parquet,
 )
 
+from marin_data.corpus.build import shard_subset, sources_path
+from marin_data.corpus.manifest import load_corpus, read_shard_index
+from marin_data.corpus.shard import TOKENS_VALUES, inspect_shard
 from marin_data.errors import (
     BadRecordError,
     CorpusConflictError,
@@ -37,11 +40,9 @@ from marin_data.errors import (
     TokenizerMismatchError,
     UnreadableInputError,
 )
+from marin_data.layout import MANIFEST, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 from marin_data.lock import corpus_lock
-from marin_data.manifest import MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, load_corpus, read_shard_index
-from marin_data.sharding import STAGING, shard_subset, sources_path
-from marin_data.shards import TOKENS_VALUES, inspect_shard
-from marin_data.tokenize import load_tokenizer
+from marin_data.raw.tokenizer import load_tokenizer
 
 SUBSET = "web/mix"
 SHARD_TOKENS = 16_000

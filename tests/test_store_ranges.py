@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from marin_data.errors import RetryableRemoteError
-from marin_data.stores import body_start
+from marin_data.stores.base import body_start
 
 
 def test_a_200_is_the_whole_object_whatever_range_was_asked():

@@ -11,8 +11,8 @@ import pytest
 from shard_env import make_texts, run_cli, tiny_tokenizer, write_jsonl  # noqa: F401 - tiny_tokenizer is a fixture
 
 from marin_data.errors import InvalidTokenizerError
-from marin_data.manifest import TOKENIZER
-from marin_data.tokenize import load_tokenizer, tokenizer_from_bytes
+from marin_data.layout import TOKENIZER
+from marin_data.raw.tokenizer import load_tokenizer, tokenizer_from_bytes
 
 
 def test_a_path_or_its_directory_loads_with_eos_found_among_special_tokens(tiny_tokenizer: Path):

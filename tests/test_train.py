@@ -55,7 +55,7 @@ WORKER = """
 import hashlib, json, sys, torch
 sys.path.insert(0, {tests!r})
 from test_train import CFG, digest, loader_for
-from marin_data.manifest import load_corpus
+from marin_data.corpus.manifest import load_corpus
 from marin_train.distributed import init_distributed
 from marin_train.loop import train
 init_distributed()  # joins torchrun's group first: the loader takes its rank and world size from it

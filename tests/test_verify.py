@@ -15,13 +15,11 @@ import pytest
 
 from marin_data.atomic import sha256_file
 from marin_data.cli import main
-from marin_data.datasheet import UNLISTED
-from marin_data.download import RECORD, download
-from marin_data.lock import LOCK_NAME
-from marin_data.manifest import MANIFEST, SHARDS_INDEX, TOKENIZER, commit_corpus
-from marin_data.sharding import STAGING
-from marin_data.shards import read_shard, write_shard
-from marin_data.verify import ProblemKind, verify_corpus
+from marin_data.corpus.manifest import commit_corpus
+from marin_data.corpus.shard import read_shard, write_shard
+from marin_data.corpus.verify import ProblemKind, verify_corpus
+from marin_data.layout import LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, TOKENIZER, UNLISTED
+from marin_data.transfer.download import download
 
 SUBSETS = {"a": [20, 10], "b/c": [5]}
 (DATASHEET,) = UNLISTED

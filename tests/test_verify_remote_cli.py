@@ -6,10 +6,10 @@ import json
 
 from s3_env import bucket_url, copy_corpus, fault_corpus, moto, run_cli, s3_client  # noqa: F401 - fixtures
 
-from marin_data.mirror import running_mirror
-from marin_data.publish import publish
-from marin_data.publish_hf import publish_hf
 from marin_data.stores.s3 import parse_s3_url
+from marin_data.testing.mirror import running_mirror
+from marin_data.transfer.publish_hf import publish_hf
+from marin_data.transfer.publish_s3 import publish
 
 TOKEN = "t0ken"
 

@@ -1,4 +1,4 @@
-"""``marin-data datasheet``: document a corpus from its data (library: `marin_data.datasheet`)."""
+"""``marin-data datasheet``: document a corpus from its data (library: `marin_data.docs.write`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from marin_data.datasheet import write_datasheet
 from marin_data.docs.stats import SCAN_TOKENS
+from marin_data.docs.write import write_datasheet
 
 __all__ = ["command"]
 

@@ -1,4 +1,4 @@
-"""``marin-data download``: fetch chosen subsets, verified and resumable (library: `marin_data.download`)."""
+"""``marin-data download``: fetch chosen subsets, verified and resumable (library: `marin_data.transfer.download`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import click
 
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import check_sha256, show_retries, store_kwargs, store_options
-from marin_data.download import PART_BYTES, RECORD, DownloadReport, download
+from marin_data.layout import RECORD
+from marin_data.transfer.download import DownloadReport, download
+from marin_data.transfer.fetch import PART_BYTES
 from marin_data.ui import format_table, human_bytes, human_count
 
 __all__ = ["command"]

@@ -1,4 +1,5 @@
-"""``marin-data info``: a corpus's subsets, totals, tokenizer and manifest sha256 (library: `marin_data.info`)."""
+"""``marin-data info``: a corpus's subsets, totals, tokenizer and manifest sha256 (library:
+`marin_data.corpus.info`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from marin_data.info import corpus_info
+from marin_data.corpus.info import corpus_info
 
 __all__ = ["command"]
 

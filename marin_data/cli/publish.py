@@ -1,4 +1,5 @@
-"""``marin-data publish``: upload a corpus to S3 with full-object SHA-256s (library: `marin_data.publish`)."""
+"""``marin-data publish``: upload a corpus to S3 with full-object SHA-256s, or to a Hugging Face repo (library:
+`marin_data.transfer.publish_s3`, `marin_data.transfer.publish_hf`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import click
 
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import show_retries, store_kwargs, store_options
-from marin_data.publish import publish
+from marin_data.transfer.publish_s3 import publish
 from marin_data.ui import human_bytes
 
 __all__ = ["command"]
@@ -49,7 +50,7 @@ def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None
     if check_hf_flags(to, endpoint, token, **{"--endpoint-url": endpoint_url, "--profile": profile,
                                                "--anonymous": anonymous, "--requester-pays": requester_pays,
                                                "--s3-compat": s3_compat}):
-        from marin_data.publish_hf import publish_hf
+        from marin_data.transfer.publish_hf import publish_hf
 
         report = publish_hf(corpus, to=to, endpoint=endpoint, token=token, max_files_per_repo=max_files_per_repo,
                             workers=workers)

@@ -1,4 +1,4 @@
-"""``marin-data sample``: build the embedded sample corpus offline (library: `marin_data.sample`)."""
+"""``marin-data sample``: build the embedded sample corpus offline (library: `marin_data.corpus.sample`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from marin_data.sample import DEFAULT_VOCAB_SIZE, build_sample
+from marin_data.corpus.sample import DEFAULT_VOCAB_SIZE, build_sample
 
 __all__ = ["command"]
 

@@ -1,4 +1,4 @@
-"""``marin-data shard``: tokenize raw documents into a subset of a corpus (library: `marin_data.sharding`)."""
+"""``marin-data shard``: tokenize raw documents into a subset of a corpus (library: `marin_data.corpus.build`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 
 from marin_data.cli._engine_options import engine_kwargs, engine_options
+from marin_data.corpus.build import DEFAULT_SHARD_TOKENS, ShardReport, shard_subset
+from marin_data.corpus.manifest import check_subset_name
 from marin_data.errors import InvalidManifestError
-from marin_data.manifest import check_subset_name
-from marin_data.sharding import DEFAULT_SHARD_TOKENS, ShardReport, shard_subset
 from marin_data.ui import format_table, human_bytes
 
 __all__ = ["command"]

@@ -1,4 +1,4 @@
-"""``marin-data verify``: re-hash a local corpus against its manifest (library: `marin_data.verify`)."""
+"""``marin-data verify``: re-hash a local corpus against its manifest (library: `marin_data.corpus.verify`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import check_sha256, store_kwargs, store_options
 from marin_data.errors import VerificationFailedError
 from marin_data.ui import human_bytes
-from marin_data.verify import SCOPE_DOWNLOADED, VerifyReport, verify_corpus
+from marin_data.corpus.verify import SCOPE_DOWNLOADED, VerifyReport, verify_corpus
 
 __all__ = ["command"]
 
@@ -67,7 +67,7 @@ def command(corpus: Path, subsets: tuple[str, ...], workers: int | None, deep: b
             raise click.UsageError("--deep reads shard footers and cannot be combined with --remote")
         if engine != "local" or ray_address:
             raise click.UsageError("--engine ray hashes local files and cannot be combined with --remote")
-        from marin_data.remote_verify import verify_remote
+        from marin_data.transfer.remote_verify import verify_remote
 
         is_hf = check_hf_flags(remote, endpoint, token, **{"--endpoint-url": endpoint_url, "--profile": profile,
                                                            "--anonymous": anonymous,

@@ -11,5 +11,5 @@ One module per output, each a pure function of the corpus, its statistics and th
 - `distribution`: mirrors, download and verification commands;
 - `markdown`: tables, exact numbers and answers, shared by the datasheet and the card.
 
-`marin_data.datasheet.write_datasheet` composes them and decides where the files go.
+`marin_data.docs.write.write_datasheet` composes them and decides where the files go.
 """

@@ -16,17 +16,17 @@ the datasheet's per-subset license table), as the Hub asks.
 
 The card deliberately does not state the manifest's sha256: it is listed in the manifest (so mirrors and
 ``sha256sum -c`` cover it), and a file cannot hold the digest of a manifest that holds the file's digest.
-It links to the datasheet, which does (see `marin_data.datasheet`).
+It links to the datasheet, which does (see `marin_data.docs.write`).
 """
 
 from __future__ import annotations
 
+from marin_data.corpus.manifest import Manifest
 from marin_data.docs import markdown as md
-from marin_data.docs.datasheet import DATASHEET
 from marin_data.docs.questions import Metadata
 from marin_data.docs.stats import CorpusStats
 from marin_data.errors import InvalidManifestError
-from marin_data.manifest import Manifest
+from marin_data.layout import DATASHEET
 
 __all__ = ["config_name", "hub_license", "size_category", "card_header", "render_card"]
 

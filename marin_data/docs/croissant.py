@@ -18,14 +18,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from marin_data.corpus.manifest import Corpus
 from marin_data.docs.questions import Metadata
 from marin_data.docs.stats import CorpusStats
 from marin_data.errors import InvalidManifestError
-from marin_data.manifest import Corpus
 
-__all__ = ["CROISSANT", "CONFORMS_TO", "CONTEXT", "croissant_jsonld", "render_croissant"]
+__all__ = ["CONFORMS_TO", "CONTEXT", "croissant_jsonld", "render_croissant"]
 
-CROISSANT = "croissant.json"
 CONFORMS_TO = "http://mlcommons.org/croissant/1.1"
 PARQUET = "application/x-parquet"
 CONTEXT = {

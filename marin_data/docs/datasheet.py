@@ -8,17 +8,16 @@ The text holds no timestamp and no tool version, so the same corpus and metadata
 
 from __future__ import annotations
 
+from marin_data.corpus.manifest import Manifest
 from marin_data.docs import markdown as md
 from marin_data.docs.distribution import SOURCE_PLACEHOLDER, download_command, mirrors, mirrors_of, verify_commands
-from marin_data.docs.figures import COMPOSITION_PNG, LENGTHS_PNG
 from marin_data.docs.questions import QUESTIONS, SECTIONS, SUBSET_QUESTIONS, Metadata
 from marin_data.docs.stats import PERCENTILES, CorpusStats
-from marin_data.manifest import Manifest
+from marin_data.layout import COMPOSITION_PNG, LENGTHS_PNG
 from marin_data.ui import human_bytes
 
-__all__ = ["DATASHEET", "render_datasheet"]
+__all__ = ["render_datasheet"]
 
-DATASHEET = "datasheets/datasheet.md"  # relative to the corpus (or --out) root; the figures sit beside it
 
 SUBSET_HEADERS = ("Subset", "Documents", "Tokens", "Bytes", "Shards", "Token share", "License")
 LENGTH_HEADERS = ("Subset", "Documents scanned", *(f"p{p}" for p in PERCENTILES), "max", "mean", "Scope")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from marin_data.manifest import Manifest
+from marin_data.corpus.manifest import Manifest
 
 __all__ = ["SOURCE_PLACEHOLDER", "ENDPOINT_FLAGS", "Mirror", "mirrors", "mirrors_of", "download_command",
            "verify_commands"]

@@ -16,10 +16,8 @@ import numpy as np
 from marin_data.docs.stats import CorpusStats
 from marin_data.ui import human_count
 
-__all__ = ["COMPOSITION_PNG", "LENGTHS_PNG", "png_software", "composition_png", "lengths_png"]
+__all__ = ["png_software", "composition_png", "lengths_png"]
 
-COMPOSITION_PNG = "token-composition.png"
-LENGTHS_PNG = "document-lengths.png"
 _WIDTH_IN = 8.0
 _ROW_IN = 0.32  # figure height grows with the number of subsets so labels never overlap
 _DPI = 100

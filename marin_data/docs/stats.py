@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from marin_data.corpus.manifest import Corpus, ShardRecord
 from marin_data.errors import ShardFormatError
-from marin_data.manifest import Corpus, ShardRecord
 from marin_data.ui import progress
 
 __all__ = ["PERCENTILES", "SCAN_TOKENS", "LengthStats", "SubsetStats", "CorpusStats", "nearest_rank",
@@ -155,7 +155,7 @@ def corpus_stats(corpus: Corpus, *, scan_tokens: int = SCAN_TOKENS) -> CorpusSta
     """Per-subset totals from the manifest and document-length histograms from the shards.
 
     Args:
-        corpus: a loaded corpus (`marin_data.manifest.load_corpus`); its shards must be on disk.
+        corpus: a loaded corpus (`marin_data.corpus.manifest.load_corpus`); its shards must be on disk.
         scan_tokens: per-subset budget of tokens to decode for the length statistics; 0 scans everything.
 
     Raises:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-# Imported on first use (PEP 562): `marin_data.loader.cache` or `.permutation` alone need neither torch nor
+# Imported on first use (PEP 562): `marin_data.loader.cache` or `.shuffle` alone need neither torch nor
 # the rest, and a CLI command that touches one of them should not pay for torch's import.
 _EXPORTS = {
     "LoaderConfig": "stream",
@@ -26,10 +26,10 @@ _EXPORTS = {
     "Phase": "mixture",
     "phases_by_fraction": "mixture",
     "Mixture": "mixture",
-    "SHUFFLES": "permutation",
+    "SHUFFLES": "shuffle",
     "TokenDataset": "dataset",
     "TokenLoader": "dataset",
-    "make_loader": "dataset",
+    "make_loader": "make",
     "to_tensors": "dataset",
     "distributed_rank": "dataset",
     "RankRows": "ranks",
@@ -37,8 +37,8 @@ _EXPORTS = {
     "DecodedShardCache": "cache",
     "ShardSource": "cache",
     "default_cache_dir": "cache",
-    "make_remote_loader": "remote",
-    "is_remote": "remote",
+    "make_remote_loader": "remote.stream",
+    "is_remote": "remote.stream",
 }
 __all__ = list(_EXPORTS)
 

@@ -35,8 +35,8 @@ from typing import Protocol
 import numpy as np
 
 from marin_data.atomic import atomic_path
+from marin_data.corpus.manifest import ShardRecord
 from marin_data.errors import ShardFormatError, ShardMissingError
-from marin_data.manifest import ShardRecord
 
 __all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "default_cache_dir"]
 

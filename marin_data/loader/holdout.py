@@ -22,7 +22,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from marin_data.loader.permutation import sub_key
+from marin_data.loader.shuffle.keys import sub_key
 
 __all__ = ["holdout_every", "held_before", "train_windows", "val_windows", "train_window1",
            "val_window1"]

@@ -43,9 +43,10 @@ from fractions import Fraction
 import numba
 import numpy as np
 
+from marin_data.corpus.manifest import select_subsets
 from marin_data.errors import LoaderConfigError
-from marin_data.loader.permutation import derive_key, feistel1, sub_key
-from marin_data.manifest import select_subsets
+from marin_data.loader.shuffle.feistel import feistel1
+from marin_data.loader.shuffle.keys import derive_key, sub_key
 
 __all__ = ["Phase", "MixturePhase", "Mixture", "phases_by_fraction", "resolve_weights", "apportion"]
 

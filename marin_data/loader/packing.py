@@ -9,7 +9,7 @@ windows shard after shard (`SubsetTokens.window_starts`). The last ``(T - 1) % L
 windows in a new order — so the held-out windows (`holdout`) stay held out.
 
 Why windows never cross a shard end: a window that did would need the next shard too, whose turn in the
-shuffled pass (`permutation`) comes at an unrelated time, so a cache smaller than the corpus would fetch
+shuffled pass (`shuffle`) comes at an unrelated time, so a cache smaller than the corpus would fetch
 shards twice per pass. The cost is under one sequence per shard: 0.0015% of the tokens of a 2^28-token shard
 at L = 4096. A document never spans shards either, so a shard end is always a document end.
 
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from marin_data.corpus.manifest import ShardRecord
 from marin_data.loader.cache import ShardSource
-from marin_data.manifest import ShardRecord
 
 __all__ = ["SubsetTokens", "Batch", "batch_layout", "new_batch", "shard_rows", "ShardTable", "pack_rows"]
 

@@ -26,16 +26,20 @@ is what costs) and ``"position"`` for local ones, unless `LoaderConfig.rank_rows
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from marin_data.loader.stream import TokenStream
-
-__all__ = ["RANK_ROWS", "RankRows"]
+__all__ = ["RANK_ROWS", "Locates", "RankRows"]
 
 RANK_ROWS = ("position", "shard")
+
+
+class Locates(Protocol):
+    """What dealing rows by shard needs of a stream (`marin_data.loader.stream.TokenStream` is one)."""
+
+    def locate(self, positions: np.ndarray, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+        """``(subset index, first stream token of the window)`` of each of ``positions``, as int64 arrays."""
 
 
 @dataclass(frozen=True)
@@ -57,14 +61,14 @@ class RankRows:
     def global_batch(self) -> int:
         return self.batch_size * self.world_size
 
-    def rows(self, stream: TokenStream, start: int, split: str = "train") -> range | np.ndarray:
+    def rows(self, stream: Locates, start: int, split: str = "train") -> range | np.ndarray:
         """The stream positions this rank reads of the global batch that starts at ``start``, ascending."""
         b = self.batch_size
         if self.by == "position" or self.world_size == 1:
             return range(start + self.rank * b, start + (self.rank + 1) * b)
         return self.deal(stream, start, split)[self.rank]
 
-    def deal(self, stream: TokenStream, start: int, split: str = "train") -> np.ndarray:
+    def deal(self, stream: Locates, start: int, split: str = "train") -> np.ndarray:
         """Every rank's rows of the global batch at ``start``: ``[W, b]``, row ``r`` rank ``r``'s, ascending."""
         positions = np.arange(start, start + self.global_batch, dtype=np.int64)
         if self.by == "shard":

@@ -4,7 +4,7 @@
 
     position i --mixture--> (subset s, per-subset index J)        mixture.py: cumulative apportionment
              J --epoch----> (epoch e = J // n_train, t = J % n_train)  every subset wraps on its own
-             t --shuffle--> u, keyed by (seed, s, e)               permutation.py: shards, then sequences
+             t --shuffle--> u, keyed by (seed, s, e)               shuffle/: shards, then sequences
              u --holdout--> window w (skipping held-out windows)   holdout.py
              w --packing--> tokens [j·L, j·L + L + 1) of the shard holding w, j its window there
                                                                    packing.py, via cache.py
@@ -29,14 +29,17 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from marin_data.corpus.manifest import Corpus, load_corpus, select_subsets, shards_fingerprint
 from marin_data.errors import LoaderConfigError
 from marin_data.loader.cache import DecodedShardCache, ShardSource
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
 from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
 from marin_data.loader.packing import Batch, ShardTable, SubsetTokens, new_batch, pack_rows, shard_rows
-from marin_data.loader.permutation import SHUFFLES, derive_key, feistel1, hierarchical1, shard_order, sub_key
 from marin_data.loader.ranks import RANK_ROWS, RankRows
-from marin_data.manifest import Corpus, load_corpus, select_subsets, shards_fingerprint
+from marin_data.loader.shuffle import SHUFFLES
+from marin_data.loader.shuffle.feistel import feistel1
+from marin_data.loader.shuffle.hierarchical import hierarchical1, shard_order
+from marin_data.loader.shuffle.keys import derive_key, sub_key
 
 __all__ = ["LoaderConfig", "TokenStream", "SPLITS", "STREAM_FORMAT"]
 
@@ -55,7 +58,7 @@ class LoaderConfig:
     subsets: Sequence[str] | None = None  # names/globs to select; None: all subsets the mixture names
     seed: int = 0  # keys the shuffle and the order of mixture slots
     val_fraction: float = 0.001  # held out from training as the validation stream (holdout.py)
-    shuffle: str = "hierarchical"  # one of permutation.SHUFFLES
+    shuffle: str = "hierarchical"  # one of shuffle.SHUFFLES
     shuffle_window: int = 4  # shards shuffled together: the reader's working set per subset
     mixture_block: int = DEFAULT_BLOCK  # smallest mixture block (raised to 1/w_min)
     # How each global batch's rows are dealt to ranks, one of `ranks.RANK_ROWS`; "auto": `TokenStream.rank_rows`.

@@ -18,6 +18,6 @@ well because hashlib and file I/O release the GIL.
 """
 
 from marin_data.mirror.app import MirrorApp
-from marin_data.mirror.server import RunningMirror, mirror_process, running_mirror, serve, start_mirror
+from marin_data.mirror.server import RunningMirror, serve, start_mirror
 
-__all__ = ["MirrorApp", "RunningMirror", "mirror_process", "running_mirror", "serve", "start_mirror"]
+__all__ = ["MirrorApp", "RunningMirror", "serve", "start_mirror"]

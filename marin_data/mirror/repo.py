@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marin_data.atomic import sha256_file
-from marin_data.hub_ids import LFS_SAMPLE_BYTES, git_blob_sha1, git_blob_sha1_file, is_lfs, lfs_pointer
-from marin_data.manifest import MANIFEST, SHARDS_INDEX, Manifest, read_shard_index
+from marin_data.corpus.manifest import Manifest, read_shard_index
+from marin_data.layout import MANIFEST, SHARDS_INDEX
+from marin_data.stores.hub_ids import LFS_SAMPLE_BYTES, git_blob_sha1, git_blob_sha1_file, is_lfs, lfs_pointer
 
 __all__ = ["FileEntry", "Snapshot", "ContentHashes", "RepoStore", "valid_repo_part", "split_repo_id", "file_stamp"]
 

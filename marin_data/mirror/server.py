@@ -1,31 +1,25 @@
 """Running the mirror: the WSGI app on cheroot's threaded HTTP server, started and stopped from Python.
 
 `start_mirror` binds (port 0 picks a free one), scans every repo once so the first client does not wait for
-hashing, and serves on a background thread; `running_mirror` is the same as a context manager that always
-stops the server, for tests; `serve` blocks until interrupted, for the CLI; `mirror_process` runs
-``marin-data serve`` as its own process, as a user would (the quickstart, the benchmark).
+hashing, and serves on a background thread; `serve` blocks until interrupted, for the CLI. Tests and the
+quickstart start it through `marin_data.testing.mirror`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cheroot import wsgi
 
-from marin_data.loopback import free_port, stop_process
 from marin_data.mirror.app import DEFAULT_PAGE_SIZE, MirrorApp
 
-__all__ = ["RunningMirror", "start_mirror", "running_mirror", "serve", "mirror_process"]
+__all__ = ["RunningMirror", "start_mirror", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +80,6 @@ def start_mirror(
     return RunningMirror(url=f"http://{shown}:{bound_port}", app=app, _server=server, _thread=thread)
 
 
-@contextlib.contextmanager
-def running_mirror(root: str | os.PathLike, **options) -> Iterator[RunningMirror]:
-    """`start_mirror` as a context manager: the server is stopped however the block exits."""
-    mirror = start_mirror(root, **options)
-    try:
-        yield mirror
-    finally:
-        mirror.stop()
-
-
 def serve(root: str | os.PathLike, *, on_ready: Callable[[RunningMirror], None] = lambda m: None,
           **options) -> None:
     """Serve ``root`` until interrupted (Ctrl-C, or SIGTERM from a service manager); ``options`` as for
@@ -115,32 +99,3 @@ def serve(root: str | os.PathLike, *, on_ready: Callable[[RunningMirror], None] 
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def mirror_process(root: str | os.PathLike, *, host: str = "127.0.0.1", startup_timeout: float = 60.0,
-                   args: tuple[str, ...] = ("--quiet",)) -> Iterator[str]:
-    """Run ``marin-data serve ROOT`` in its own process on a free port; yield its URL once it answers; always
-    stop it.
-
-    Raises:
-        RuntimeError: it exited, or did not answer within ``startup_timeout`` seconds.
-    """
-
-    port = free_port(host)
-    url = f"http://{host}:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "marin_data", "serve", str(root), "--host", host, "--port",
-                             str(port), *args], stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/datasets", timeout=2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"marin-data serve {root} did not come up on {url}") from None
-                time.sleep(0.1)
-        yield url
-    finally:
-        stop_process(proc)

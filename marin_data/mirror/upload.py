@@ -5,7 +5,7 @@ What ``huggingface_hub`` sends (``hf_api.create_repo``, ``_commit_api._fetch_upl
 
 1. ``POST /api/repos/create`` ``{"name", "organization", "type"}`` -> 200, or 409 when it exists;
 2. ``POST /api/{kind}s/{repo}/preupload/main`` with each file's path, size and first 512 bytes -> its upload
-   mode (``lfs`` or ``regular``, decided by `marin_data.hub_ids.is_lfs`) and the oid already there, so an
+   mode (``lfs`` or ``regular``, decided by `marin_data.stores.hub_ids.is_lfs`) and the oid already there, so an
    unchanged file is left out of the commit (this is what makes a re-publish resumable);
 3. ``POST /{repo}.git/info/lfs/objects/batch`` -> for each LFS object not yet here, an upload URL and a verify
    URL (objects already staged or already in the repo get no action: the client skips them);
@@ -26,7 +26,7 @@ shard. Commits to one repo are serialised.
 
 Xet: ``huggingface_hub`` with ``hf_xet`` installed uploads through Xet without asking the server, and does
 not fall back. The mirror sends no Xet headers and answers the Xet token endpoints with 501 and a message
-saying to set ``HF_HUB_DISABLE_XET=1``; `marin_data.publish_hf` sets it by itself for such endpoints.
+saying to set ``HF_HUB_DISABLE_XET=1``; `marin_data.transfer.publish_hf` sets it by itself for such endpoints.
 
 Every write needs ``Authorization: Bearer <token>`` on a mirror started ``--writable --token T``: 403 on a
 read-only mirror, 401 for a missing or wrong token (compared in constant time).
@@ -50,10 +50,10 @@ from pathlib import Path
 from werkzeug.wrappers import Request, Response
 
 from marin_data.atomic import atomic_path, atomic_write_bytes
-from marin_data.hub_ids import is_lfs
-from marin_data.manifest import MANIFEST
+from marin_data.layout import MANIFEST
 from marin_data.mirror.http import MAIN_REVISIONS, HubError, json_response, repo_path, snapshot_at
 from marin_data.mirror.repo import RepoStore, Snapshot, split_repo_id
+from marin_data.stores.hub_ids import is_lfs
 
 __all__ = ["Uploads", "STAGING"]
 

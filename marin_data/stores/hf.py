@@ -1,7 +1,7 @@
 """A corpus published to Hugging Face dataset repos, as a store: ``hf://datasets/org/name[@revision]``.
 
 Works against the Hub and any Hub-compatible endpoint (``marin-data serve``, an institution's mirror), with
-the same resumable, verifying download machinery as S3 (`marin_data.download`), so HF and S3 copies are
+the same resumable, verifying download machinery as S3 (`marin_data.transfer.download`), so HF and S3 copies are
 fallbacks of each other.
 
 - ``list`` / ``head`` come from the tree API (``GET /api/datasets/{repo}/tree/{commit}?recursive=true``,
@@ -13,7 +13,7 @@ fallbacks of each other.
 - Each repo's revision is resolved to its commit id once, on first use, and every later request names that
   commit: a download reads one consistent version even if the repo is updated meanwhile. ``@revision``
   names the main repo's; part repos are read at their ``main``.
-- A corpus split across repos (`marin_data.publish_hf`: ``org/name``, ``org/name-part2``...) is one store:
+- A corpus split across repos (`marin_data.transfer.publish_hf`: ``org/name``, ``org/name-part2``...) is one store:
   the part repos are the ``hf://datasets/org/name-partN`` records of the main repo's manifest ``mirrors``,
   and each path is read from the repo whose listing holds it.
 
@@ -31,10 +31,10 @@ from pathlib import Path
 from urllib.parse import quote
 
 from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
-from marin_data.hub_ids import parse_hf_url
-from marin_data.manifest import MANIFEST
+from marin_data.layout import MANIFEST
 from marin_data.retry import parse_retry_after, status_error
-from marin_data.stores import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header
+from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header
+from marin_data.stores.hub_ids import parse_hf_url
 
 __all__ = ["HfStore"]
 
@@ -102,7 +102,7 @@ class HfStore(Store):
 
     def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
         raise RemoteError("a Hugging Face repo is written in commits: publish with `marin-data publish "
-                          "--to hf://datasets/org/name` (marin_data.publish_hf)", path=self.describe(path))
+                          "--to hf://datasets/org/name` (marin_data.transfer.publish_hf)", path=self.describe(path))
 
     def mirror_record(self) -> dict:
         return {"url": self.url, **({"endpoint": self.endpoint} if self.endpoint != _default_endpoint() else {})}

@@ -30,14 +30,11 @@ from pathlib import Path
 
 from marin_data.atomic import atomic_path, atomic_write_bytes, sha256_file
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnsafePathError
+from marin_data.layout import MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER
+from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = [
     "SCHEMA_VERSION",
-    "MANIFEST",
-    "SHARDS_INDEX",
-    "SUMS",
-    "TOKENIZER",
-    "TokenizerInfo",
     "SubsetInfo",
     "FileRecord",
     "ShardRecord",
@@ -56,21 +53,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
-SHARDS_INDEX = "shards.parquet"
-SUMS = "SHA256SUMS"
-TOKENIZER = "tokenizer.json"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
-
-@dataclass(frozen=True)
-class TokenizerInfo:
-    name: str  # a repo id or file name, for people; the fingerprint is `sha256`
-    sha256: str  # sha256 of tokenizer.json: two corpora with equal digests tokenized alike
-    vocab_size: int
-    eos_id: int  # appended after every document
-    bos_id: int | None = None  # prepended only when the corpus was sharded with --bos
-    add_bos: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ keeps no checksum; for a Hugging Face repo, one tree listing: LFS sha256s, and g
 files, compared with the local file's). It answers "does this mirror hold exactly the corpus I have?" for a published corpus,
 including ``manifest.json`` itself (the root of trust).
 
-The report is `marin_data.verify.VerifyReport`, so the CLI prints local and remote checks alike:
+The report is `marin_data.corpus.verify.VerifyReport`, so the CLI prints local and remote checks alike:
 ``missing``, ``truncated``/``oversized`` (sizes differ), ``modified`` (same size, other SHA-256), and
 ``unreadable`` for an object whose store reports no full-object SHA-256 (a multipart upload without our
 metadata): its content cannot be vouched for without downloading it.
@@ -22,11 +22,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from marin_data.atomic import sha256_file
-from marin_data.hub_ids import git_blob_sha1_file
-from marin_data.manifest import MANIFEST, load_corpus, select_subsets
+from marin_data.corpus.manifest import load_corpus, select_subsets
+from marin_data.corpus.verify import Problem, ProblemKind, VerifyReport
+from marin_data.layout import MANIFEST
 from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
-from marin_data.stores import ObjectInfo, Store, open_store
-from marin_data.verify import Problem, ProblemKind, VerifyReport
+from marin_data.stores import open_store
+from marin_data.stores.base import ObjectInfo, Store
+from marin_data.stores.hub_ids import git_blob_sha1_file
 
 __all__ = ["verify_remote"]
 

@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 
 from marin_data.errors import InvalidTokenizerError, RemoteError
-from marin_data.manifest import TOKENIZER, TokenizerInfo
+from marin_data.layout import TOKENIZER
 
 __all__ = [
     "EOS_CANDIDATES",
     "BOS_CANDIDATES",
+    "TokenizerInfo",
     "LoadedTokenizer",
     "resolve_tokenizer_file",
     "load_tokenizer",
@@ -40,6 +41,18 @@ __all__ = [
 EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "<|eos|>", "[EOS]")
 BOS_CANDIDATES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "<|bos|>", "[BOS]")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?")
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What a manifest records of the tokenizer a corpus was encoded with."""
+
+    name: str  # a repo id or file name, for people; the fingerprint is `sha256`
+    sha256: str  # sha256 of tokenizer.json: two corpora with equal digests tokenized alike
+    vocab_size: int
+    eos_id: int  # appended after every document
+    bos_id: int | None = None  # prepended only when the corpus was sharded with --bos
+    add_bos: bool = False
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from marin_data.manifest import SubsetInfo, TokenizerInfo, load_corpus
+from marin_data.corpus.manifest import SubsetInfo, load_corpus
+from marin_data.raw.tokenizer import TokenizerInfo
 from marin_data.ui import format_table, human_bytes
 
 __all__ = ["CorpusInfo", "corpus_info", "total_of", "subsets_table"]

@@ -1,4 +1,4 @@
-"""Partial files: how a file's bytes land on disk while `marin_data.download` fetches them, resumably.
+"""Partial files: how a file's bytes land on disk while `marin_data.transfer.download` fetches them, resumably.
 
 A file is fetched into ``<name>`` + `PARTIAL_SUFFIX` beside its final name — a fixed name, so a re-run
 after a crash (even ``kill -9``) finds it — and renamed into place only once its size and SHA-256 match.
@@ -22,20 +22,17 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from marin_data.atomic import HASH_CHUNK, atomic_path, pieces
 from marin_data.errors import RetryableRemoteError, ShardChecksumError
-from marin_data.stores import Store
+from marin_data.layout import PARTIAL_SUFFIX, RANGES_SUFFIX
+from marin_data.stores.base import Store
+from marin_data.transfer.plan import FileTask
 
-if TYPE_CHECKING:
-    from marin_data.download import FileTask
+__all__ = ["Meter", "StreamPartial", "RangedPartial", "open_partial", "partial_path", "ranges_path",
+           "resumed_bytes"]
 
-__all__ = ["PARTIAL_SUFFIX", "RANGES_SUFFIX", "Meter", "StreamPartial", "RangedPartial", "open_partial",
-           "partial_path", "ranges_path", "resumed_bytes"]
-
-PARTIAL_SUFFIX = ".marin-download.part"  # data/x/part-00000.parquet.marin-download.part
-RANGES_SUFFIX = ".marin-download.ranges.part"  # beside a partial fetched in ranges: what each range holds
 WRITEBACK_CHUNK = 32 << 20  # bytes written between two `_start_writeback` calls
 RECORD_EVERY = 8 << 20  # bytes a range receives between two rewrites of its `RangedPartial` record
 

@@ -1,4 +1,4 @@
-"""`python -m marin_data.loader.demo CORPUS`: the loader over a corpus with a mixture schedule, and a resume.
+"""`python -m marin_data.testing.demo CORPUS`: the loader over a corpus with a mixture schedule, and a resume.
 
 What `make quickstart` shows: a two-phase schedule (a pretraining mix, then a mid-training mix), the first
 batches with each row's subset and text, a checkpoint of the loader, and a resume on a different "cluster"
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
+from marin_data.corpus.manifest import load_corpus
+from marin_data.layout import TOKENIZER
 from marin_data.loader.dataset import TokenDataset, TokenLoader
 from marin_data.loader.mixture import Phase
 from marin_data.loader.stream import LoaderConfig, TokenStream
-from marin_data.manifest import TOKENIZER, load_corpus
 from marin_data.ui import format_table
 
 __all__ = ["demo"]

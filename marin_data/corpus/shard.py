@@ -18,7 +18,8 @@ import numpy as np
 
 from marin_data.atomic import atomic_path, sha256_file
 from marin_data.errors import ShardFormatError
-from marin_data.manifest import TokenizerInfo
+from marin_data.layout import DATA
+from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = [
     "ROW_GROUP_TOKENS",
@@ -60,7 +61,7 @@ def shard_path(subset: str, number: int) -> str:
             f"subset {subset!r} would get shard #{number}; the Hub allows < 10,000 files per folder: "
             f"split it into child subsets ({subset}/000, {subset}/001, ...)"
         )
-    return f"data/{subset}/part-{number:05d}.parquet"
+    return f"{DATA}/{subset}/part-{number:05d}.parquet"
 
 
 def shard_schema(tokenizer: TokenizerInfo):

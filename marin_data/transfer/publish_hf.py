@@ -35,23 +35,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from marin_data.atomic import atomic_write_bytes, sha256_file
+from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.errors import ObjectTooLargeError, RemoteError, ShardChecksumError
-from marin_data.hub_ids import (
+from marin_data.layout import MANIFEST
+from marin_data.layout import CARD
+from marin_data.lock import corpus_lock
+from marin_data.stores.hub_ids import (
     MAX_FILES_PER_FOLDER,
     MAX_FILES_PER_REPO,
     git_blob_sha1,
     git_blob_sha1_file,
     parse_hf_url,
 )
-from marin_data.lock import corpus_lock
-from marin_data.manifest import MANIFEST, Corpus, load_corpus
-from marin_data.publish import PublishReport
-from marin_data.ui import human_bytes
-from marin_data.ui import progress as progress_bar
+from marin_data.transfer.publish_s3 import PublishReport
+from marin_data.ui import human_bytes, progress as progress_bar
 
-__all__ = ["HfPublishReport", "RepoPlan", "plan_repos", "publish_hf", "CARD"]
+__all__ = ["HfPublishReport", "RepoPlan", "plan_repos", "publish_hf"]
 
-CARD = "README.md"
 
 
 @dataclass(frozen=True)

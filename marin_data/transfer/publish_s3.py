@@ -18,7 +18,7 @@ Order, and why:
 3. ``manifest.json`` last, only when everything else is up: a reader that finds the manifest finds every
    file it names. The returned report carries its sha256, the value users pin with ``--manifest-sha256``.
 
-The datasheet states the manifest's digest, so the manifest cannot list it (`marin_data.datasheet`); it is
+The datasheet states the manifest's digest, so the manifest cannot list it (`marin_data.docs.write`); it is
 uploaded too when present, hashed locally. Because step 1 changes the digest the first time a corpus goes
 to a URL, the order that publishes a datasheet stating the right digest is: publish, ``marin-data
 datasheet``, publish again (which skips every other file). The report warns when the datasheet does not
@@ -35,13 +35,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from marin_data.atomic import atomic_write_bytes, sha256_file
+from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.errors import MarinDataError, ObjectTooLargeError, ShardChecksumError, TransferFailedError
+from marin_data.layout import MANIFEST
 from marin_data.lock import corpus_lock
-from marin_data.manifest import MANIFEST, Corpus, load_corpus
 from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
-from marin_data.stores import Store, open_store
-from marin_data.ui import human_bytes
-from marin_data.ui import progress as progress_bar
+from marin_data.stores import open_store
+from marin_data.stores.base import Store
+from marin_data.ui import human_bytes, progress as progress_bar
 
 __all__ = ["PublishReport", "publish"]
 
@@ -125,7 +126,7 @@ def publish(
 
 def _unlisted_documents(root: Path) -> list[_Upload]:
     """The corpus files the manifest cannot list (the datasheet), as present on disk."""
-    from marin_data.datasheet import UNLISTED
+    from marin_data.layout import UNLISTED
 
     return [_Upload(p, *reversed(sha256_file(root / p))) for p in UNLISTED if (root / p).is_file()]
 

@@ -1,7 +1,7 @@
 """The Ray engine: the pipeline's per-unit work functions as Ray tasks, on a cluster or on this machine (issue 10).
 
-`RayEngine` implements `marin_data.engine.Engine` with the very functions the local process pool runs
-(`marin_data.sharding.tokenize_unit`, `~.pack_shard`, `marin_data.verify.check_file`), so the output is
+`RayEngine` implements `marin_data.engines.Engine` with the very functions the local process pool runs
+(`marin_data.corpus.build.tokenize_unit`, `~.pack_shard`, `marin_data.corpus.verify.check_file`), so the output is
 the same bytes whichever engine wrote it. What Ray adds:
 
 - **Where**: ``address=None`` starts a private local Ray instance with ``workers`` CPUs (no dashboard) and
@@ -31,7 +31,7 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from marin_data.engine import configure_worker, default_workers
+from marin_data.engines.local import configure_worker, default_workers
 from marin_data.errors import EngineError, MarinDataError, MissingExtraError
 
 __all__ = ["RayEngine", "DEFAULT_MAX_RETRIES", "CONNECT_TIMEOUT_S"]

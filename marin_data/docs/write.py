@@ -31,21 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marin_data.atomic import atomic_write_bytes, sha256_file
+from marin_data.corpus.manifest import Corpus, commit_corpus, load_corpus
 from marin_data.docs.card import render_card
-from marin_data.docs.croissant import CROISSANT, render_croissant
-from marin_data.docs.datasheet import DATASHEET, render_datasheet
-from marin_data.docs.figures import COMPOSITION_PNG, LENGTHS_PNG, composition_png, lengths_png
+from marin_data.docs.croissant import render_croissant
+from marin_data.docs.datasheet import render_datasheet
+from marin_data.docs.figures import composition_png, lengths_png
 from marin_data.docs.questions import load_metadata, require_complete
 from marin_data.docs.stats import SCAN_TOKENS, corpus_stats
+from marin_data.layout import CARD, CROISSANT, DATASHEET, FIGURES, LISTED, SHARDS_INDEX, SUMS, TOKENIZER, UNLISTED
 from marin_data.lock import corpus_lock
-from marin_data.manifest import SHARDS_INDEX, SUMS, TOKENIZER, Corpus, commit_corpus, load_corpus
 
-__all__ = ["CARD", "FIGURES", "LISTED", "UNLISTED", "DatasheetResult", "write_datasheet"]
+__all__ = ["DatasheetResult", "write_datasheet"]
 
-CARD = "README.md"
-FIGURES = (f"datasheets/{COMPOSITION_PNG}", f"datasheets/{LENGTHS_PNG}")
-LISTED = (CARD, CROISSANT, *FIGURES)  # generated files the manifest lists (in-corpus mode)
-UNLISTED = (DATASHEET,)  # states the manifest's digest, so the manifest cannot list it (see above)
 
 
 @dataclass(frozen=True)

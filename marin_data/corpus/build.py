@@ -20,10 +20,10 @@ A run has four steps:
    ~0.75M (DESIGN.md).
 4. **Commit**: rename the staging shards to ``data/<subset>/part-NNNNN.parquet``, write the subset's record
    of its inputs (``sources/<subset>.json``, listed in the manifest and ``SHA256SUMS``), then the shard
-   index, ``SHA256SUMS`` and the manifest, last (`marin_data.manifest.commit_corpus`); delete the staging.
+   index, ``SHA256SUMS`` and the manifest, last (`marin_data.corpus.manifest.commit_corpus`); delete the staging.
 
-Steps 2 and 3 run top-level functions over picklable jobs on an engine (`marin_data.engine`): a local
-process pool, or Ray tasks on a cluster (`marin_data.ray_engine`) — the same functions, so the same bytes,
+Steps 2 and 3 run top-level functions over picklable jobs on an engine (`marin_data.engines`): a local
+process pool, or Ray tasks on a cluster (`marin_data.engines.ray`) — the same functions, so the same bytes,
 and the same done markers, so a re-run on either engine redoes only what no engine finished.
 
 A crash at any point leaves finished staging outputs (reused), ``*.part`` files (never a final name), and
@@ -55,37 +55,26 @@ from pathlib import Path
 import numpy as np
 
 from marin_data.atomic import atomic_path, atomic_write_bytes, sha256_file
-from marin_data.corpus import Document, expand_inputs, read_documents, source_names
-from marin_data.engine import Engine, make_engine
-from marin_data.errors import (
-    CorpusConflictError,
-    ShardFormatError,
-    TokenizerMismatchError,
-    UnreadableInputError,
-)
-from marin_data.lock import LOCK_NAME, corpus_lock
-from marin_data.manifest import (
-    MANIFEST,
-    SHARDS_INDEX,
-    SUMS,
-    TOKENIZER,
+from marin_data.corpus.manifest import (
     Corpus,
     Manifest,
     ShardRecord,
     SubsetInfo,
-    TokenizerInfo,
     check_subset_name,
     commit_corpus,
     load_corpus,
 )
-from marin_data.shards import TOKENS_VALUES, ShardStats, shard_path, shard_schema, write_shard
-from marin_data.tokenize import LoadedTokenizer, load_tokenizer, tokenizer_from_bytes
+from marin_data.corpus.shard import TOKENS_VALUES, ShardStats, shard_path, shard_schema, write_shard
+from marin_data.engines import Engine, make_engine
+from marin_data.errors import CorpusConflictError, ShardFormatError, TokenizerMismatchError, UnreadableInputError
+from marin_data.layout import DATA, LOCK_NAME, MANIFEST, SHARDS_INDEX, SOURCES, STAGING, SUMS, TOKENIZER
+from marin_data.lock import corpus_lock
+from marin_data.raw.documents import Document, expand_inputs, read_documents, source_names
+from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer, tokenizer_from_bytes
 from marin_data.ui import progress
 
 __all__ = [
     "DEFAULT_SHARD_TOKENS",
-    "STAGING",
-    "SOURCES",
     "EMPTY",
     "InputFile",
     "UnitJob",
@@ -101,8 +90,6 @@ __all__ = [
 # 2**28 tokens: ~350 MB at the measured 0.33 x 4 bytes per token, inside DESIGN.md's 256 MiB-2 GiB; a
 # packing worker holds one shard's tokens in memory (~1 GiB of uint32).
 DEFAULT_SHARD_TOKENS = 1 << 28
-STAGING = ".staging"
-SOURCES = "sources"
 EMPTY = "empty"  # the skip reason of documents that encode to no tokens (always skipped)
 _BATCH_DOCS = 1024  # documents per encode_batch call ...
 _BATCH_CHARS = 4 << 20  # ... or fewer, when they are long
@@ -315,12 +302,12 @@ def shard_subset(
         tokenizer: a tokenizer.json path, a Hugging Face repo id, or an already loaded tokenizer.
         out: the corpus directory.
         workers: worker processes (None: one per usable CPU).
-        engine: the name of a registered engine (`marin_data.engine.ENGINES`), or a running engine to share
+        engine: the name of a registered engine (`marin_data.engines.ENGINES`), or a running engine to share
             between runs (the caller closes it; ``workers`` is then ignored).
         engine_address: for ``engine="ray"``, the Ray cluster (``auto``, ``HOST:PORT``); None starts a local
             Ray instance. The cluster's nodes must see ``inputs`` and ``out`` at the same paths.
         text_field, id_field: the record fields (Parquet columns) holding text and id.
-        add_bos, eos_token, bos_token: framing, see `marin_data.tokenize.load_tokenizer`.
+        add_bos, eos_token, bos_token: framing, see `marin_data.raw.tokenizer.load_tokenizer`.
         skip_bad: skip malformed records and count them by reason instead of stopping.
         license: the subset's SPDX license id, recorded in the manifest.
         shard_tokens: the most tokens a shard holds (a longer document gets a shard of its own).
@@ -329,7 +316,7 @@ def shard_subset(
         extra_files: further corpus-relative files to list in the manifest and ``SHA256SUMS``.
 
     Raises:
-        BadRecordError, UnreadableInputError: bad input (see `marin_data.corpus`).
+        BadRecordError, UnreadableInputError: bad input (see `marin_data.raw.documents`).
         TokenizerMismatchError: the corpus was tokenized with another tokenizer or framing.
         CorpusConflictError: the subset exists with other inputs or settings, a name/version differs, or
             ``out`` is a non-empty directory that is not a corpus.
@@ -390,7 +377,7 @@ def _check_corpus(root: Path, existing: Corpus | None, loaded: LoadedTokenizer, 
                   version: str | None, extra_files: Sequence[str]) -> TokenizerInfo:
     """Check the run fits the corpus; return the tokenizer facts its shards will carry."""
     if existing is None:
-        ours = {TOKENIZER, "data", STAGING, SOURCES, LOCK_NAME, *(Path(f).parts[0] for f in extra_files)}
+        ours = {TOKENIZER, DATA, STAGING, SOURCES, LOCK_NAME, *(Path(f).parts[0] for f in extra_files)}
         foreign = sorted(p.name for p in root.iterdir() if p.name not in ours and not p.name.endswith(".part"))
         if foreign:
             raise CorpusConflictError(
@@ -577,7 +564,7 @@ def _place(root: Path, subset: str, packs: Sequence[PackJob], stats: Sequence[Sh
                                    "rewrite it", path=str(dst))
         records.append(ShardRecord(path=rel, subset=subset, bytes=st.bytes, sha256=st.sha256, docs=st.docs,
                                    tokens=st.tokens, row_groups=st.row_groups))
-    folder = root / "data" / subset
+    folder = root / DATA / subset
     placed = {Path(r.path).name for r in records}
     for leftover in folder.glob("part-*.parquet") if folder.exists() else ():
         if _PART.fullmatch(leftover.name) and leftover.name not in placed:

@@ -1,6 +1,6 @@
 """``verify``: prove that a local corpus holds exactly the bytes its manifest vouches for.
 
-The chain of trust (`marin_data.manifest`): the manifest's own sha256 (optionally pinned) vouches for
+The chain of trust (`marin_data.corpus.manifest`): the manifest's own sha256 (optionally pinned) vouches for
 ``shards.parquet`` and the other metadata files; the index vouches for every shard by sha256 and size.
 `load_corpus` checks the first two links (a broken one is an invalid manifest: exit 2); this module
 re-hashes every listed file and walks the tree for files nobody listed (exit 1 on any finding).
@@ -32,11 +32,11 @@ What counts as a finding, and why:
   verification because tools that glob ``data/<subset>/*.parquet`` (Hugging Face ``datasets``, DuckDB)
   would read it as data. With a subset filter only the selected subsets' ``data/<subset>/`` folders are
   walked. The one file a corpus leaves unlisted on purpose, the datasheet (it states the manifest's own
-  digest, so the manifest cannot list it: `marin_data.datasheet.UNLISTED`), is not reported;
+  digest, so the manifest cannot list it: `marin_data.layout.UNLISTED`), is not reported;
 - deep only: ``bad_format`` (unreadable footer, wrong schema or encodings), ``wrong_tokenizer``,
   ``count_mismatch``.
 
-A partial download (`marin_data.download`) holds the whole manifest and index but only some subsets; its
+A partial download (`marin_data.transfer.download`) holds the whole manifest and index but only some subsets; its
 record (``.marin-download.json``) names them, so a plain ``verify DIR`` checks exactly what was fetched.
 
 Not findings: the corpus write lock ``.marin.lock`` and the writers' staging folder ``.staging/`` are
@@ -59,14 +59,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from marin_data.atomic import sha256_file
-from marin_data.datasheet import UNLISTED as UNLISTED_ON_PURPOSE
-from marin_data.engine import Engine, default_workers, make_engine
-from marin_data.download import RECORD, read_download_record
+from marin_data.corpus.manifest import Corpus, ShardRecord, load_corpus, select_subsets
+from marin_data.corpus.record import read_download_record
+from marin_data.corpus.shard import inspect_shard
+from marin_data.engines import Engine, make_engine
+from marin_data.engines.local import default_workers
 from marin_data.errors import InvalidManifestError, ShardFormatError
-from marin_data.lock import LOCK_NAME
-from marin_data.manifest import MANIFEST, Corpus, ShardRecord, load_corpus, select_subsets
-from marin_data.sharding import STAGING
-from marin_data.shards import inspect_shard
+from marin_data.layout import DATA, LOCK_NAME, MANIFEST, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.ui import progress as progress_bar
 
 __all__ = ["IGNORED_NAMES", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind", "Problem", "VerifyReport",
@@ -196,7 +195,7 @@ def verify_corpus(
         root: the corpus directory.
         subsets: ``--subset`` names or globs: only their shards and ``data/<subset>/`` folders. None checks
             the metadata files, the whole tree and every subset, or, in a partial download (which has a
-            `marin_data.download.RECORD`), the subsets it holds.
+            `marin_data.layout.RECORD`), the subsets it holds.
         workers: hashing threads; default one per available core. With ``engine="ray"``: Ray tasks at once
             (default: every CPU of the Ray cluster, or of this machine for a local instance).
         deep: also read each shard's footer and check format, tokenizer and counts against the index.
@@ -349,8 +348,8 @@ def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], lis
     if chosen is None:
         tops, skip = [""], set(IGNORED_NAMES)
     else:
-        tops = [f"data/{s}" for s in chosen]
-        skip = {f"data/{s}" for s in corpus.manifest.subsets} - set(tops)
+        tops = [f"{DATA}/{s}" for s in chosen]
+        skip = {f"{DATA}/{s}" for s in corpus.manifest.subsets} - set(tops)
     unlisted: set[str] = set()
     partial: set[str] = set()
     for top in tops:

@@ -1,11 +1,7 @@
-"""Where per-unit work runs: an *engine* maps a top-level function over picklable jobs.
+"""The local engine: a process pool on this machine, and the set-up every engine's worker processes share.
 
-The sharding pipeline describes its work as plain data (a job per input file, then a job per output shard)
-and one top-level function per kind of job; each job writes its own staging output and returns small
-stats. An engine only runs them, in any order and on any worker, so the output cannot depend on the
-engine or the worker count. `LocalEngine` is a process pool on this machine; `marin_data.ray_engine.RayEngine`
-(issue 10) runs the very same functions as Ray tasks on a Ray cluster. `ENGINES` names both; the Ray one is
-imported only when asked for, so Ray stays an optional extra.
+`LocalEngine` implements `marin_data.engines.Engine`; `configure_worker` and `default_workers` are used by
+the Ray engine (`marin_data.engines.ray`) too.
 """
 
 from __future__ import annotations
@@ -13,22 +9,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
-__all__ = ["Engine", "LocalEngine", "ENGINES", "configure_worker", "default_workers", "make_engine"]
+__all__ = ["LocalEngine", "configure_worker", "default_workers"]
 
 J = TypeVar("J")
 R = TypeVar("R")
-
-
-class Engine(Protocol):
-    """Runs ``fn(job)`` for each job and yields ``(index of the job, result)`` as results arrive."""
-
-    workers: int | None  # jobs that run at once (None until a cluster engine has connected and counted)
-
-    def map_unordered(self, fn: Callable[[J], R], jobs: Sequence[J]) -> Iterator[tuple[int, R]]: ...
-
-    def close(self) -> None: ...
 
 
 def default_workers() -> int:
@@ -88,36 +74,3 @@ class LocalEngine:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-
-
-def _local(workers: int | None, address: str | None) -> Engine:
-    if address is not None:
-        raise ValueError(f"the local engine runs on this machine and takes no address (got {address!r})")
-    return LocalEngine(workers)
-
-
-def _ray(workers: int | None, address: str | None) -> Engine:
-    from marin_data.ray_engine import RayEngine  # imports ray, an optional extra: only when asked for
-
-    return RayEngine(workers, address=address)
-
-
-# name -> factory(workers, address)
-ENGINES: dict[str, Callable[[int | None, str | None], Engine]] = {"local": _local, "ray": _ray}
-
-
-def make_engine(name: str, workers: int | None, *, address: str | None = None) -> Engine:
-    """The engine registered as ``name``.
-
-    Args:
-        name: a key of `ENGINES`.
-        workers: parallel workers (None: one per usable CPU of this machine, or of the Ray cluster).
-        address: where the engine's cluster is (Ray: ``host:port`` or ``auto``); None runs on this machine.
-
-    Raises:
-        ValueError: an unknown name, or an address for the local engine.
-        MissingExtraError: the engine's optional dependency is not installed.
-    """
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; known: {', '.join(sorted(ENGINES))}")
-    return ENGINES[name](workers, address)

@@ -19,7 +19,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
-from marin_data.loopback import free_port, stop_process
+from marin_data.testing.loopback import free_port, stop_process
 
 __all__ = ["LOCAL_S3_ENV", "local_s3_server", "create_bucket"]
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.manifest import TOKENIZER, Corpus, Manifest, ShardRecord, SubsetInfo, TokenizerInfo, commit_corpus
-from marin_data.manifest import summarize_subsets
+from marin_data.corpus.manifest import Corpus, Manifest, ShardRecord, SubsetInfo, commit_corpus, summarize_subsets
+from marin_data.layout import TOKENIZER
+from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = ["simulated_corpus", "write_simulated_index"]
 

@@ -17,7 +17,7 @@ rows of the global batches in the next ``lookahead`` positions read (`shards_at`
 one ``searchsorted`` over the shards' cumulative token counts, since a window lies in one shard) and hands
 them, in order of first use, to the cache, which fetches the first few missing ones on background threads
 and evicts the ones needed last. The hierarchical shuffle reads each shard in exactly one stretch per pass,
-shared with at most ``shuffle_window - 1`` other shards of its subset (`permutation`), so with a cache that
+shared with at most ``shuffle_window - 1`` other shards of its subset (`shuffle`), so with a cache that
 holds that working set for every subset, plus the prefetch, every shard is fetched once per pass (the tests
 stream a pass through a cache of under a third of the corpus). The horizon is extended by one global batch
 per batch, not recomputed.
@@ -40,16 +40,18 @@ from typing import Any
 import numpy as np
 
 from marin_data.atomic import atomic_write_bytes
-from marin_data.download import DOWNLOAD_POLICY, plan_download
+from marin_data.corpus.manifest import Corpus, ShardRecord, load_corpus
+from marin_data.layout import MANIFEST, SHARDS_INDEX
 from marin_data.loader.cache import default_cache_dir
 from marin_data.loader.dataset import TokenDataset, TokenLoader, distributed_rank
 from marin_data.loader.packing import Batch
 from marin_data.loader.ranks import RankRows
-from marin_data.loader.remote_cache import DEFAULT_CACHE_BYTES, RemoteShardCache
+from marin_data.loader.remote.cache import DEFAULT_CACHE_BYTES, RemoteShardCache
 from marin_data.loader.stream import LoaderConfig, TokenStream
-from marin_data.manifest import MANIFEST, SHARDS_INDEX, Corpus, ShardRecord, load_corpus
 from marin_data.retry import RetryPolicy
-from marin_data.stores import Store, open_store
+from marin_data.stores import open_store
+from marin_data.stores.base import Store
+from marin_data.transfer.plan import DOWNLOAD_POLICY, plan_download
 
 __all__ = ["RemoteStream", "open_remote_corpus", "make_remote_loader", "is_remote", "remote_cache_root"]
 

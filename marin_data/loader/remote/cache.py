@@ -2,7 +2,7 @@
 
 What it guarantees, and how:
 
-- **Nothing unverified is ever read.** A shard is fetched with `marin_data.download.fetch_file`, the
+- **Nothing unverified is ever read.** A shard is fetched with `marin_data.transfer.fetch.fetch_file`, the
   downloader's machinery: hashed while it streams, renamed into place only once its size and SHA-256 match
   the manifest's shard index, retried (a corrupted body is fetched again), then fetched from the next mirror.
   Only then is it decoded (`DecodedShardCache.ensure`, which also checks its document and token counts) and
@@ -17,7 +17,7 @@ What it guarantees, and how:
   space anyway).
 - **Prefetch ahead of use, evicting what is needed last.** `want` hands the cache the shards the next
   batches read, in order of first use (the loader's order is a pure function of the position, so
-  `marin_data.loader.remote.RemoteStream` computes it). Background threads fetch the first ``prefetch``
+  `marin_data.loader.remote.stream.RemoteStream` computes it). Background threads fetch the first ``prefetch``
   of them that are missing. To make room, the cache evicts first the least recently used shard nobody wants
   soon, then — only for a shard needed sooner — the wanted shard whose use lies farthest ahead (Belady's
   rule, exact within the lookahead). A prefetch never evicts a shard needed before its own.
@@ -52,12 +52,14 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.download import DOWNLOAD_POLICY, PARTIAL_SUFFIX, FileTask, fetch_file
+from marin_data.corpus.manifest import ShardRecord
 from marin_data.errors import CorpusLockedError, LoaderConfigError, ShardFormatError
+from marin_data.layout import PARTIAL_SUFFIX
 from marin_data.loader.cache import DecodedShard, DecodedShardCache
-from marin_data.manifest import ShardRecord
 from marin_data.retry import RetryPolicy
-from marin_data.stores import Store
+from marin_data.stores.base import Store
+from marin_data.transfer.fetch import fetch_file
+from marin_data.transfer.plan import DOWNLOAD_POLICY, FileTask
 from marin_data.ui import human_bytes
 
 __all__ = ["RemoteShardCache", "CacheStats", "DEFAULT_CACHE_BYTES", "decoded_bytes"]

@@ -40,12 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marin_data.atomic import atomic_write_bytes
-from marin_data.engine import make_engine
+from marin_data.corpus.build import ShardReport, shard_subset
+from marin_data.corpus.info import CorpusInfo, corpus_info
+from marin_data.engines import make_engine
 from marin_data.errors import CorpusConflictError
-from marin_data.info import CorpusInfo, corpus_info
-from marin_data.manifest import MANIFEST, TOKENIZER
-from marin_data.sharding import ShardReport, shard_subset
-from marin_data.tokenize import LoadedTokenizer, load_tokenizer
+from marin_data.layout import MANIFEST, TOKENIZER
+from marin_data.raw.tokenizer import LoadedTokenizer, load_tokenizer
 
 __all__ = ["SAMPLE_JSON", "DEFAULT_VOCAB_SIZE", "SUBSETS", "SampleReport", "sample_documents", "train_tokenizer",
            "build_sample"]

@@ -1,0 +1,63 @@
+"""The reserved names of a corpus directory, in one place: what each file or folder is called.
+
+Names only, no behaviour. A corpus (docs/design.md, the corpus layout) is::
+
+    manifest.json  shards.parquet  SHA256SUMS  tokenizer.json  data/<subset>/part-00000.parquet
+    sources/<subset>.json                            what each subset was built from (`marin-data shard`)
+    README.md  croissant.json  datasheets/*.png      generated documentation, listed in the manifest
+    datasheets/datasheet.md                          the one file the manifest does not list (`UNLISTED`)
+
+and, while it is being written or fetched, ``.marin.lock``, ``.staging/``, ``*.marin-download.part`` (with
+``*.marin-download.ranges.part``) and, in a partial download, ``.marin-download.json``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MANIFEST",
+    "SHARDS_INDEX",
+    "SUMS",
+    "TOKENIZER",
+    "DATA",
+    "SOURCES",
+    "CARD",
+    "CROISSANT",
+    "DATASHEETS",
+    "DATASHEET",
+    "COMPOSITION_PNG",
+    "LENGTHS_PNG",
+    "FIGURES",
+    "LISTED",
+    "UNLISTED",
+    "LOCK_NAME",
+    "STAGING",
+    "RECORD",
+    "PARTIAL_SUFFIX",
+    "RANGES_SUFFIX",
+]
+
+# The description of the corpus: the manifest vouches for the others (the root of trust).
+MANIFEST = "manifest.json"
+SHARDS_INDEX = "shards.parquet"
+SUMS = "SHA256SUMS"
+TOKENIZER = "tokenizer.json"
+DATA = "data"  # data/<subset>/part-NNNNN.parquet
+SOURCES = "sources"  # sources/<subset>.json: the inputs a subset was built from
+
+# Generated documentation (`marin-data datasheet`).
+CARD = "README.md"  # the Hugging Face dataset card
+CROISSANT = "croissant.json"
+DATASHEETS = "datasheets"
+DATASHEET = f"{DATASHEETS}/datasheet.md"  # relative to the corpus (or --out) root; the figures sit beside it
+COMPOSITION_PNG = "token-composition.png"
+LENGTHS_PNG = "document-lengths.png"
+FIGURES = (f"{DATASHEETS}/{COMPOSITION_PNG}", f"{DATASHEETS}/{LENGTHS_PNG}")
+LISTED = (CARD, CROISSANT, *FIGURES)  # generated files the manifest lists (in-corpus mode)
+UNLISTED = (DATASHEET,)  # states the manifest's digest, so the manifest cannot list it
+
+# Present only while the corpus is being written or fetched.
+LOCK_NAME = ".marin.lock"  # one writer per corpus
+STAGING = ".staging"  # `marin-data shard`'s work in progress
+RECORD = ".marin-download.json"  # which subsets a partial download holds
+PARTIAL_SUFFIX = ".marin-download.part"  # data/x/part-00000.parquet.marin-download.part
+RANGES_SUFFIX = ".marin-download.ranges.part"  # beside a partial fetched in ranges: what each range holds

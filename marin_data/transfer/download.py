@@ -1,0 +1,184 @@
+"""``download``: fetch chosen subsets of a corpus from a store, verified, resumable, with mirror fallback.
+
+Order of work, and why:
+
+1. ``manifest.json`` first, checked against ``--manifest-sha256`` when pinned (the root of trust: a tampered
+   mirror cannot vouch for itself), then ``shards.parquet``, checked against the manifest's digest. Subsets
+   are resolved from them (`select_subsets`): no bucket listing, which is slow and may be forbidden.
+2. Every metadata file the manifest lists (tokenizer.json, SHA256SUMS, the dataset card...) and every shard
+   of the chosen subsets is fetched on a thread pool, hashed while it streams, and renamed into place only
+   once its size and SHA-256 match (`marin_data.atomic`). A file already present and matching is kept.
+3. ``manifest.json`` (verbatim, so ``load_corpus(DIR, manifest_sha256=...)`` still verifies) and then
+   `RECORD` are written last. `RECORD` names the subsets this directory holds, so ``marin-data verify DIR``
+   checks a partial download against what was fetched.
+
+Resume: a file's bytes go into a partial file beside its final name (`marin_data.transfer.partial`), a fixed name,
+so a re-run after a crash (even ``kill -9``) finds it and continues from what is there. A wrong result is
+discarded and fetched again; nothing unverified ever gets a final name.
+
+Faults (issue 3): a dropped connection or truncated body resumes from the bytes already written; 429/503
+wait for ``Retry-After``; other 5xx back off (`marin_data.retry`); a 200 where a 206 was asked restarts
+the file from byte 0 with that body (fetched in ranges, the body is cut to the range asked for); a checksum
+mismatch discards the file and refetches it. When the
+retries on one store are spent, the next mirror continues the same partial file.
+
+Requests: one GET per file, from its resume offset to the end, while there are at least as many files left
+as workers: shards are 256 MiB-2 GiB and a subset has many, so parallelism across files fills a link (a
+real S3 serves ~100 MB/s per connection), and one streaming GET is what every server serves best (moto and
+other simple servers copy the whole object for each ranged GET). When fewer files of at least two
+`PART_BYTES` are left than workers — a subset of a few large shards — the spare workers go to ranges: each
+such file is fetched as ``workers // large files`` parallel byte ranges (`marin_data.transfer.partial.RangedPartial`),
+each range resumable on its own, the whole hashed in file order as ranges complete.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from marin_data.atomic import atomic_write_bytes
+from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.record import DownloadRecord, read_download_record
+from marin_data.errors import TransferFailedError
+from marin_data.layout import MANIFEST, RECORD, SHARDS_INDEX
+from marin_data.lock import corpus_lock
+from marin_data.retry import RetryPolicy
+from marin_data.stores import open_store
+from marin_data.stores.base import Store
+from marin_data.transfer.fetch import PART_BYTES, ByteMeter, already_there, fetch_one
+from marin_data.transfer.partial import partial_path, resumed_bytes
+from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, plan_download
+from marin_data.ui import progress as progress_bar
+
+__all__ = ["DownloadReport", "download"]
+
+
+
+@dataclass(frozen=True)
+class DownloadReport:
+    plan: DownloadPlan
+    dest: str
+    dry_run: bool
+    fetched: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # already present with the right size and SHA-256
+    failed: tuple[tuple[str, str], ...] = ()  # (path, why), after every retry and mirror
+    bytes_fetched: int = 0  # bytes received, including any that were discarded and fetched again
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def error(self) -> TransferFailedError:
+        lines = "".join(f"\n  {path}: {why}" for path, why in self.failed)
+        return TransferFailedError(f"{len(self.failed)} of {len(self.plan.files)} files failed:{lines}",
+                                   path=self.dest, failures=list(self.failed))
+
+
+def download(
+    source: str | os.PathLike,
+    *,
+    subsets: Sequence[str] | None,
+    dest: str | os.PathLike,
+    mirrors: Sequence[str] = (),
+    manifest_sha256: str | None = None,
+    workers: int = 8,
+    dry_run: bool = False,
+    policy: RetryPolicy = DOWNLOAD_POLICY,
+    progress: bool | None = None,
+    part_bytes: int = PART_BYTES,
+    **store_options,
+) -> DownloadReport:
+    """Download the chosen subsets of the corpus at ``source`` into ``dest``, verified and resumable.
+
+    Args:
+        source: ``s3://bucket/prefix`` or a local corpus directory.
+        subsets: names or globs (`select_subsets`); None or empty for every subset.
+        dest: the local directory; created if needed; may already hold an earlier (partial) download.
+        mirrors: fallback stores (URLs or paths) tried in order when one has failed a file.
+        manifest_sha256: the pinned sha256 of ``manifest.json``.
+        workers: files fetched in parallel.
+        dry_run: only plan: nothing is written.
+        policy: retry knobs (tests shrink the waits).
+        progress: show a progress bar; None shows it when stderr is a terminal.
+        part_bytes: with fewer large files (at least twice this size) left than workers, each is fetched as
+            parallel byte ranges of at least this size (module docstring); 0: one GET per file always.
+        **store_options: passed to `open_store` for the source and every mirror (``endpoint_url``,
+            ``anonymous``, ``requester_pays``, ``profile``).
+
+    Returns:
+        A `DownloadReport`; ``report.failed`` lists every file that failed (the CLI exits non-zero).
+
+    Raises:
+        InvalidManifestError, ManifestHashMismatchError, UnsafePathError: the corpus description is not
+            trustworthy; nothing was written.
+        RemoteError: the source cannot be read at all (bad URL, no such bucket, no access).
+        CorpusLockedError: another process is writing ``dest``.
+    """
+    options = {"max_connections": 2 * workers + 2, **store_options}  # files and ranges of large ones in flight
+    stores = [open_store(url, **options) for url in [source, *mirrors]]
+    plan, manifest_bytes, index_bytes = plan_download(stores, subsets=subsets, manifest_sha256=manifest_sha256,
+                                                      policy=policy)
+    root = Path(dest)
+    if dry_run:
+        return DownloadReport(plan=plan, dest=str(root), dry_run=True)
+    with corpus_lock(root):  # two downloads into one directory would write the same partial files
+        previous = read_download_record(root)
+        if previous is not None and previous.manifest_sha256 != plan.manifest_sha256:
+            (root / RECORD).unlink()  # it describes another manifest; nothing it says holds any more
+            previous = None
+        if _read_or_none(root / SHARDS_INDEX) != index_bytes:
+            atomic_write_bytes(root / SHARDS_INDEX, index_bytes)
+        report = _fetch_all(plan, root, stores, workers=workers, policy=policy, progress=progress,
+                            part_bytes=part_bytes)
+        failed = {p for p, _ in report.failed}
+        failed_subsets = {t.subset for t in plan.files if t.path in failed}
+        if None not in failed_subsets:  # every metadata file is in place: the manifest may go in, last
+            atomic_write_bytes(root / MANIFEST, manifest_bytes)
+            held = (set(previous.subsets if previous else ()) | set(plan.subsets)) - failed_subsets
+            record = DownloadRecord(source=plan.source, manifest_sha256=plan.manifest_sha256,
+                                    subsets=tuple(sorted(held)))
+            atomic_write_bytes(root / RECORD, record.to_json())
+            load_corpus(root, manifest_sha256=plan.manifest_sha256)  # the local root of trust holds
+    return report
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+# --- fetching files -----------------------------------------------------------------------------------
+
+def _fetch_all(plan: DownloadPlan, root: Path, stores: Sequence[Store], *, workers: int,
+               policy: RetryPolicy, progress: bool | None, part_bytes: int) -> DownloadReport:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify-existing") as pool:
+        present = list(pool.map(lambda t: already_there(root, t), plan.files))
+    todo = [t for t, ok in zip(plan.files, present) if not ok]
+    skipped = tuple(t.path for t, ok in zip(plan.files, present) if ok)
+    resumed = sum(resumed_bytes(partial_path(root / t.path)) for t in todo)
+    # Spare workers fetch ranges of the large files there are (the small ones take a moment each).
+    ranges = max(1, workers // max(1, sum(t.bytes >= 2 * part_bytes for t in todo))) if part_bytes > 0 else 1
+    bar = progress_bar(max(0, sum(t.bytes for t in todo) - resumed), "download", unit="B", unit_scale=True,
+                       disable=None if progress is None else not progress)
+    meter = ByteMeter(bar)
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="download")
+    try:
+        results = list(pool.map(lambda t: fetch_one(root, t, stores, policy, meter, ranges, part_bytes), todo))
+    except BaseException:
+        meter.stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+    failed = tuple((t.path, why) for t, why in zip(todo, results) if why is not None)
+    fetched = tuple(t.path for t, why in zip(todo, results) if why is None)
+    return DownloadReport(plan=plan, dest=str(root), dry_run=False, fetched=fetched, skipped=skipped,
+                          failed=failed, bytes_fetched=meter.received, seconds=time.perf_counter() - t0)

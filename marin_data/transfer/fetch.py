@@ -1,0 +1,103 @@
+"""Fetching one file into place: hashed while it streams, renamed only once its size and SHA-256 match.
+
+`fetch_file` fetches one `FileTask` on the machinery of ``download`` (which runs `fetch_one` for many files
+on a thread pool): the bytes go into a partial file (`marin_data.transfer.partial`), each store is tried in
+turn under a retry policy, and a file already there and matching is kept (`already_there`). The loader's
+remote shard cache (`marin_data.loader.remote.cache`) fetches shards through `fetch_file`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from marin_data.atomic import sha256_file
+from marin_data.errors import RemoteError, ShardChecksumError, TransferFailedError
+from marin_data.retry import RetryPolicy, retry_call
+from marin_data.stores.base import Store
+from marin_data.transfer.partial import open_partial, partial_path
+from marin_data.transfer.plan import DOWNLOAD_POLICY, FileTask
+from marin_data.ui import progress as progress_bar
+
+__all__ = ["PART_BYTES", "ByteMeter", "already_there", "fetch_one", "fetch_file"]
+
+PART_BYTES = 64 << 20  # smallest byte range of a file fetched in parallel ranges
+
+
+@dataclass
+class ByteMeter:
+    """Bytes received, counted from several threads, behind the progress bar."""
+
+    bar: object
+    received: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)  # set on Ctrl-C: workers quit mid-file
+
+    def got(self, n: int) -> None:
+        if self.stop.is_set():
+            raise KeyboardInterrupt  # what is written so far stays in the partial file, for the next run
+        with self.lock:
+            self.received += n
+            self.bar.update(n)
+
+
+def fetch_file(root: str | os.PathLike, task: FileTask, stores: Sequence[Store], *,
+               policy: RetryPolicy = DOWNLOAD_POLICY) -> int:
+    """Fetch one file to ``root/task.path`` on the machinery of `download`: hashed while it streams, renamed
+    into place only once its size and SHA-256 match ``task``, retried, then tried on the next store.
+
+    The loader's remote shard cache (`marin_data.loader.remote.cache`) fetches shards through it.
+
+    Returns:
+        Bytes received (counting any that were discarded and fetched again).
+
+    Raises:
+        TransferFailedError: every store failed; ``failures`` holds one ``(path, why)`` naming each store's error.
+    """
+    meter = ByteMeter(progress_bar(None, "fetch", disable=True))
+    why = fetch_one(Path(root), task, stores, policy, meter)
+    if why is not None:
+        raise TransferFailedError(f"could not fetch a verified copy: {why}", path=task.path,
+                                  failures=[(task.path, why)])
+    return meter.received
+
+
+def already_there(root: Path, task: FileTask) -> bool:
+    """True when the final file holds exactly the listed bytes. A wrong one never stays under its final
+    name: a shorter one becomes the partial file (its prefix may be good), anything else is removed."""
+    final = root / task.path
+    try:
+        if final.stat().st_size == task.bytes and sha256_file(final)[0] == task.sha256:
+            return True
+    except FileNotFoundError:
+        return False
+    partial = partial_path(final)
+    if final.stat().st_size < task.bytes and not partial.exists():
+        os.replace(final, partial)
+    else:
+        final.unlink()
+    return False
+
+
+def fetch_one(root: Path, task: FileTask, stores: Sequence[Store], policy: RetryPolicy,
+                meter: ByteMeter, ranges: int = 1, part_bytes: int = PART_BYTES) -> str | None:
+    """Fetch one file into place (in up to ``ranges`` parallel ranges of at least ``part_bytes`` when it has two
+    or more, or a partial in ranges is there); return None on success, else why it failed on every store."""
+    final = root / task.path
+    partial = open_partial(final, task, ranges=ranges, part_bytes=part_bytes)
+    errors = []
+    try:
+        for store in stores:
+            try:
+                retry_call(lambda: partial.fetch(store, meter), policy=policy, what=store.describe(task.path))
+            except (RemoteError, ShardChecksumError) as e:
+                errors.append(f"{store.url}: {e.message}")
+                continue
+            partial.commit(final)
+            return None
+    finally:
+        partial.close()
+    return "; ".join(errors)

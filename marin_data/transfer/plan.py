@@ -1,0 +1,129 @@
+"""What a download will fetch: the manifest and shard index read and checked, the subsets resolved.
+
+`plan_download` reads ``manifest.json`` from the first store that serves one matching the pinned digest, then
+``shards.parquet`` (checked against the manifest's digest), and lists every file to fetch as a `FileTask`
+(metadata files first, then the chosen subsets' shards). No bucket listing: it is slow and may be forbidden.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from marin_data.corpus.manifest import Manifest, read_shard_index, select_subsets
+from marin_data.errors import (
+    InvalidManifestError,
+    ManifestHashMismatchError,
+    RemoteError,
+    RetryableRemoteError,
+    ShardChecksumError,
+)
+from marin_data.layout import MANIFEST, SHARDS_INDEX
+from marin_data.retry import RetryPolicy, retry_call
+from marin_data.stores.base import Store
+
+__all__ = ["DOWNLOAD_POLICY", "METADATA_LIMIT", "FileTask", "DownloadPlan", "plan_download"]
+
+METADATA_LIMIT = 1 << 30  # manifest.json and shards.parquet are read into memory; refuse absurd ones
+# A checksum mismatch is worth a retry too: the bytes may have been damaged in flight.
+DOWNLOAD_POLICY = RetryPolicy(retry_on=(RetryableRemoteError, ShardChecksumError))
+
+
+@dataclass(frozen=True)
+class FileTask:
+    path: str
+    bytes: int
+    sha256: str
+    subset: str | None = None  # None for a metadata file
+
+
+@dataclass(frozen=True)
+class DownloadPlan:
+    """What a download would fetch: `download` with ``dry_run=True`` returns it alone."""
+
+    source: str
+    manifest_sha256: str
+    subsets: tuple[str, ...]
+    files: tuple[FileTask, ...]  # metadata files first, then the chosen subsets' shards
+    tokens: int
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+
+def plan_download(
+    stores: Sequence[Store], *, subsets: Sequence[str] | None, manifest_sha256: str | None = None,
+    policy: RetryPolicy = DOWNLOAD_POLICY,
+) -> tuple[DownloadPlan, bytes, bytes]:
+    """Read and check the manifest and shard index; resolve ``subsets``.
+
+    Returns:
+        The plan, and the verbatim bytes of ``manifest.json`` and ``shards.parquet``.
+
+    Raises:
+        ManifestHashMismatchError: no store has a manifest matching ``manifest_sha256``.
+        InvalidManifestError: (and `UnsafePathError`) a malformed manifest or index, or one naming paths
+            outside the corpus; ``subsets`` matching nothing.
+        RemoteError: no store could serve them.
+    """
+    manifest_bytes, digest = _fetch_manifest(stores, manifest_sha256, policy)
+    manifest = Manifest.from_json(manifest_bytes, f"{stores[0].url}/{MANIFEST}")
+    rec = manifest.files.get(SHARDS_INDEX)
+    if rec is None:
+        raise InvalidManifestError(f"manifest does not list {SHARDS_INDEX}", path=stores[0].describe(MANIFEST))
+    index_bytes = _from_first(stores, lambda s: _checked_bytes(s, FileTask(SHARDS_INDEX, rec.bytes, rec.sha256)),
+                              policy, SHARDS_INDEX)
+    shards = read_shard_index(index_bytes)
+    chosen = select_subsets(manifest.subsets, list(subsets or []))
+    wanted = set(chosen)
+    picked = [s for s in shards if s.subset in wanted]
+    files: dict[str, FileTask] = {p: FileTask(p, r.bytes, r.sha256) for p, r in sorted(manifest.files.items())}
+    for s in picked:
+        if files.setdefault(s.path, FileTask(s.path, s.bytes, s.sha256, s.subset)).subset != s.subset:
+            raise InvalidManifestError(f"{s.path} is listed as a metadata file and as a shard",
+                                       path=stores[0].describe(SHARDS_INDEX))
+    plan = DownloadPlan(source=stores[0].url, manifest_sha256=digest, subsets=tuple(chosen),
+                        files=tuple(files.values()), tokens=sum(s.tokens for s in picked))
+    return plan, manifest_bytes, index_bytes
+
+
+def _fetch_manifest(stores: Sequence[Store], pinned: str | None, policy: RetryPolicy) -> tuple[bytes, str]:
+    """The first manifest that matches the pin (any, unpinned), trying each store in turn."""
+    pinned = pinned.strip().lower() if pinned else None
+
+    def get(store: Store) -> tuple[bytes, str]:
+        data = retry_call(lambda: store.read_bytes(MANIFEST, limit=METADATA_LIMIT), policy=policy,
+                          what=store.describe(MANIFEST))
+        digest = hashlib.sha256(data).hexdigest()
+        if pinned is not None and digest != pinned:
+            raise ManifestHashMismatchError(
+                f"manifest sha256 is {digest}, but {pinned} was pinned: this mirror's copy differs",
+                path=store.describe(MANIFEST), expected=pinned, actual=digest)
+        return data, digest
+
+    return _from_first(stores, get, None, MANIFEST)
+
+
+def _from_first(stores: Sequence[Store], get: Callable, policy: RetryPolicy | None, what: str):
+    """``get(store)`` (retried under ``policy`` when given) from the first store where it succeeds; else
+    re-raise the first store's error, which names the primary source."""
+    errors: list[BaseException] = []
+    for store in stores:
+        try:
+            return get(store) if policy is None else retry_call(lambda: get(store), policy=policy,
+                                                                what=store.describe(what))
+        except (RemoteError, ShardChecksumError, ManifestHashMismatchError) as e:
+            errors.append(e)
+    raise errors[0]
+
+
+def _checked_bytes(store: Store, task: FileTask) -> bytes:
+    data = store.read_bytes(task.path, limit=max(task.bytes, 1))
+    digest = hashlib.sha256(data).hexdigest()
+    if (digest, len(data)) != (task.sha256, task.bytes):
+        raise ShardChecksumError(f"sha256/size {digest[:12]}…/{len(data)} != {task.sha256[:12]}…/{task.bytes} "
+                                 "listed in the manifest", path=store.describe(task.path),
+                                 expected=task.sha256, actual=digest)
+    return data
