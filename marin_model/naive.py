@@ -33,8 +33,7 @@ def naive_moe_forward(moe: MoE, x_TD: Tensor, index_stacked: bool = False,
     m, (T, _) = moe.cfg, x_TD.shape
     if m.n_group > 1:
         raise ValueError("naive_moe_forward does not implement device-limited routing (n_group > 1)")
-    fp32 = torch.promote_types(x_TD.dtype, torch.float32)
-    logits_TE = F.linear(x_TD.to(fp32), moe.router.weight.to(fp32))
+    logits_TE = moe.router(x_TD)
     probs_TE = torch.softmax(logits_TE, dim=-1) if m.routing == "softmax_topk" else None
     score_TE = (probs_TE if probs_TE is not None else logits_TE) + moe.bias_E
     expert_ids_TK = torch.sort(-score_TE, dim=-1, stable=True).indices[:, :m.top_k]  # ties: lower id first

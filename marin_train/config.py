@@ -34,7 +34,7 @@ class TrainConfig:
 
     preset: str = "tiny"  # model preset (marin_model.config.PRESETS)
     steps: int = 100  # optimizer steps
-    batch_size: int = 8  # sequences per rank per micro-batch
+    batch_size: int = 8  # sequences per rank per micro-batch (a resume keeps the checkpoint's global batch)
     accumulation: int = 1  # micro-batches per optimizer step
     seq_len: int = 64  # tokens per sequence
     lr: float = 3e-3  # peak learning rate
@@ -44,7 +44,10 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0  # max global gradient norm; 0 disables
     seed: int = 0  # model init and the loader's shuffle
-    autocast: str = "auto"  # "auto" (bf16 on CUDA, off on CPU) | "bf16" | "off"
+    precision: str = "auto"  # "auto" (bf16 compute on CUDA, fp32 on CPU) | "bf16" | "fp32"; master weights fp32
+    ep: int = 1  # expert-parallel degree: divides the world size and the routed experts
+    recompute: bool = False  # activation checkpointing per block
+    compile: bool = False  # torch.compile each block
     checkpoint_dir: str | None = None  # None: no checkpoints
     checkpoint_every: int = 0  # steps between checkpoints; 0: only at the end
     keep_checkpoints: int = 2  # newest checkpoints kept
@@ -55,8 +58,14 @@ class TrainConfig:
     def __post_init__(self):
         if min(self.steps, self.batch_size, self.accumulation, self.seq_len) < 1:
             raise ValueError("steps, batch_size, accumulation and seq_len must be >= 1")
-        if self.autocast not in ("auto", "bf16", "off"):
-            raise ValueError(f"autocast must be auto, bf16 or off, got {self.autocast!r}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+        if self.ep < 1:
+            raise ValueError(f"ep must be >= 1, got {self.ep}")
+
+    def global_batch(self, world: int) -> int:
+        """Sequences per optimizer step over ``world`` ranks."""
+        return self.batch_size * self.accumulation * world
 
     def model_config(self) -> ModelConfig:
         return with_overrides(get_preset(self.preset), **self.model_overrides)

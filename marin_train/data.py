@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from marin_data.errors import LoaderConfigError
 from marin_data.loader import LoaderConfig, make_loader
-from marin_data.loader.remote import is_remote, make_remote_loader
-from marin_data.manifest import load_corpus
+from marin_data.loader.remote.stream import is_remote, make_remote_loader
+from marin_data.corpus.manifest import load_corpus
 from marin_train.config import TrainConfig
 from marin_train.distributed import init_distributed
 from marin_train.loop import TrainResult, train

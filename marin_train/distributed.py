@@ -12,12 +12,17 @@ __all__ = ["init_distributed", "shutdown_distributed"]
 
 
 def init_distributed() -> tuple[int, int, torch.device]:
-    """``(rank, world_size, device)``; joins the process group ``torchrun`` describes in the environment
-    (NCCL when CUDA is present, else gloo), once."""
+    """``(rank, world_size, device)``; joins the process group ``torchrun`` describes in the environment, or a
+    group of one without torchrun (the sharded model takes one code path at every world size), once. Gloo
+    serves CPU tensors, NCCL CUDA ones."""
     cuda = torch.cuda.is_available()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            dist.init_process_group(backend=backend)
+        else:
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    rank, world = dist.get_rank(), dist.get_world_size()
     if not cuda:
         return rank, world, torch.device("cpu")
     local = int(os.environ.get("LOCAL_RANK", "0"))

@@ -1,11 +1,12 @@
 """The training loop: one optimizer step after another on any iterable of batches in the loader's contract.
 
-One step: ``accumulation`` micro-batches, each forward (bf16 autocast on CUDA; off on CPU by default, where it
-buys little and costs exactness) and backward of ``loss / accumulation``, with the wait for the loader's
-``next()`` measured apart; under ``torchrun`` the gradients are averaged with one all-reduce of a flat buffer
-(every rank then takes the same step, so the weights stay identical without DDP's buffer broadcasts, which
-would clobber each rank's router load counts); clipping, AdamW (no weight decay on norms), linear warmup then
-cosine; then the balancing bias moves from the *global* expert load of the step.
+The model is sharded over all ranks (`marin_train.parallel`: FSDP2 and expert parallelism on a device
+mesh), at every world size including 1, which joins a process group of one. One step: ``accumulation``
+micro-batches, each forward (bf16 compute on CUDA through FSDP's mixed-precision policy; fp32 on CPU by
+default, where bf16 buys little and costs exactness) and backward of ``loss / accumulation``, with the wait for
+the loader's ``next()`` measured apart; FSDP reduce-scatters the gradients; clipping on the sharded gradients,
+AdamW (no weight decay on norms), linear warmup then cosine; then the balancing bias moves from the *global*
+expert load of the step.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from marin_model.model import Transformer
 from marin_train.checkpoint import Batches, latest_checkpoint, load_checkpoint, save_checkpoint
 from marin_train.config import TrainConfig
 from marin_train.distributed import init_distributed
+from marin_train.parallel import clip_grad_norm, make_mesh, parallelize
 
-__all__ = ["TrainResult", "lr_at", "train"]
+__all__ = ["TrainResult", "build_model", "lr_at", "train"]
 
 
 @dataclass
@@ -43,23 +45,27 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 def _optimizer(model: Transformer, cfg: TrainConfig) -> torch.optim.AdamW:
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    other = [p for n, p in model.named_parameters() if p.ndim < 2]  # norm weights
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+    """AdamW, weight decay on matrices only; the experts in a group of their own: they live on another mesh,
+    and the foreach kernels take one mesh at a time."""
+    named = list(model.named_parameters())
+    experts = [p for n, p in named if ".experts." in n]
+    dense = [p for n, p in named if ".experts." not in n and p.ndim >= 2]
+    other = [p for n, p in named if p.ndim < 2]  # norm weights
+    return torch.optim.AdamW([{"params": dense, "weight_decay": cfg.weight_decay},
+                              {"params": experts, "weight_decay": cfg.weight_decay},
                               {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
 
 
-def _all_reduce_mean(tensors: list[torch.Tensor], world: int) -> None:
-    """Average ``tensors`` over ranks in place with one all-reduce of a flat buffer."""
-    if world == 1 or not tensors:
-        return
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat)
-    flat /= world
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
+def build_model(cfg: TrainConfig, device: torch.device) -> Transformer:
+    """The model of ``cfg``, initialised from ``cfg.seed`` (the same on every rank) and sharded over all ranks."""
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+    torch.manual_seed(cfg.seed)
+    model = Transformer(cfg.model_config()).to(device).train()
+    model.recompute = cfg.recompute
+    if cfg.compile:
+        for block in model.blocks:
+            block.compile()
+    return parallelize(model, make_mesh(cfg.ep, device.type), bf16=bf16)
 
 
 def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable[[str], None] = print,
@@ -81,16 +87,15 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
     rank, world, auto_device = init_distributed()
     device = device or auto_device
     log = log if rank == 0 else (lambda line: None)
-    bf16 = cfg.autocast == "bf16" or (cfg.autocast == "auto" and device.type == "cuda")
-    torch.manual_seed(cfg.seed)
-    model = Transformer(cfg.model_config()).to(device).train()
+    model = build_model(cfg, device)
     optimizer = _optimizer(model, cfg)
     step, previous = 0, latest_checkpoint(cfg.checkpoint_dir) if resume and cfg.checkpoint_dir else None
     if previous is not None:
-        step = load_checkpoint(previous, model=model, optimizer=optimizer, data=data)
+        step = load_checkpoint(previous, model=model, optimizer=optimizer, data=data,
+                               global_batch=cfg.global_batch(world))
         log(f"resumed from {previous} at step {step}")
     params = [p for p in model.parameters() if p.requires_grad]
-    tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.accumulation * world
+    tokens_per_step = cfg.global_batch(world) * cfg.seq_len
     records: list[dict[str, float]] = []
     checkpoint: str | None = None
     saved = 0  # records already appended to metrics.jsonl
@@ -111,21 +116,18 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
                 log(f"the data ended after step {step}")
                 return TrainResult(step, records, checkpoint, model)
             waited += time.perf_counter() - tw
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                out = model(batch["input_ids"].to(device), batch["labels"].to(device),
-                            segment_ids_BS=batch["segment_ids"].to(device), positions_BS=batch["positions"].to(device))
+            out = model(batch["input_ids"].to(device), batch["labels"].to(device),
+                        segment_ids_BS=batch["segment_ids"].to(device), positions_BS=batch["positions"].to(device))
             (out.loss / cfg.accumulation).backward()
             dropped = torch.stack([s.dropped for s in out.router]).double().mean()
             sums += torch.stack([out.loss.detach().double(), out.ce_loss.detach().double(),
                                  out.z_loss.detach().double(), dropped])
             counts += torch.stack([s.counts_E.detach().double() for s in out.router])
-        _all_reduce_mean([p.grad for p in params if p.grad is not None], world)
         stats = torch.cat([sums / cfg.accumulation, counts.reshape(-1)])
-        if world > 1:
-            dist.all_reduce(stats)
-            stats[:4] /= world
+        dist.all_reduce(stats)
+        stats[:4] /= world
         stats = stats.cpu()
-        norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip > 0 else torch.tensor(0.0)
+        norm = clip_grad_norm(params, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         model.update_router_bias()  # from the global load of this step
@@ -140,7 +142,7 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
         if step == 1 or step % cfg.log_every == 0 or step == stop:
             log(_format(records[-1], cfg.steps))
         if cfg.checkpoint_dir and (step == stop or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
-            checkpoint = save_checkpoint(cfg, step=step, model=model, optimizer=optimizer, data=data, rank=rank,
+            checkpoint = save_checkpoint(cfg, step=step, model=model, optimizer=optimizer, data=data,
                                          records=records[saved:])
             saved = len(records)
             log(f"checkpoint {checkpoint}")

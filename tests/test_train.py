@@ -1,4 +1,4 @@
-"""The training loop (issue 9): exact resume, and two data-parallel ranks on CPU (gloo)."""
+"""The training loop: exact resume, and two data-parallel ranks on CPU (gloo)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from conftest import VOCAB, build_corpus
 from marin_data.loader import LoaderConfig, make_loader
 from marin_train.config import TrainConfig
 from marin_train.loop import train
+from marin_train.parallel import full_state_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG = TrainConfig(steps=20, batch_size=2, seq_len=32, warmup=4, log_every=1000, model_overrides={"vocab_size": VOCAB, "n_layers": 2})
@@ -32,8 +33,9 @@ def loader_for(corpus, cfg: TrainConfig, cache: Path, **kw):
 
 
 def digest(model: torch.nn.Module) -> str:
+    """Of the whole state (gathered from the shards: a collective under torchrun)."""
     h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
+    for name, t in sorted(full_state_dict(model).items()):
         h.update(name.encode() + t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
@@ -42,7 +44,7 @@ def test_twenty_steps_equal_ten_then_resume_then_ten_bitwise(corpus, tmp_path):
     whole = train(replace(CFG, accumulation=2), loader_for(corpus, CFG, tmp_path / "c"), log=lambda _: None)
     cfg = replace(CFG, accumulation=2, checkpoint_dir=str(tmp_path / "run"))
     first = train(cfg, loader_for(corpus, CFG, tmp_path / "c"), log=lambda _: None, until=10)
-    assert first.steps == 10 and Path(first.checkpoint).name == "step-00000010.pt"
+    assert first.steps == 10 and Path(first.checkpoint).name == "step-00000010"
     second = train(cfg, loader_for(corpus, CFG, tmp_path / "c"), log=lambda _: None)  # resumes at 10
     assert [r["step"] for r in second.records] == list(range(11, 21))
     assert [r["loss"] for r in first.records + second.records] == [r["loss"] for r in whole.records]
@@ -56,7 +58,7 @@ import hashlib, json, sys, torch
 sys.path.insert(0, {tests!r})
 from test_train import CFG, digest, loader_for
 from marin_data.corpus.manifest import load_corpus
-from marin_train.distributed import init_distributed
+from marin_train.distributed import init_distributed, shutdown_distributed
 from marin_train.loop import train
 init_distributed()  # joins torchrun's group first: the loader takes its rank and world size from it
 seen = []
@@ -73,6 +75,7 @@ result = train(cfg, Recording(loader_for(load_corpus({corpus!r}), cfg, {cache!r}
 rank = torch.distributed.get_rank()
 with open({out!r} + f"/rank{{rank}}.json", "w") as f:
     json.dump({{"seen": seen, "digest": digest(result.model), "loss": [r["loss"] for r in result.records]}}, f)
+shutdown_distributed()  # the mesh's groups, destroyed while the interpreter is whole
 """
 
 
@@ -94,6 +97,6 @@ def test_two_ranks_under_torchrun_read_disjoint_data_and_end_with_identical_weig
 
 
 def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
-    result = train(replace(CFG, steps=2, autocast="bf16"), loader_for(corpus, CFG, tmp_path / "c"), log=lambda _: None)
+    result = train(replace(CFG, steps=2, precision="bf16"), loader_for(corpus, CFG, tmp_path / "c"), log=lambda _: None)
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in result.records)
-    assert all(p.dtype == torch.float32 for p in result.model.parameters())  # fp32 master weights
+    assert all(p.dtype == torch.float32 for p in result.model.parameters())  # fp32 master weights (the shards)
