@@ -1,10 +1,8 @@
-// Shared definitions of the marin CUDA kernels (issue 7).
+// Shared definitions of the marin CUDA kernels.
 //
-// Everything in the *.cuh headers is plain C++ that also compiles WITHOUT nvcc: per-element logic lives in
-// MARIN_HD functions (__host__ __device__ under nvcc, plain inline functions under g++), so that
-// tests/test_cuda_host.py can compile the same code for the CPU and check it against the reference ops on a
-// machine with no GPU. Device-only helpers (warp shuffles, vector loads) live in the .cu files.
-// No torch headers anywhere: see docs/cuda.md.
+// Per-element logic lives in MARIN_HD functions (__host__ __device__ under nvcc, plain inline functions under
+// g++). The whole of cuda/ also compiles with g++ against the CUDA emulation of tests/cuda_emu, which runs
+// the kernels themselves on the CPU (tests/test_cuda_emulated.py). No torch headers anywhere: docs/cuda.md.
 #pragma once
 
 #include <stdint.h>

@@ -55,31 +55,19 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
-// Accesses of at most 16 bytes: VEC fp32 values of a bf16 row's fp32 gradient may take two.
-template <typename T, int VEC>
-constexpr int piece_of() { return 16 / static_cast<int>(sizeof(T)) < VEC ? 16 / static_cast<int>(sizeof(T)) : VEC; }
-
 template <typename T, int VEC>
 __device__ __forceinline__ void load_floats(const T* __restrict__ src, float (&out)[VEC]) {
-  constexpr int kPiece = piece_of<T, VEC>();
+  const Pack<T, VEC> pack = *reinterpret_cast<const Pack<T, VEC>*>(src);
   MARIN_UNROLL
-  for (int p = 0; p < VEC; p += kPiece) {
-    const Pack<T, kPiece> pack = *reinterpret_cast<const Pack<T, kPiece>*>(src + p);
-    MARIN_UNROLL
-    for (int i = 0; i < kPiece; ++i) out[p + i] = to_float(pack.v[i]);
-  }
+  for (int i = 0; i < VEC; ++i) out[i] = to_float(pack.v[i]);
 }
 
 template <typename T, int VEC>
 __device__ __forceinline__ void store_floats(T* __restrict__ dst, const float (&in)[VEC]) {
-  constexpr int kPiece = piece_of<T, VEC>();
+  Pack<T, VEC> pack;
   MARIN_UNROLL
-  for (int p = 0; p < VEC; p += kPiece) {
-    Pack<T, kPiece> pack;
-    MARIN_UNROLL
-    for (int i = 0; i < kPiece; ++i) pack.v[i] = from_float<T>(in[p + i]);
-    *reinterpret_cast<Pack<T, kPiece>*>(dst + p) = pack;
-  }
+  for (int i = 0; i < VEC; ++i) pack.v[i] = from_float<T>(in[i]);
+  *reinterpret_cast<Pack<T, VEC>*>(dst) = pack;
 }
 
 // A row operand of a row kernel: its base address and element size.
@@ -89,13 +77,13 @@ struct RowOperand {
 };
 
 // Elements per access of a row kernel: the largest of max_vec, max_vec/2, ..., 1 for which every operand's
-// rows and base address allow accesses of min(16, vec * elem_size) bytes (16, 8, 4 or 2 bytes).
+// rows and base address allow accesses of vec * elem_size bytes (16, 8, 4 or 2).
 template <int N>
 int row_vector(int max_vec, int64_t hidden, const RowOperand (&operands)[N]) {
   for (int vec = max_vec; vec > 1; vec /= 2) {
     bool ok = true;
     for (const RowOperand& o : operands) {
-      const int64_t size = static_cast<int64_t>(o.elem_size), bytes = vec * size < 16 ? vec * size : 16;
+      const int64_t size = static_cast<int64_t>(o.elem_size), bytes = vec * size;
       ok = ok && (hidden * size) % bytes == 0 && reinterpret_cast<uintptr_t>(o.ptr) % bytes == 0;
     }
     if (ok) return vec;

@@ -1,5 +1,5 @@
-// permute's per-element logic (the stable counting sort), shared by the kernels in permute.cu and the host
-// harness of tests/test_cuda_host.py. The contract is marin_model/ops.py's module docstring.
+// permute's per-element logic (the stable counting sort), used by the kernels in permute.cu. The contract is
+// marin_model/ops/contract.py's module docstring.
 //
 // The N = T*K entries (flat index t*K+k) are cut into tiles of kPermuteTile. A tile is ranked in rounds of
 // kPermuteThreads consecutive entries, one entry per thread; within a round, a warp finds the lanes that

@@ -1,5 +1,5 @@
-// route_topk's per-element logic, shared by the kernels in route_topk.cu and the host harness of
-// tests/test_cuda_host.py. The contract is marin_model/ops.py's module docstring.
+// route_topk's per-element logic, used by the kernels in route_topk.cu. The contract is
+// marin_model/ops/contract.py's module docstring.
 //
 // Layout used by the kernels: one warp per token, lane `l` holds experts e = j*32 + l for j < VPT
 // (VPT = vpt_for(E) scores per lane, kept in registers and indexed only by unrolled loops).

@@ -129,10 +129,11 @@ cudaError_t launch_unpermute_backward(const void* grad_out, const void* routed, 
                                       cudaStream_t stream) {
   const int64_t blocks = tokens + (rows + kRowThreads - 1) / kRowThreads;
   if (blocks == 0) return cudaSuccess;
-  const int vec = row_vector(16 / sizeof(T), hidden,
+  constexpr int kMaxVec = 16 / (sizeof(G) > sizeof(T) ? sizeof(G) : sizeof(T));  // 16-byte accesses at most
+  const int vec = row_vector(kMaxVec, hidden,
                              {RowOperand{grad_out, sizeof(G)}, RowOperand{routed, sizeof(T)},
                               RowOperand{grad_routed, sizeof(T)}});
-  with_vector<16 / sizeof(T)>(vec, [&](auto v) {
+  with_vector<kMaxVec>(vec, [&](auto v) {
     MARIN_LAUNCH(static_cast<unsigned>(blocks), kRowThreads, stream,
                  unpermute_backward_kernel<T, G, decltype(v)::value>)(
         static_cast<const G*>(grad_out), static_cast<const T*>(routed), hidden, row_of, src_of, tokens, top_k, rows,

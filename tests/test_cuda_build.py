@@ -25,8 +25,8 @@ needs_nvcc = pytest.mark.skipif(build.find_nvcc() is None,
 
 # Kernel families and how many instantiations each must have (dtypes x scores-per-lane, vector widths).
 KERNELS = {"route_topk_kernel": 15, "route_topk_backward_kernel": 15, "permute_rank_kernel": 1,
-           "permute_scan_kernel": 1, "permute_scatter_kernel": 5, "unpermute_kernel": 6,
-           "unpermute_backward_kernel": 6}
+           "permute_scan_kernel": 1, "permute_scatter_kernel": 5, "unpermute_kernel": 11,
+           "unpermute_backward_kernel": 17}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,8 @@ def test_library_embeds_ptx_and_moves_rows_in_16_byte_vectors(built):
     bodies = dict(re.findall(r"\.entry (\S+)\((.*?)\n}", ptx, flags=re.S))
     assert len(bodies) == sum(KERNELS.values())
     vector_kernels = [name for name in bodies
-                      if re.search(r"permute_scatter_kernelI5uint4|unpermute(_backward)?_kernelI\w+Li[48]E", name)]
+                      if re.search(r"permute_scatter_kernelI5uint4|"
+                                   r"unpermute(_backward)?_kernelI(ff?Li4|(13__nv_bfloat16|6__half)(S\d*_)?Li8)E", name)]
     assert len(vector_kernels) == 7  # the 16-byte paths: permute's copy, unpermute and its backward x 3 dtypes
     for name in vector_kernels:
         assert re.search(r"ld\.global\.nc\.v4\.\w32", bodies[name]), name  # 4 x 32 bits = 16 bytes per access

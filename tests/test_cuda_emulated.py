@@ -51,6 +51,7 @@ def host_lib():
 
     cuda_dir = os.environ.get("MARIN_EMU_CUDA_DIR")
     path = build_host_library(build_dir(), cuda_dir=Path(cuda_dir) if cuda_dir else None,
+                              flavour=os.environ.get("MARIN_EMU_FLAVOUR", "plain"),
                               extra_flags=tuple(os.environ.get("MARIN_EMU_EXTRA_FLAGS", "").split()))
     with dispatch.host_library(path) as lib:
         lib.cuda_emu_set_seed.argtypes = (ctypes.c_uint64,)
@@ -391,3 +392,28 @@ def test_emulated_16_bit_conversions_round_like_the_device(host_lib):
     back = torch.empty(halves.shape)
     lib.emu_from_half(ctypes.c_void_p(halves.data_ptr()), ctypes.c_void_p(back.data_ptr()), halves.numel())
     assert_bitwise(back, halves.view(torch.float16).float())
+
+
+# ------------------------------------------------------------------------------------------- sanitizers
+ASAN_SUBSET = ("equals_the_reference and (512-16-1-1 or 100-6-4-2 or 7-5-1-1) or any_row_width or offset_views or "
+               "out_of_range or scales_an_fp32 or nan or one_expert or (unpermute_and_backward and 60-2-7-33)")
+
+
+@pytest.mark.slow
+def test_kernels_are_clean_under_address_and_undefined_behaviour_sanitizers():
+    """x86 forgives out-of-bounds and misaligned accesses; ASan and UBSan do not. A subset of this file runs
+    in a child process on the "asan" build (libasan preloaded: Python itself is not instrumented)."""
+    if os.environ.get("MARIN_EMU_FLAVOUR"):
+        pytest.skip("already the sanitizer run")
+    runtime = asan_runtime()
+    assert runtime, "g++ has no libasan.so: install it (Debian: libasan8) to run the sanitizer flavour"
+    build_host_library(build_dir(), flavour="asan")  # build errors surface here, not in the child
+    env = dict(os.environ, LD_PRELOAD=runtime, MARIN_EMU_FLAVOUR="asan",
+               ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:detect_odr_violation=0:abort_on_error=0",
+               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "--noconftest", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", __file__, "-k", ASAN_SUBSET], env=env, capture_output=True, text=True,
+                          timeout=600)
+    report = done.stdout[-6000:] + done.stderr[-6000:]
+    assert done.returncode == 0 and " passed" in done.stdout, report
+    assert "ERROR: AddressSanitizer" not in report and "runtime error:" not in report, report

@@ -11,6 +11,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define CUDA_EMU_ASAN 1
 #endif
@@ -140,12 +141,15 @@ int env_int(const char* name, int fallback) {
 }
 
 // Switches from the running fiber (or the scheduler when `from` < 0) to `to` (the scheduler when < 0).
-void switch_to(int from, int to) {
+// `final`: the fiber that switches away never resumes (it returned, or its launch failed).
+void switch_to(int from, int to, bool final = false) {
 #ifdef CUDA_EMU_ASAN
   void* fake_stack = nullptr;
   const void* bottom = to < 0 ? sched.main_stack_bottom : sched.fibers[to].stack.data();
   const size_t size = to < 0 ? sched.main_stack_size : sched.fibers[to].stack.size();
-  __sanitizer_start_switch_fiber(&fake_stack, bottom, size);
+  __sanitizer_start_switch_fiber(final ? nullptr : &fake_stack, bottom, size);
+#else
+  (void)final;
 #endif
 #if defined(__x86_64__)
   void** save = from < 0 ? &sched.main_sp : &sched.fibers[from].sp;
@@ -174,7 +178,7 @@ void block_running() {
 [[noreturn]] void abandon() {
   // A failed launch: the fiber never resumes (its stack is reused by the next block).
   const int self = sched.running;
-  switch_to(self, -1);
+  switch_to(self, -1, true);
   abort();
 }
 
@@ -193,6 +197,9 @@ void release_warp(WarpState& warp) {
 }
 
 void fiber_main(void*) {
+#ifdef CUDA_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);  // the first entry completes a switch too
+#endif
   const int self = sched.running;
   current = &sched.fibers[self].state;
   sched.body(sched.context);
@@ -207,12 +214,15 @@ void fiber_main(void*) {
     fail("a lane exited while its warp waited for it in a *_sync collective");
   if (!sched.block_waiters.empty() && static_cast<int>(sched.block_waiters.size()) == sched.live)
     wake(sched.block_waiters);
-  switch_to(self, -1);
+  switch_to(self, -1, true);
   abort();  // never resumed
 }
 
 #if defined(__x86_64__)
 void prepare_stack(Fiber& fiber) {
+#ifdef CUDA_EMU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(fiber.stack.data(), fiber.stack.size());  // frames left by the last block
+#endif
   // What cuda_emu_switch pops: FP control words, r15, r14, r13, r12 (the argument), rbx (the entry),
   // rbp, then the return address: the trampoline.
   auto* top = reinterpret_cast<uint64_t*>(
@@ -237,6 +247,9 @@ void prepare_stack(Fiber& fiber) {
 void fiber_entry() { fiber_main(nullptr); }
 
 void prepare_stack(Fiber& fiber) {
+#ifdef CUDA_EMU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(fiber.stack.data(), fiber.stack.size());
+#endif
   getcontext(&fiber.context);
   fiber.context.uc_stack.ss_sp = fiber.stack.data();
   fiber.context.uc_stack.ss_size = fiber.stack.size();
