@@ -1,0 +1,144 @@
+"""The tree shows the architecture: no import cycles, the model never reaches the data side, and the data
+path's stages import only from the stages before them.
+
+Every import counts: module level, inside functions and under ``TYPE_CHECKING`` (each is a back-reference a
+reader meets). The graph is read from the source with ``ast``; nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("marin_data", "marin_model", "marin_train")
+# The data path, in order: a module may import from its own stage and the stages before it. `testing` and
+# `cli` come last; nothing in the library imports them.
+DATA_STAGES = ("marin_data.errors marin_data.retry marin_data.atomic marin_data.lock marin_data.ui marin_data.layout",
+               "marin_data.raw", "marin_data.engines", "marin_data.corpus", "marin_data.stores", "marin_data.transfer",
+               "marin_data.docs", "marin_data.mirror", "marin_data.loader", "marin_data.testing", "marin_data.cli")
+
+
+def module_files() -> dict[str, Path]:
+    mods = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports (a name imported from a package resolves to its submodule)."""
+    mods = module_files()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                targets.update(f"{base}.{a.name}" for a in node.names)
+                targets.add(base)
+        graph[mod] = {r for t in targets if (r := resolve(t)) and r != mod}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        component.append(top)
+                        if top == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def stage_of(module: str) -> int | None:
+    for i, stage in enumerate(DATA_STAGES):
+        if any(module == s or module.startswith(s + ".") for s in stage.split()):
+            return i
+    return None
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_back_through_others():
+    assert cycles(import_graph()) == []
+
+
+def test_the_model_package_imports_nothing_of_the_data_or_training_side():
+    reach = {m: sorted(t for t in targets if not t.startswith("marin_model"))
+             for m, targets in import_graph().items() if m.startswith("marin_model")}
+    assert {m: t for m, t in reach.items() if t} == {}
+
+
+@pytest.mark.parametrize("package", ["marin_data", "marin_model"])
+def test_the_library_never_imports_the_training_package(package):
+    offenders = {m: t for m, t in import_graph().items() if m.startswith(package)
+                 and any(x.startswith("marin_train") for x in t)}
+    assert offenders == {}
+
+
+def test_every_data_module_belongs_to_a_stage():
+    unplaced = [m for m in import_graph() if m.startswith("marin_data.") and stage_of(m) is None
+                and m != "marin_data.__main__"]
+    assert unplaced == []
+
+
+def test_data_stages_import_only_from_stages_before_them():
+    backward = []
+    for module, targets in import_graph().items():
+        here = stage_of(module)
+        if here is None:
+            continue
+        backward += [f"{module} -> {t}" for t in sorted(targets)
+                     if (there := stage_of(t)) is not None and there > here]
+    assert backward == []
