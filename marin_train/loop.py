@@ -23,7 +23,7 @@ from marin_model.model import Transformer
 from marin_train.checkpoint import Batches, latest_checkpoint, load_checkpoint, save_checkpoint
 from marin_train.config import TrainConfig
 from marin_train.distributed import init_distributed
-from marin_train.parallel import clip_grad_norm, make_mesh, parallelize
+from marin_train.parallel import clip_grad_norm, make_mesh, parallelize, rescale_expert_grads
 
 __all__ = ["TrainResult", "build_model", "lr_at", "train"]
 
@@ -127,6 +127,7 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
         dist.all_reduce(stats)
         stats[:4] /= world
         stats = stats.cpu()
+        rescale_expert_grads(model)
         norm = clip_grad_norm(params, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -12,7 +12,9 @@ The mesh is ``("dp", "ep")``, shape (world/P, P), P the expert-parallel degree (
 
 Gradients: FSDP averages a dense gradient over all ranks, as data parallelism wants. An expert's gradient
 already sums the tokens of all P ranks of its EP group (the all-to-all's backward), so averaging it over the
-world/P ``dp`` ranks would leave it P times too large: its unit divides by the world size instead.
+world/P ``dp`` ranks leaves it P times too large: `rescale_expert_grads` divides it by P after the backward
+passes of a step. (FSDP's own ``set_gradient_divide_factor`` would fold that into the reduce-scatter, but it
+needs ``PREMUL_SUM``, which gloo lacks; one code path on every backend costs one pass over the expert shards.)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from marin_model.model import Transformer
 
-__all__ = ["clip_grad_norm", "full_state_dict", "make_mesh", "parallelize"]
+__all__ = ["clip_grad_norm", "full_state_dict", "make_mesh", "parallelize", "rescale_expert_grads"]
 
 
 def make_mesh(ep: int, device_type: str) -> DeviceMesh:
@@ -41,7 +43,6 @@ def make_mesh(ep: int, device_type: str) -> DeviceMesh:
 def parallelize(model: Transformer, mesh: DeviceMesh, *, bf16: bool) -> Transformer:
     """Shard ``model`` in place as the module docstring says; ``bf16``: gather parameters in bf16 for compute,
     reduce gradients and keep master weights in fp32 (the router stays fp32 throughout)."""
-    world = mesh.size()
     everyone = mesh._flatten("dp_ep") if mesh.ndim > 1 else mesh
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
     fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
@@ -50,7 +51,6 @@ def parallelize(model: Transformer, mesh: DeviceMesh, *, bf16: bool) -> Transfor
         experts.shard(mesh["ep"])
         # dim 1 (the expert's input width): dim 0 is already split by expert, and E/P may be below world/P.
         fully_shard(experts, mesh=mesh["dp"], mp_policy=policy, shard_placement_fn=lambda _: Shard(1))
-        experts.set_gradient_divide_factor(world)
         fully_shard(block.moe.router, mesh=everyone, mp_policy=fp32)
         fully_shard(block, mesh=everyone, mp_policy=policy)
     if not model.cfg.tie_embeddings:  # tied: one matrix, left to the root unit
@@ -58,6 +58,17 @@ def parallelize(model: Transformer, mesh: DeviceMesh, *, bf16: bool) -> Transfor
         fully_shard([model.norm, model.lm_head], mesh=everyone, mp_policy=policy)
     fully_shard(model, mesh=everyone, mp_policy=policy)
     return model
+
+
+@torch.no_grad()
+def rescale_expert_grads(model: Transformer) -> None:
+    """Divide the routed experts' gradients by the EP degree (module docstring); call after the backward passes."""
+    for block in model.blocks:
+        experts = block.moe.experts
+        degree = dist.get_world_size(experts.ep_group) if experts.ep_group is not None else 1
+        for p in (experts.w13_EL2F, experts.w2_EFL):
+            if degree > 1 and p.grad is not None:
+                p.grad.div_(degree)
 
 
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> Tensor:
