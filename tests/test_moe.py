@@ -218,3 +218,52 @@ def test_bias_update_uses_the_load_summed_over_ranks(rule, tmp_path):
     moe.update_bias()
     for rank in range(2):
         torch.testing.assert_close(torch.load(tmp_path / f"bias{rank}.pt"), moe.bias_E, atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------ expert parallelism
+def _ep_rank(rank: int, world: int, init_file: str, bias: list[float], out_dir: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    moe = make_moe()
+    moe.bias_E.copy_(torch.tensor(bias))
+    moe.experts.shard(init_device_mesh("cpu", (world,)))
+    x, g = ep_batch()
+    x = x.chunk(world)[rank].clone().requires_grad_()
+    out, stats = moe(x)
+    (out * g.chunk(world)[rank]).sum().backward()
+    torch.save({"out": out.detach(), "x_grad": x.grad, "counts": stats.counts_E,
+                "w13_grad": moe.experts.w13_EL2F.grad.to_local(), "w2_grad": moe.experts.w2_EFL.grad.to_local()},
+               os.path.join(out_dir, f"ep{rank}.pt"))
+    shutdown_distributed()
+
+
+def ep_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(64, TINY.d_model, generator=g), torch.randn(64, TINY.d_model, generator=g)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["expert 5 gets no token", "all tokens to rank 0's experts"])
+def test_expert_parallel_dispatch_equals_one_process(case, tmp_path):
+    """Two EP ranks, 4 experts each, each with half the tokens: the same outputs and input gradients as one
+    process with all 8 experts, and each rank's expert gradients are its slice of the whole batch's."""
+    bias = [0.0] * 8
+    if case == "expert 5 gets no token":
+        bias[5] = -100.0
+    else:
+        bias[:4] = [100.0] * 4  # rank 1's experts receive nothing, rank 0 everything
+    mp.spawn(_ep_rank, args=(2, str(tmp_path / "init"), bias, str(tmp_path)), nprocs=2, join=True)
+    moe = make_moe()
+    moe.bias_E.copy_(torch.tensor(bias))
+    x, g = ep_batch()
+    x.requires_grad_()
+    out, stats = moe(x)
+    (out * g).sum().backward()
+    ranks = [torch.load(tmp_path / f"ep{r}.pt") for r in range(2)]
+    assert (stats.counts_E[5] == 0) if case.startswith("expert") else (stats.counts_E[4:].sum() == 0)
+    torch.testing.assert_close(torch.cat([r["out"] for r in ranks]), out.detach())
+    torch.testing.assert_close(torch.cat([r["x_grad"] for r in ranks]), x.grad)
+    torch.testing.assert_close(torch.cat([r["w13_grad"] for r in ranks]), moe.experts.w13_EL2F.grad)
+    torch.testing.assert_close(torch.cat([r["w2_grad"] for r in ranks]), moe.experts.w2_EFL.grad)
