@@ -139,6 +139,27 @@ cudaError_t with_dtype(int dtype, Fn fn) {
   }
 }
 
+// A kernel's occupancy on this GPU (marin_kernel_occupancy): resident blocks of `threads` per multiprocessor,
+// -1 when the runtime cannot tell (no GPU).
+struct Occupancy {
+  const char* name;
+  int threads;
+  int blocks;
+};
+
+template <typename Kernel>
+Occupancy occupancy_of(const char* name, Kernel kernel, int threads) {
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != cudaSuccess) blocks = -1;
+  return Occupancy{name, threads, blocks};
+}
+
+// Each .cu lists its kernels' occupancy (the instantiations the benchmark's shapes use); api.cu joins them.
+int route_topk_occupancy(Occupancy* out);
+int permute_occupancy(Occupancy* out);
+int unpermute_occupancy(Occupancy* out);
+constexpr int kMaxOccupancyEntries = 8;  // per .cu
+
 // Device properties a launcher sizes its grid from, cached per device.
 inline int multiprocessor_count() {
   static int cached[64] = {0};

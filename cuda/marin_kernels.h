@@ -20,6 +20,14 @@ extern "C" {
 int marin_kernels_abi_version(void);
 const char* marin_cuda_error_string(int error);
 
+// The CUDA runtime version this library was built with and the driver's (0 without a driver), as
+// 1000 * major + 10 * minor. The runtime is linked statically: it needs a driver of its major or newer.
+void marin_cuda_versions(int* runtime, int* driver);
+
+// Occupancy of the kernel at `index` (0, 1, ...): its name, threads per block and resident blocks per
+// multiprocessor on the current GPU (-1 without one). cudaErrorInvalidValue past the last kernel.
+int marin_kernel_occupancy(int index, const char** name, int* threads, int* blocks_per_sm);
+
 // route_topk: logits [T,E] (dtype), bias [E] fp32 or NULL -> expert_ids [T,k] int32, weights [T,k] fp32,
 // counts [E] int32, lse [T] fp32. mode: 0 sigmoid, 1 softmax_topk, 2 topk_softmax. E <= 512, k <= 16.
 int marin_route_topk(const void* logits, int dtype, const float* bias, int64_t tokens, int num_experts, int k,

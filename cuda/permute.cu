@@ -149,6 +149,14 @@ int access_bytes(int64_t row_bytes, const void* a, const void* b) {
 }
 
 }  // namespace
+
+int permute_occupancy(Occupancy* out) {
+  out[0] = occupancy_of("permute_rank_kernel", permute_rank_kernel, kPermuteThreads);
+  out[1] = occupancy_of("permute_scan_kernel", permute_scan_kernel, kScanThreads);
+  out[2] = occupancy_of("permute_scatter_kernel<16 bytes>", permute_scatter_kernel<uint4>, kRowThreads);
+  return 3;
+}
+
 }  // namespace marin
 
 using namespace marin;

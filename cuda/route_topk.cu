@@ -202,6 +202,14 @@ bool route_args_ok(int64_t tokens, int num_experts, int k, int mode, int n_group
 }
 
 }  // namespace
+
+int route_topk_occupancy(Occupancy* out) {  // E = 384 (16 scores per lane), bf16 and fp32 logits
+  out[0] = occupancy_of("route_topk_kernel<16, bf16>", route_topk_kernel<16, __nv_bfloat16>, kRouteThreads);
+  out[1] = occupancy_of("route_topk_kernel<16, fp32>", route_topk_kernel<16, float>, kRouteThreads);
+  out[2] = occupancy_of("route_topk_backward_kernel<16, fp32>", route_topk_backward_kernel<16, float>, kRouteThreads);
+  return 3;
+}
+
 }  // namespace marin
 
 using namespace marin;

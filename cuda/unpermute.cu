@@ -143,6 +143,14 @@ cudaError_t launch_unpermute_backward(const void* grad_out, const void* routed, 
 }
 
 }  // namespace
+
+int unpermute_occupancy(Occupancy* out) {  // bf16 rows, 16-byte accesses
+  out[0] = occupancy_of("unpermute_kernel<bf16, 8>", unpermute_kernel<__nv_bfloat16, 8>, kRowThreads);
+  out[1] = occupancy_of("unpermute_backward_kernel<bf16, bf16, 8>",
+                        unpermute_backward_kernel<__nv_bfloat16, __nv_bfloat16, 8>, kRowThreads);
+  return 2;
+}
+
 }  // namespace marin
 
 using namespace marin;

@@ -182,3 +182,46 @@ def test_entry_points_pass_arguments_the_launchers_accept(built, monkeypatch):
     for name, call in calls.items():
         with pytest.raises(RuntimeError, match=rf"{name} failed: CUDA error [1-9]"):
             call()
+
+
+# ------------------------------------------------------------------------------ toolchain and driver choice
+def test_nvcc_is_chosen_to_match_torchs_cuda_major():
+    versions = {"/usr/local/cuda/bin/nvcc": "Cuda compilation tools, release 13.0, V13.0.88",
+                "/opt/cuda-12.8/bin/nvcc": "Cuda compilation tools, release 12.8, V12.8.93"}
+    assert build.choose_nvcc(versions, "13.0") == ("/usr/local/cuda/bin/nvcc", "")
+    assert build.choose_nvcc(versions, "12.6") == ("/opt/cuda-12.8/bin/nvcc", "")  # not the first one found
+    assert build.choose_nvcc(versions, None)[0] == "/usr/local/cuda/bin/nvcc"  # CPU torch: any will do
+    path, why = build.choose_nvcc({"/usr/local/cuda/bin/nvcc": versions["/usr/local/cuda/bin/nvcc"]}, "12.4")
+    assert path is None and "nvidia-cuda-nvcc-cu12" in why and "CUDA 13" in why
+    assert build.choose_nvcc({}, "12.4")[0] is None
+    assert build.nvcc_major("release 12.8, V12.8.93") == 12 and build.nvcc_major("garbage") is None
+
+
+def test_default_archs_are_hopper_and_blackwell_where_nvcc_has_them():
+    assert build.default_archs() == ["90", "100"] or os.environ.get("MARIN_CUDA_ARCHS")
+    flags = build.nvcc_flags(["90", "100"])
+    assert "arch=compute_90,code=sm_90" in flags and "arch=compute_100,code=sm_100" in flags
+    assert flags[-1] == "arch=compute_100,code=compute_100"  # PTX of the newest, for later GPUs
+    listed_12_6 = "compute_50\ncompute_80\ncompute_90\n"
+    assert build.supported_archs(["90", "100"], listed_12_6) == ["90"]  # sm_100 needs CUDA 12.8+
+    assert build.supported_archs(["90", "100"], "compute_90\ncompute_100\ncompute_120\n") == ["90", "100"]
+
+
+def test_driver_must_be_of_the_runtimes_major_or_newer():
+    assert library.driver_supports(13000, 13000) and library.driver_supports(13000, 13020)
+    assert not library.driver_supports(13000, 12080)  # r570 cannot run the statically linked CUDA 13 runtime
+    assert library.driver_supports(12080, 12020)  # minor version compatibility within CUDA 12
+    assert library.driver_supports(12040, 13000)
+    assert not library.driver_supports(12040, 0)  # no driver at all
+
+
+@needs_nvcc
+def test_library_reports_its_runtime_and_kernel_occupancy(built):
+    lib = library.open_library(built.library)
+    runtime, driver = library.cuda_versions(lib)
+    assert runtime // 1000 == build.nvcc_major(subprocess.run([build.find_nvcc(), "--version"], capture_output=True,
+                                                              text=True).stdout)
+    rows = library.kernel_occupancy(lib)
+    assert len(rows) == 8 and all(threads in (128, 256, 512) for _, threads, _ in rows)
+    if not torch.cuda.is_available():
+        assert driver == 0 and all(blocks == -1 for *_, blocks in rows)

@@ -394,6 +394,17 @@ def test_emulated_16_bit_conversions_round_like_the_device(host_lib):
     assert_bitwise(back, halves.view(torch.float16).float())
 
 
+def test_occupancy_query_lists_every_kernel_family(host_lib):
+    from marin_model.cuda import library
+
+    rows = library.kernel_occupancy(host_lib)
+    names = " ".join(name for name, _, _ in rows)
+    for family in ("route_topk_kernel", "route_topk_backward_kernel", "permute_rank_kernel", "permute_scan_kernel",
+                   "permute_scatter_kernel", "unpermute_kernel", "unpermute_backward_kernel"):
+        assert family in names
+    assert all(blocks == 2048 // threads for _, threads, blocks in rows)  # the emulation's stand-in answer
+
+
 # ------------------------------------------------------------------------------------------- sanitizers
 ASAN_SUBSET = ("equals_the_reference and (512-16-1-1 or 100-6-4-2 or 7-5-1-1) or any_row_width or offset_views or "
                "out_of_range or scales_an_fp32 or nan or one_expert or (unpermute_and_backward and 60-2-7-33)")

@@ -12,7 +12,9 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import fcntl
+import glob
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -21,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["SOURCES", "BuildResult", "KernelBuildError", "build_dir", "build_library", "cuda_dir", "default_archs",
-           "find_nvcc", "nvcc_flags"]
+__all__ = ["SOURCES", "BuildResult", "KernelBuildError", "build_dir", "build_library", "choose_nvcc", "cuda_dir",
+           "default_archs", "find_nvcc", "nvcc_flags", "nvcc_major", "pick_nvcc", "supported_archs"]
 
 SOURCES = ("api.cu", "route_topk.cu", "permute.cu", "unpermute.cu")
 
@@ -55,18 +57,71 @@ def build_dir() -> Path:
     return Path.home() / ".cache" / "marin" / "cuda"
 
 
-def find_nvcc() -> Optional[str]:
-    """``$MARIN_NVCC``, nvcc on the PATH, ``$CUDA_HOME/bin/nvcc`` or ``/usr/local/cuda/bin/nvcc``; None if none."""
-    candidates = [os.environ.get("MARIN_NVCC"), shutil.which("nvcc")]
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+def nvcc_candidates() -> list[str]:
+    """Executable nvccs, in order of preference: ``$MARIN_NVCC``, the PATH, ``$CUDA_HOME``/``$CUDA_PATH``,
+    ``/usr/local/cuda``, ``/usr/local/cuda-*`` (newest first), and the PyPI toolkit (nvidia-cuda-nvcc-cu12)."""
+    found = [os.environ.get("MARIN_NVCC"), shutil.which("nvcc")]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda",
+                 *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)):
         if home:
-            candidates.append(str(Path(home) / "bin" / "nvcc"))
-    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+            found.append(str(Path(home) / "bin" / "nvcc"))
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        found.append(str(Path(root) / "cuda_nvcc" / "bin" / "nvcc"))
+    unique = []
+    for c in found:
+        if c and os.access(c, os.X_OK) and os.path.realpath(c) not in map(os.path.realpath, unique):
+            unique.append(c)
+    return unique
+
+
+def nvcc_major(version_text: str) -> Optional[int]:
+    """The major version in ``nvcc --version`` output ("release 13.0, V13.0.88" -> 13)."""
+    m = re.search(r"release (\d+)\.", version_text)
+    return int(m.group(1)) if m else None
+
+
+def choose_nvcc(versions: dict[str, str], torch_cuda: Optional[str]) -> tuple[Optional[str], str]:
+    """The nvcc to build with: the first (of ``versions``, path -> ``--version`` text, in preference order) whose
+    major version is torch's CUDA major, since the library's runtime must run on the driver torch runs on.
+    Without a CUDA torch, the first. Returns (path or None, why not when None)."""
+    if not versions:
+        return None, "nvcc not found: install the CUDA toolkit, or set MARIN_NVCC or CUDA_HOME"
+    if not torch_cuda:
+        return next(iter(versions)), ""
+    want = int(torch_cuda.split(".")[0])
+    for path, text in versions.items():
+        if nvcc_major(text) == want:
+            return path, ""
+    have = ", ".join(f"{p} (CUDA {nvcc_major(t)})" for p, t in versions.items())
+    return None, (f"no nvcc for CUDA {want}, the CUDA of torch {torch_cuda}: found {have}. Install CUDA {want}'s nvcc "
+                  f"(e.g. pip install nvidia-cuda-nvcc-cu{want}) or set MARIN_NVCC")
+
+
+def pick_nvcc() -> tuple[Optional[str], str]:
+    """:func:`choose_nvcc` over :func:`nvcc_candidates` for the installed torch; ``$MARIN_NVCC`` is taken as it is."""
+    candidates = nvcc_candidates()
+    if os.environ.get("MARIN_NVCC") and candidates and candidates[0] == os.environ["MARIN_NVCC"]:
+        return candidates[0], ""
+    import torch  # lazy: building needs torch only to know its CUDA version
+
+    return choose_nvcc({c: _nvcc_version(c) for c in candidates}, torch.version.cuda)
+
+
+def find_nvcc() -> Optional[str]:
+    """The nvcc to build with (:func:`pick_nvcc`), None if none fits."""
+    return pick_nvcc()[0]
 
 
 def default_archs() -> list[str]:
-    """Compute capabilities to build for: ``$MARIN_CUDA_ARCHS`` ("80;90"), default Hopper ("90")."""
-    return [a for a in re.split(r"[;, ]+", os.environ.get("MARIN_CUDA_ARCHS", "90")) if a]
+    """Compute capabilities to build for: ``$MARIN_CUDA_ARCHS`` ("80;90"), default Hopper and Blackwell ("90;100")."""
+    return [a for a in re.split(r"[;, ]+", os.environ.get("MARIN_CUDA_ARCHS", "90;100")) if a]
+
+
+def supported_archs(archs: list[str], gpu_archs_listed: str) -> list[str]:
+    """The archs an nvcc can build (``nvcc --list-gpu-arch`` prints compute_XX lines): sm_100 needs CUDA 12.8+."""
+    listed = set(re.findall(r"compute_(\d+)", gpu_archs_listed))
+    return [a for a in archs if not listed or a in listed]
 
 
 def nvcc_flags(archs: Optional[list[str]] = None) -> list[str]:
@@ -107,7 +162,8 @@ def build_library(*, out_dir: Optional[Path] = None, nvcc: Optional[str] = None,
     Args:
         out_dir: where the library goes (default :func:`build_dir`).
         nvcc: the compiler (default :func:`find_nvcc`).
-        archs: compute capabilities, e.g. ``["90"]`` (default ``$MARIN_CUDA_ARCHS`` or Hopper).
+        archs: compute capabilities, e.g. ``["90"]`` (default ``$MARIN_CUDA_ARCHS`` or Hopper + Blackwell); those
+            this nvcc cannot build are left out.
         force: rebuild even when a library for these inputs exists.
 
     Returns: a :class:`BuildResult`; its log is the ptxas report, kept beside the library as ``.log``.
@@ -115,8 +171,12 @@ def build_library(*, out_dir: Optional[Path] = None, nvcc: Optional[str] = None,
     """
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
-        raise KernelBuildError("nvcc not found: install the CUDA toolkit, or set MARIN_NVCC or CUDA_HOME")
+        raise KernelBuildError(pick_nvcc()[1] or "nvcc not found: install the CUDA toolkit, or set MARIN_NVCC or CUDA_HOME")
     src, out = cuda_dir(), Path(out_dir) if out_dir is not None else build_dir()
+    listed = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True).stdout
+    archs = supported_archs(archs or default_archs(), listed)
+    if not archs:
+        raise KernelBuildError(f"{nvcc} builds none of the requested GPU architectures")
     flags = nvcc_flags(archs)
     tag = _source_hash(src, flags, _nvcc_version(nvcc))
     library, log_path = out / f"libmarin_kernels-{tag}.so", out / f"libmarin_kernels-{tag}.log"

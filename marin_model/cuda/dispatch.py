@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -244,6 +245,8 @@ def register_cuda_kernels() -> bool:
         for name, fn in _ENTRY_POINTS.items():
             torch.library.register_kernel(name, "cuda", fn)
     except Exception as error:  # noqa: BLE001 - any failure leaves the reference in place, by design
+        if isinstance(error, library.DriverTooOld) and STATUS["reason"] != f"{type(error).__name__}: {error}":
+            warnings.warn(str(error), RuntimeWarning, stacklevel=2)  # once: silent fallback would hide a slow run
         STATUS["reason"] = f"{type(error).__name__}: {error}"
         if policy == "require":
             raise
