@@ -5,7 +5,7 @@ which runs in its own process; each client runs as a fresh process into an empty
 within each run, and the figure is the median wall time of ``--runs`` runs. Both use ``--workers``
 parallel files. marin-data's time includes reading and checking the manifest and shard index, SHA-256 of
 every byte checked against the manifest, fsync and the atomic rename; snapshot_download checks each file's
-size only (huggingface_hub 2.x hashes nothing on the plain-HTTP path). Goal (issue 4): no slower,
+size only (huggingface_hub 2.x hashes nothing on the plain-HTTP path). Goal: no slower,
 verification included.
 
     .venv/bin/python benchmarks/bench_hf_download.py --size-mb 1024 --shard-mb 128 --runs 5   # the record
@@ -51,7 +51,7 @@ def commands(tool: str, url: str, dest: Path, workers: int) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=int, default=1024, help="subset size in MiB (issue 4: at least 1 GB)")
+    ap.add_argument("--size-mb", type=int, default=1024, help="subset size in MiB (the goal needs at least 1 GB)")
     ap.add_argument("--shard-mb", type=int, default=128, help="shard size in MiB")
     ap.add_argument("--runs", type=int, default=3, help="runs per client; the median is reported")
     ap.add_argument("--workers", type=int, default=8, help="parallel files for both clients")

@@ -1,6 +1,6 @@
 """The corpus's metadata at production scale: bytes of ``shards.parquet``, ``SHA256SUMS``, ``manifest.json``
 and ``croissant.json`` for 100,000 shards in 200 subsets, and the time and memory `load_corpus` needs to
-read and check them (issue 10, for docs/scale.md).
+read and check them (for docs/scale.md).
 
 The index is written by the real code (`commit_corpus`, `render_croissant`) with no shard data: rows have
 random sha256 digests (incompressible, like real ones), sizes around the default shard of 2^28 tokens at
@@ -35,7 +35,7 @@ from marin_data.layout import MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER
 from marin_data.raw.tokenizer import TokenizerInfo
 
 SHARD_TOKENS = 1 << 28  # marin_data.corpus.build.DEFAULT_SHARD_TOKENS
-BYTES_PER_TOKEN = 1.32  # DESIGN.md: shards measure 0.33x of raw uint32
+BYTES_PER_TOKEN = 1.32  # docs/design.md: shards measure 0.33x of raw uint32
 TOKENIZER_JSON = b'{"model": {"type": "index-only", "vocab_size": 128256}}'
 
 

@@ -1,4 +1,4 @@
-"""The loader (issue 8): tokens/s delivered to a training loop vs the memory-map floor, first pass from
+"""The loader: tokens/s delivered to a training loop vs the memory-map floor, first pass from
 Parquet vs the decode floor, and start-up over a 100,000-shard index.
 
 Setup, as in the issue: 3 subsets with weights 0.5/0.3/0.2, hierarchical shuffle, batch 8 x 4096, warm page

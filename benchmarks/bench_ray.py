@@ -1,4 +1,4 @@
-"""`marin-data shard` on the local process pool vs on Ray tasks, same cores, side by side (issue 10).
+"""`marin-data shard` on the local process pool vs on Ray tasks, same cores, side by side.
 
 Both engines run the same pipeline (`marin_data.corpus.build.shard_subset`) over the same inputs as
 `bench_shard.py` (the standard library's source cut into ~4 KB documents, a byte-level BPE trained on

@@ -101,7 +101,7 @@ def aws_config(path: Path, workers: int) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=int, default=1024, help="subset size in MiB (issue 3: at least 1 GB)")
+    ap.add_argument("--size-mb", type=int, default=1024, help="subset size in MiB (the goal needs at least 1 GB)")
     ap.add_argument("--shard-mb", type=int, default=128, help="shard size in MiB")
     ap.add_argument("--runs", type=int, default=3, help="runs per tool; the median is reported")
     ap.add_argument("--workers", type=int, default=8, help="parallel files for marin-data and s5cmd")

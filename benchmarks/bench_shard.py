@@ -1,4 +1,4 @@
-"""`marin-data shard` throughput against the tokenizer floor, with 1 and 2 workers (issue 2).
+"""`marin-data shard` throughput against the tokenizer floor, with 1 and 2 workers.
 
 The floor is bare ``tokenizers`` ``encode_batch`` (no special tokens, as the pipeline encodes) over the
 same documents with the same number of cores: one process per core, one tokenizer thread each

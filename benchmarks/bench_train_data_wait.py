@@ -1,4 +1,4 @@
-"""Time the trainer waits for data: ``marin-train`` on ``tiny`` streaming from S3 and from a Hub mirror (issue 9).
+"""Time the trainer waits for data: ``marin-train`` on ``tiny`` streaming from S3 and from a Hub mirror.
 
 The sample corpus (``marin-data sample``; built if ``--corpus`` does not exist) is published to a moto S3
 server and served by ``marin-data serve``, each in its own process on 127.0.0.1. For each source, the tiny
@@ -6,7 +6,7 @@ model trains ``--steps`` steps twice through `marin_train.data.run_training` (th
 *cold* with an empty shard cache (every shard is fetched, verified and decoded on the way), then *warm*
 with the cache the cold run filled (a fresh run from step 0; nothing is fetched). The figure is the sum
 of the time spent in the loader's ``next()`` over the sum of step times; the first step (which also
-builds the stream and JIT-loads the index kernels) is shown apart. Goal (issue 9): under 1% warm.
+builds the stream and JIT-loads the index kernels) is shown apart. Goal: under 1% warm.
 
     .venv/bin/python benchmarks/bench_train_data_wait.py --steps 200              # the record
     .venv/bin/python benchmarks/bench_train_data_wait.py --steps 20 --quick       # quick check (S3 only)

@@ -1,4 +1,4 @@
-"""`marin-data verify` throughput against the hashing floor (issue 2).
+"""`marin-data verify` throughput against the hashing floor.
 
 The floor is bare ``hashlib`` SHA-256 (``hashlib.file_digest``) over the same files, one process per
 core, files handed out largest first; coreutils ``sha256sum`` (one process per core) is shown for

@@ -1,7 +1,7 @@
 """Atomic file writes and streaming hashes: a crash never leaves wrong bytes under a final name.
 
 A file is written to a unique ``<name>.<uuid8>.part`` beside its target, fsynced, then ``os.replace``d
-into place; the temporary file is removed whatever happens (STYLE.md rule 11, as huggingface_hub's
+into place; the temporary file is removed whatever happens (as huggingface_hub's
 ``_download_to_tmp_and_move``). Readers therefore see either the old file, the new one, or nothing.
 """
 
@@ -19,7 +19,7 @@ __all__ = ["atomic_path", "atomic_write_bytes", "sha256_file", "pieces", "HASH_C
 HASH_CHUNK = 8 << 20  # 8 MiB reads: bounded memory whatever the file size, large enough for ~1 GB/s
 # The largest single write of downloaded bytes (`pieces`, used by `marin_data.transfer.partial`). On the VM this was
 # measured on, page-cache writes of 512 KiB or more at times cost 1.2-2.2 s of kernel time per GiB against
-# 0.25 s in 128 KiB writes (docs/benchmarks.md, issue 3; likely Linux 6.x's large folios), and a write call
+# 0.25 s in 128 KiB writes (docs/benchmarks.md; likely Linux 6.x's large folios), and a write call
 # costs ~2 us: 128 KiB is cheap everywhere.
 WRITE_BYTES = 128 << 10
 

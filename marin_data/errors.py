@@ -1,6 +1,6 @@
 """Every typed error of marin_data, in one place.
 
-Each error is named by what the caller should do about it (STYLE.md rule 7):
+Each error is named by what the caller should do about it (docs/design.md, "Conventions"):
 
 - *abort*: the input as a whole is unusable (invalid manifest, tokenizer mismatch, corpus locked);
 - *fail the shard / the record*: one file or one record is bad and the rest may go on
@@ -216,7 +216,7 @@ class TransferFailedError(MarinDataError):
         self.failures = list(failures)
 
 
-# --- compute engines (issue 10) -------------------------------------------------------------------
+# --- compute engines --------------------------------------------------------------------------------
 class MissingExtraError(ImportError, MarinDataError):
     """An optional dependency is not installed: install the extra the message names
     (``pip install 'marin[ray]'``). Abort; nothing was done."""

@@ -1,4 +1,4 @@
-"""The one retry helper: bounded, jittered exponential backoff that honours ``Retry-After`` (STYLE.md rule 10).
+"""The one retry helper: bounded, jittered exponential backoff that honours ``Retry-After``.
 
 Every remote call of marin_data (S3 today, the Hugging Face mirror later) goes through `retry_call`, so there
 is exactly one place that decides what is transient, how long to wait and when to give up. botocore's own

@@ -1,4 +1,4 @@
-"""One invariant checker per loader concept (STYLE.md rule 13); the tests call them in one line each."""
+"""One invariant checker per loader concept (docs/design.md, "Conventions"); the tests call them in one line each."""
 
 from __future__ import annotations
 

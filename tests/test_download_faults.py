@@ -1,4 +1,4 @@
-"""download through a fault-injecting proxy: every fault of issue 3, a dead mirror, and kill -9 mid-run.
+"""download through a fault-injecting proxy: every fault a download must survive, a dead mirror, and kill -9 mid-run.
 
 End state checked in every case: each requested file verified or reported failed, nothing wrong under a
 final name, and no byte of a finished file fetched twice (the proxy counts bytes served per object).

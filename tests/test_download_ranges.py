@@ -1,4 +1,4 @@
-"""Few large files: download fetches each as parallel byte ranges, resumable range by range (issue 3).
+"""Few large files: download fetches each as parallel byte ranges, resumable range by range.
 
 The fault corpus's shards are 1.3-2.7 MB, so `part_bytes` is shrunk to 256 KiB: subset "b" (two shards)
 with 8 workers fetches each shard as 4 ranges. Every test ends verified, with each range's bytes served

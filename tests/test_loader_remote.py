@@ -1,4 +1,4 @@
-"""Remote corpora in the loader (issue 9): S3 (moto behind the fault proxy) and `marin-data serve` (hf://).
+"""Remote corpora in the loader: S3 (moto behind the fault proxy) and `marin-data serve` (hf://).
 
 Every test streams with a cache smaller than the corpus and checks the batches against a local read of the
 same corpus with the same config.

@@ -1,4 +1,4 @@
-"""``--engine ray`` (issue 10): the same bytes as the local engine, retries, resume, verify, and clear errors.
+"""``--engine ray``: the same bytes as the local engine, retries, resume, verify, and clear errors.
 
 One local Ray instance (2 CPUs) serves the whole module; the CLI test starts (and must stop) its own.
 Failures are injected by wrapping the real work functions (`_flaky`), never by a hook in the library:

@@ -1,4 +1,4 @@
-"""``marin-data``: a thin click front over library functions (STYLE.md rule 9).
+"""``marin-data``: a thin click front over library functions.
 
 Each command lives in its own module (as huggingface_hub's ``cli/``), is imported only when used, parses
 and checks its flags, and calls one library function. Errors are mapped to messages and exit codes in

@@ -1,4 +1,4 @@
-"""One table from exception type to (one-line message, exit code) — STYLE.md rule 8.
+"""One table from exception type to (one-line message, exit code).
 
 Subclasses come before their parents: the first matching row wins. The traceback is shown only under
 ``MARIN_DEBUG=1``.

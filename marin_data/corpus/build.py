@@ -1,39 +1,13 @@
 """``marin-data shard``: tokenize raw documents into one subset of a corpus — parallel, deterministic,
-restartable (issue 2).
+restartable.
 
-A run has four steps:
-
-1. **Plan.** Expand the inputs (sorted) and hash each one (sha256 + size: an input's identity). Under the
-   corpus write lock (`marin_data.lock`), load the manifest if there is one and check the tokenizer
-   against it. A subset the corpus already holds is a no-op when it was made from the same inputs and
-   settings, and refused (`CorpusConflictError`) otherwise — see "Why refuse" below.
-2. **Tokenize**: one *unit* per input file. `tokenize_unit` reads, encodes and frames the file's
-   documents into a staging file under ``.staging/``, then writes a done marker. A unit's key is a digest
-   of its input's content and of every setting that shapes its output, so a re-run skips the units
-   already done: after a crash, and after a failed run retried with ``--skip-bad`` (unchanged units are
-   reused).
-3. **Pack**: the documents of all units, in unit order, are cut into shards of at most ``shard_tokens``
-   tokens at document boundaries (a longer document is a shard by itself), and `pack_shard` writes each
-   shard to staging with a done marker. The cut depends on the documents only, never on the workers, so
-   any ``--workers`` gives the same bytes; and shards come out full-sized even from many small inputs.
-   Re-reading the staging files costs little: Parquet decodes at ~124M tokens/s/core, tokenizing runs at
-   ~0.75M (DESIGN.md).
-4. **Commit**: rename the staging shards to ``data/<subset>/part-NNNNN.parquet``, write the subset's record
-   of its inputs (``sources/<subset>.json``, listed in the manifest and ``SHA256SUMS``), then the shard
-   index, ``SHA256SUMS`` and the manifest, last (`marin_data.corpus.manifest.commit_corpus`); delete the staging.
-
-Steps 2 and 3 run top-level functions over picklable jobs on an engine (`marin_data.engines`): a local
-process pool, or Ray tasks on a cluster (`marin_data.engines.ray`) — the same functions, so the same bytes,
-and the same done markers, so a re-run on either engine redoes only what no engine finished.
-
-A crash at any point leaves finished staging outputs (reused), ``*.part`` files (never a final name), and
-at worst shards of an uncommitted subset already renamed, which the re-run checks by sha256. The manifest
-only ever names shards that are in place.
-
-Why refuse a subset given different inputs rather than append to it: then a subset is always the
-deterministic output of one recorded set of inputs, which anyone can rebuild byte for byte, and a re-run
-over a directory that changed in between cannot duplicate documents. New data goes into a child subset
-(``pretrain/dclm/2025``), which ``--subset pretrain/dclm`` still selects together with its parent.
+`shard_subset` plans the run (inputs hashed, tokenizer checked against the corpus, under the corpus lock),
+tokenizes one unit per input file (`tokenize_unit`), packs the documents into shards of at most
+``shard_tokens`` tokens (`pack_shard`), and commits the subset: shards renamed into ``data/<subset>/``, its
+inputs recorded in ``sources/<subset>.json``, the manifest written last. Both middle steps run on an engine
+(`marin_data.engines`) and leave done markers under ``.staging/``, so a re-run redoes only unfinished work and
+any worker count writes the same bytes. A subset already built from other inputs is refused
+(`CorpusConflictError`): add a child subset instead. How each step works, and why: docs/data.md.
 """
 
 from __future__ import annotations
@@ -87,7 +61,7 @@ __all__ = [
     "shard_subset",
 ]
 
-# 2**28 tokens: ~350 MB at the measured 0.33 x 4 bytes per token, inside DESIGN.md's 256 MiB-2 GiB; a
+# 2**28 tokens: ~350 MB at the measured 0.33 x 4 bytes per token, inside docs/design.md's 256 MiB-2 GiB; a
 # packing worker holds one shard's tokens in memory (~1 GiB of uint32).
 DEFAULT_SHARD_TOKENS = 1 << 28
 EMPTY = "empty"  # the skip reason of documents that encode to no tokens (always skipped)

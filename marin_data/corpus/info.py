@@ -1,6 +1,6 @@
 """``marin-data info``: what a corpus holds, and the digest that vouches for it.
 
-The manifest's own sha256 is the corpus's root of trust (DESIGN.md): it is what publish prints, the
+The manifest's own sha256 is the corpus's root of trust (docs/design.md, "The chain of trust"): it is what publish prints, the
 datasheet shows, and ``download``/``verify --manifest-sha256`` pin, so ``info`` always shows it.
 """
 

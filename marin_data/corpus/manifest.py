@@ -1,6 +1,6 @@
 """The corpus description: ``manifest.json``, ``shards.parquet`` and ``SHA256SUMS``.
 
-A corpus is a directory tree (DESIGN.md "One corpus layout everywhere")::
+A corpus is a directory tree (docs/design.md, "The corpus format")::
 
     manifest.json     corpus-level facts; names the sha256 of every other metadata file (root of trust)
     shards.parquet    one row per shard: path, subset, bytes, sha256, docs, tokens, row_groups
@@ -281,7 +281,7 @@ def shards_fingerprint(shards: Iterable[ShardRecord], tokenizer_sha256: str) -> 
     """A digest of exactly these shards' contents and the tokenizer.
 
     It covers the selected shards only, so a partial download and the full remote corpus give the same
-    fingerprint for the same selection (DESIGN.md, the loader).
+    fingerprint for the same selection (docs/design.md, "The loader").
     """
     h = hashlib.sha256(tokenizer_sha256.encode())
     for s in sorted(shards, key=lambda s: s.path):

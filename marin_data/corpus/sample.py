@@ -1,6 +1,6 @@
 """``marin-data sample``: a real corpus built offline from text every Python installation carries.
 
-The embedded default of ``make quickstart`` (issue 2): no network, no downloads, the same bytes on every
+The embedded default of ``make quickstart``: no network, no downloads, the same bytes on every
 machine with the same Python and ``tokenizers``. Four subsets of very different sizes, so mixtures and
 the loader have something to balance:
 

@@ -2,8 +2,8 @@
 
 Schema: ``id`` (string) and ``tokens`` (``large_list<uint32>``; a Llama-3 vocabulary of 128,256 needs more
 than 16 bits), zstd, row groups of about 1M tokens, the tokenizer fingerprint in the key-value metadata.
-The token values are written with BYTE_STREAM_SPLIT and no dictionary: DESIGN.md measured 0.33x of raw
-uint32 and ~124M tokens/s/core to decode. Only ``use_byte_stream_split=["tokens.list.element"]`` does it —
+The token values are written with BYTE_STREAM_SPLIT and no dictionary: measured at 0.33x of raw
+uint32 (docs/design.md, "The corpus format") and ~124M tokens/s/core to decode. Only ``use_byte_stream_split=["tokens.list.element"]`` does it —
 ``True`` raises on the string column, ``["tokens"]`` silently writes PLAIN, and the default dictionary
 silently writes RLE_DICTIONARY — so `inspect_shard` reads the encodings back and refuses anything else.
 """

@@ -1,48 +1,12 @@
 """``verify``: prove that a local corpus holds exactly the bytes its manifest vouches for.
 
-The chain of trust (`marin_data.corpus.manifest`): the manifest's own sha256 (optionally pinned) vouches for
-``shards.parquet`` and the other metadata files; the index vouches for every shard by sha256 and size.
-`load_corpus` checks the first two links (a broken one is an invalid manifest: exit 2); this module
-re-hashes every listed file and walks the tree for files nobody listed (exit 1 on any finding).
-
-Speed: the work is one SHA-256 per file, so verify should run at the hashing floor. Files are hashed on a
-thread pool, largest first: `sha256_file` reads into one reused 8 MiB buffer, and both the read and
-``hashlib.update`` release the GIL, so threads scale like processes. *Measured* on 2 cores with 8 x 32 MiB
-files: 1 thread 1.44 GB/s, 2 threads 2.70 GB/s, 2 processes 2.69 GB/s (median of 5). Threads also share
-one progress bar without a queue. Memory is bounded: one 8 MiB buffer per worker, whatever the shard size.
-
-Beyond one machine (issue 10): ``engine="ray"`` runs the same per-file check (`check_file`, over picklable
-`CheckJob` s) as Ray tasks on the nodes of a cluster that share the corpus's file system, and builds the
-same report from their results; the progress bar then moves a file at a time, as tasks finish, and the
-report's ``seconds`` include starting (or joining) Ray.
-
-``deep=True`` also opens each shard whose bytes are right and reads its Parquet footer (`inspect_shard`):
-schema, token-value encodings (BYTE_STREAM_SPLIT, no dictionary), the tokenizer fingerprint in the file's
-key-value metadata, and document, token and row-group counts against the index. It does not decode the
-token data: the counts live in the footer, and a shard whose sha256 matches holds exactly the bytes the
-writer produced, so decoding (~124M tokens/s/core, far below the hashing rate) would only re-test pyarrow.
-A shard whose bytes are already wrong is not inspected: its footer says nothing about the listed shard.
-
-What counts as a finding, and why:
-
-- ``missing``, ``truncated`` (smaller than listed), ``oversized`` (larger than listed: bytes appended, or
-  another file put in its place), ``modified`` (same size, different sha256), ``unreadable`` (exists but
-  cannot be read, e.g. permissions or a directory);
-- ``unlisted``: a file under the corpus tree that neither the index nor ``manifest.json`` names. It fails
-  verification because tools that glob ``data/<subset>/*.parquet`` (Hugging Face ``datasets``, DuckDB)
-  would read it as data. With a subset filter only the selected subsets' ``data/<subset>/`` folders are
-  walked. The one file a corpus leaves unlisted on purpose, the datasheet (it states the manifest's own
-  digest, so the manifest cannot list it: `marin_data.layout.UNLISTED`), is not reported;
-- deep only: ``bad_format`` (unreadable footer, wrong schema or encodings), ``wrong_tokenizer``,
-  ``count_mismatch``.
-
-A partial download (`marin_data.transfer.download`) holds the whole manifest and index but only some subsets; its
-record (``.marin-download.json``) names them, so a plain ``verify DIR`` checks exactly what was fetched.
-
-Not findings: the corpus write lock ``.marin.lock`` and the writers' staging folder ``.staging/`` are
-skipped. Leftover ``*.part`` files (an atomic write killed before its rename; see `marin_data.atomic`)
-are reported separately as ``partial_files`` and do not fail verification: no reader ever opens them,
-they appear legitimately while a writer is running, and they are safe to delete once none is.
+`verify_corpus` loads the corpus (`load_corpus` checks the manifest and shard index: a broken link is an
+invalid manifest, exit 2), re-hashes every listed file on a thread pool (or Ray, ``engine="ray"``) and walks
+the tree for files nobody listed; any finding (`ProblemKind`: missing, truncated, oversized, modified,
+unreadable, unlisted; with ``deep=True`` also bad_format, wrong_tokenizer, count_mismatch) fails it (exit
+1). A partial download is checked for the subsets its record names (`marin_data.corpus.record`). The lock
+file and staging folder are skipped; leftover ``*.part`` files are reported apart and do not fail it. What
+counts as a finding, and why; the speed; the deep check: docs/data.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Documentation generated from the data (issue 5): datasheet, dataset card, Croissant and figures.
+"""Documentation generated from the data: datasheet, dataset card, Croissant and figures.
 
 One module per output, each a pure function of the corpus, its statistics and the curated metadata:
 

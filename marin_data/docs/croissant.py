@@ -1,7 +1,7 @@
 """MLCommons Croissant 1.1 metadata (``croissant.json``): the corpus's files and record structure.
 
 - one ``cr:FileObject`` per shard, with its ``sha256`` and ``contentSize`` from ``shards.parquet`` (the same
-  SHA-256 + size content hash that the manifest, S3 and the Hub's LFS use — DESIGN.md);
+  SHA-256 + size content hash that the manifest, S3 and the Hub's LFS use — docs/design.md);
 - one ``cr:FileSet`` per subset (``data/<subset>/*.parquet``) that its record set reads;
 - one ``cr:RecordSet`` per subset with two fields: ``id`` (``sc:Text``) and ``tokens`` (``cr:UInt32``,
   ``isArray``, variable length).

@@ -6,7 +6,7 @@ metadata (Parquet keeps no statistics of list lengths), so they are computed by 
 column one row group (~1M tokens) at a time and keeping only a histogram of *distinct* lengths: memory is
 bounded by one row group plus the number of distinct document lengths, whatever the corpus size.
 
-Decoding runs at ~124M tokens/s/core (DESIGN.md), so scanning 23T tokens would take days. Each subset is
+Decoding runs at ~124M tokens/s/core (docs/design.md), so scanning 23T tokens would take days. Each subset is
 therefore scanned in full up to ``scan_tokens`` tokens; above that, whole shards spread evenly over the
 subset are scanned until the budget is reached, and `LengthStats.sampled` says so — the datasheet then
 labels the percentiles as estimated from the stated number of documents and the maximum as the largest

@@ -1,4 +1,4 @@
-"""``marin-data datasheet``: write a corpus's documentation from its data (issue 5).
+"""``marin-data datasheet``: write a corpus's documentation from its data.
 
 Four outputs, all computed from the manifest, the shard index and the shards, plus curated answers from a
 metadata file (`marin_data.docs.questions`): the dataset card ``README.md``, ``croissant.json``, the figures

@@ -1,4 +1,4 @@
-"""The Ray engine: the pipeline's per-unit work functions as Ray tasks, on a cluster or on this machine (issue 10).
+"""The Ray engine: the pipeline's per-unit work functions as Ray tasks, on a cluster or on this machine.
 
 `RayEngine` implements `marin_data.engines.Engine` with the very functions the local process pool runs
 (`marin_data.corpus.build.tokenize_unit`, `~.pack_shard`, `marin_data.corpus.verify.check_file`), so the output is

@@ -1,6 +1,6 @@
 """The local decoded-shard store: each Parquet shard decoded once into memory-mappable arrays.
 
-Why decode at all: Parquet decoding caps a core at ~124M tokens/s (DESIGN.md, *measured*), while copying
+Why decode at all: Parquet decoding caps a core at ~124M tokens/s (docs/design.md, *measured*), while copying
 from a memory map runs at 500M–1.3G tokens/s. So the first read of a shard decodes it into two ``.npy``
 files — ``tokens`` (``[N]`` uint32) and ``offsets`` (``[docs + 1]`` int64, document ``d`` is
 ``tokens[offsets[d]:offsets[d+1]]``) — about 3x the Parquet bytes, and every later read is a memory map
@@ -16,8 +16,8 @@ the ``tokens`` column; document ids are not needed), served at once from memory 
 a background thread fsyncs and renames them into place. *Measured* on 3M-token shards: the two
 fsyncs took as long as the decode itself, so waiting for them would halve the first pass.
 
-The interface the loader needs is one method, ``open(shard) -> DecodedShard``; issue 9 puts a remote,
-bounded LRU store behind the same method.
+The interface the loader needs is one method, ``open(shard) -> DecodedShard``; the remote
+shard cache (`marin_data.loader.remote.cache`) is a bounded LRU store behind the same method.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class DecodedShard:
 
 
 class ShardSource(Protocol):
-    """Anything that can hand the loader a shard's decoded tokens (local now, remote in issue 9)."""
+    """Anything that can hand the loader a shard's decoded tokens (local or remote)."""
 
     def open(self, shard: ShardRecord) -> DecodedShard: ...
 

@@ -20,7 +20,7 @@ This module only composes: positions come from arithmetic, sequences from the st
 The fast path is in-process (``num_workers=0``): a background thread builds batches ahead while the
 trainer computes; the index math and the copies run in numba code that releases the GIL. Worker
 processes are optional: torch's worker-to-main transport tops out near 30–60M tokens/s on a small box
-(DESIGN.md), below what one process gathers from memory maps.
+(docs/design.md), below what one process gathers from memory maps.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Which subset, and which of its sequences, the stream serves at global position ``i`` (issue 8).
+"""Which subset, and which of its sequences, the stream serves at global position ``i``.
 
 The stream is cut into *blocks* of ``B`` consecutive positions. At every block boundary ``n`` the number of
 positions each subset has received is the largest-remainder (Hamilton) apportionment of ``n`` seats among
 the quotas ``w_s·n``: the *cumulative* target, so every subset is within one sequence of ``w_s·n`` at every
 boundary, forever. Apportioning each block on its own (what Levanter did) is biased: 0.5/0.3/0.2 with
 blocks of 8 gives 4/2/2 in every block, so the 0.3 subset gets 0.25 for the whole run, and a weight under
-``1/B`` never gets a slot at all (DESIGN.md).
+``1/B`` never gets a slot at all.
 
 Why blocks of at least ``1/w_min`` positions: Hamilton's method is not house-monotone (the Alabama
 paradox) — the apportionment of ``n + B`` seats can give a subset fewer seats than that of ``n`` — and a

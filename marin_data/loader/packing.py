@@ -1,17 +1,9 @@
 """Packing: sequences are fixed windows over a subset's concatenated documents, with document boundaries.
 
-**Windows.** A subset's shards, in path order, are one stream of tokens in which every document ends with
-EOS. Each shard is cut into windows on its own grid: a shard of ``T`` tokens holds ``(T - 1) // L`` windows
-(``L = seq_len``), the ``j``-th being its tokens ``[j·L, j·L + L + 1)``; consecutive windows overlap by one
-token, so every input position has a label and no token is skipped as an input. The subset numbers its
-windows shard after shard (`SubsetTokens.window_starts`). The last ``(T - 1) % L`` tokens of each shard
-(fewer than one sequence) are never served. The grid is the same every epoch — a later epoch reads the same
-windows in a new order — so the held-out windows (`holdout`) stay held out.
-
-Why windows never cross a shard end: a window that did would need the next shard too, whose turn in the
-shuffled pass (`shuffle`) comes at an unrelated time, so a cache smaller than the corpus would fetch
-shards twice per pass. The cost is under one sequence per shard: 0.0015% of the tokens of a 2^28-token shard
-at L = 4096. A document never spans shards either, so a shard end is always a document end.
+Sequence ``j`` of a shard is its tokens ``[j·L, j·L + L + 1)`` (``L = seq_len``): consecutive windows
+overlap by one token, so every input position has a label; a window never crosses a shard end, and the
+last ``(T - 1) % L`` tokens of a shard of ``T`` are never served. The subset numbers its windows shard after
+shard (`SubsetTokens.window_starts`), on the same grid every epoch. Why: docs/data.md.
 
 **Batch contract** (what a model may rely on). For a rank's batch of ``B`` sequences:
 

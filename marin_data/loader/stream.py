@@ -1,4 +1,4 @@
-"""The stream: global position ``i`` -> one sequence, a pure function (DESIGN.md, "order is a pure function").
+"""The stream: global position ``i`` -> one sequence, a pure function (docs/design.md, "The loader").
 
 ``TokenStream`` composes the pieces and holds no iteration state::
 

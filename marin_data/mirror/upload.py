@@ -1,35 +1,11 @@
 """The write side of the mirror: the Hub's upload protocol as ``HfApi`` speaks it, behind one bearer token.
 
-What ``huggingface_hub`` sends (``hf_api.create_repo``, ``_commit_api._fetch_upload_modes``,
-``_commit_api._upload_files``, ``lfs.post_lfs_batch_info`` / ``lfs_upload``, ``_commit_api._send_commit``):
-
-1. ``POST /api/repos/create`` ``{"name", "organization", "type"}`` -> 200, or 409 when it exists;
-2. ``POST /api/{kind}s/{repo}/preupload/main`` with each file's path, size and first 512 bytes -> its upload
-   mode (``lfs`` or ``regular``, decided by `marin_data.stores.hub_ids.is_lfs`) and the oid already there, so an
-   unchanged file is left out of the commit (this is what makes a re-publish resumable);
-3. ``POST /{repo}.git/info/lfs/objects/batch`` -> for each LFS object not yet here, an upload URL and a verify
-   URL (objects already staged or already in the repo get no action: the client skips them);
-4. ``PUT`` of the bytes to the upload URL. The client sends no credentials there, so the URL carries its own
-   proof: an HMAC over (repo, oid, size, expiry) with a key that lives only in this process. The body is
-   streamed to a temporary file, its sha256 and size checked, then renamed into ``ROOT/.mirror-uploads/``;
-5. ``POST`` to the verify URL; then
-6. ``POST /api/{kind}s/{repo}/commit/main`` with NDJSON lines: ``header``, ``file`` (base64 content),
-   ``lfsFile`` (path + oid), ``deletedFile``, ``deletedFolder``.
-
-Hidden paths (``.marin.lock``, ``.gitattributes``) are never served, so ``preupload`` answers
-``shouldIgnore`` for them and the client leaves them out, as it would for a ``.gitignore``d file.
-
-A commit is checked whole before anything is written (paths, LFS objects present, files to delete exist,
-``parentCommit``), then applied file by file, each atomically (temporary file, fsync, rename); added data
-files first, deletions next, ``manifest.json`` last, so a reader never sees a manifest naming a missing
-shard. Commits to one repo are serialised.
-
-Xet: ``huggingface_hub`` with ``hf_xet`` installed uploads through Xet without asking the server, and does
-not fall back. The mirror sends no Xet headers and answers the Xet token endpoints with 501 and a message
-saying to set ``HF_HUB_DISABLE_XET=1``; `marin_data.transfer.publish_hf` sets it by itself for such endpoints.
-
-Every write needs ``Authorization: Bearer <token>`` on a mirror started ``--writable --token T``: 403 on a
-read-only mirror, 401 for a missing or wrong token (compared in constant time).
+`Uploads` answers ``create_repo``, ``preupload`` (upload modes, and the oids already there, so a re-publish
+sends only what changed), the LFS batch API, the upload and verify URLs (signed with a key that lives only
+in this process) and ``commit``. A commit is checked whole before anything is written, then applied file by
+file, each atomically, ``manifest.json`` last; commits to one repo are serialised. Every write needs
+``Authorization: Bearer <token>`` on a mirror started ``--writable --token T``. Xet uploads are refused with
+a message saying to set ``HF_HUB_DISABLE_XET=1``. The protocol step by step: docs/data.md.
 """
 
 from __future__ import annotations

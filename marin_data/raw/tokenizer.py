@@ -5,7 +5,7 @@ resolved with ``huggingface_hub.hf_hub_download`` — so ``HF_ENDPOINT``, ``HF_H
 HF cache all apply. Its fingerprint is the sha256 of the ``tokenizer.json`` bytes: two corpora with equal
 digests were tokenized alike, whatever the file was called.
 
-Framing (DESIGN.md): documents are encoded *without* the tokenizer's own special tokens (a Llama-3
+Framing (docs/design.md, "The corpus format"): documents are encoded *without* the tokenizer's own special tokens (a Llama-3
 tokenizer's post-processor would otherwise prepend BOS to every document), then EOS is appended to every
 document and, only with ``--bos``, BOS prepended. A document that encodes to no tokens is empty: it gets
 no EOS and is dropped (the caller counts it).

@@ -1,6 +1,6 @@
 """The store interface: what publish, download and remote verify ask of wherever a corpus lives.
 
-A corpus has the same layout everywhere (DESIGN.md), so publish, download and remote verify only need four
+A corpus has the same layout everywhere (docs/design.md), so publish, download and remote verify only need four
 operations on a *store* rooted at the corpus: ``list`` files, ``head`` one (size, and its SHA-256 when the
 store keeps one), ``read`` a byte range as a stream, and ``put`` a file. Paths are the corpus's relative
 POSIX paths (``data/pretrain/code/part-00000.parquet``); each store maps them to its own keys.
@@ -43,7 +43,7 @@ class ReadStream:
     connection is released even when the reader stops early.
 
     ``start`` is where the body really begins: a server that ignores ``Range`` answers 200 with the whole
-    object, and the reader must notice (issue 3: "a 200 where a 206 was asked").
+    object, and the reader must notice.
     """
 
     def __init__(self, chunks: Iterator[bytes], *, start: int, close: Callable[[], None]):

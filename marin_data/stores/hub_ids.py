@@ -1,7 +1,7 @@
 """How the Hugging Face Hub names file contents: git blob SHA-1, Git LFS pointers, and which files are LFS.
 
 Shared by the mirror (`marin_data.mirror`), HF publishing and the HF store, so that a file has the same id
-wherever it is computed (DESIGN.md: the LFS oid is the sha256 of the content, regular files are identified
+wherever it is computed (docs/design.md, "The chain of trust": the LFS oid is the sha256 of the content, regular files are identified
 by their git blob SHA-1).
 
 - A *regular* file's id is ``sha1(b"blob <size>\\0" + content)``: what ``git hash-object`` prints, and the
@@ -36,7 +36,7 @@ __all__ = [
 
 LFS_SAMPLE_BYTES = 512  # what `huggingface_hub` sends to `preupload` as a file's sample
 REGULAR_MAX_BYTES = 10 << 20  # the Hub stores text files above 10 MiB in LFS too
-# Hub limits (DESIGN.md, "Hub limits"): fewer than 10,000 entries per folder, ~100,000 files per repo.
+# Hub limits (docs/design.md, "The corpus format"): fewer than 10,000 entries per folder, ~100,000 files per repo.
 MAX_FILES_PER_FOLDER = 10_000
 MAX_FILES_PER_REPO = 100_000
 

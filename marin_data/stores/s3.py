@@ -1,6 +1,6 @@
 """A corpus under an S3 prefix (AWS or any S3-compatible store), through botocore — imported only here.
 
-Content hashes (DESIGN.md "SHA-256 + size is the content hash"): every file is stored with ONE
+Content hashes (docs/design.md, "The chain of trust"): every file is stored with ONE
 ``put_object`` carrying ``ChecksumAlgorithm="SHA256"`` and ``ChecksumSHA256``, so S3 keeps a full-object
 SHA-256 that ``HeadObject(ChecksumMode="ENABLED")`` returns without reading data. A multipart upload would
 only ever get a composite ``<digest>-<parts>`` value, so `head` refuses those. The hex digest also goes into

@@ -1,6 +1,6 @@
 """An index-only corpus of production scale, for the loader's scale test and start-up benchmark.
 
-The loader's metadata must grow with shards, not tokens (issue 8): building it over the full 23T-token
+The loader's metadata must grow with shards, not tokens: building it over the full 23T-token
 corpus (~100,000 shards) must take under a second and 300 MB. Measuring that needs the *description* of
 such a corpus, not its data: `simulated_corpus` builds one in memory, and `write_simulated_index` commits
 it to disk (manifest, ``shards.parquet``, ``SHA256SUMS``; no data files) so `load_corpus` can be timed too.

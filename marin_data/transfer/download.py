@@ -1,34 +1,12 @@
 """``download``: fetch chosen subsets of a corpus from a store, verified, resumable, with mirror fallback.
 
-Order of work, and why:
-
-1. ``manifest.json`` first, checked against ``--manifest-sha256`` when pinned (the root of trust: a tampered
-   mirror cannot vouch for itself), then ``shards.parquet``, checked against the manifest's digest. Subsets
-   are resolved from them (`select_subsets`): no bucket listing, which is slow and may be forbidden.
-2. Every metadata file the manifest lists (tokenizer.json, SHA256SUMS, the dataset card...) and every shard
-   of the chosen subsets is fetched on a thread pool, hashed while it streams, and renamed into place only
-   once its size and SHA-256 match (`marin_data.atomic`). A file already present and matching is kept.
-3. ``manifest.json`` (verbatim, so ``load_corpus(DIR, manifest_sha256=...)`` still verifies) and then
-   `RECORD` are written last. `RECORD` names the subsets this directory holds, so ``marin-data verify DIR``
-   checks a partial download against what was fetched.
-
-Resume: a file's bytes go into a partial file beside its final name (`marin_data.transfer.partial`), a fixed name,
-so a re-run after a crash (even ``kill -9``) finds it and continues from what is there. A wrong result is
-discarded and fetched again; nothing unverified ever gets a final name.
-
-Faults (issue 3): a dropped connection or truncated body resumes from the bytes already written; 429/503
-wait for ``Retry-After``; other 5xx back off (`marin_data.retry`); a 200 where a 206 was asked restarts
-the file from byte 0 with that body (fetched in ranges, the body is cut to the range asked for); a checksum
-mismatch discards the file and refetches it. When the
-retries on one store are spent, the next mirror continues the same partial file.
-
-Requests: one GET per file, from its resume offset to the end, while there are at least as many files left
-as workers: shards are 256 MiB-2 GiB and a subset has many, so parallelism across files fills a link (a
-real S3 serves ~100 MB/s per connection), and one streaming GET is what every server serves best (moto and
-other simple servers copy the whole object for each ranged GET). When fewer files of at least two
-`PART_BYTES` are left than workers — a subset of a few large shards — the spare workers go to ranges: each
-such file is fetched as ``workers // large files`` parallel byte ranges (`marin_data.transfer.partial.RangedPartial`),
-each range resumable on its own, the whole hashed in file order as ranges complete.
+`download` plans from the manifest and shard index (`marin_data.transfer.plan`; the manifest checked against
+a pinned ``manifest_sha256``), fetches every metadata file and every shard of the chosen subsets on a thread
+pool (`marin_data.transfer.fetch`: hashed while they stream, renamed into place only once size and SHA-256
+match), then writes ``manifest.json`` and the download record last. A re-run after a crash continues each
+file from its partial file (`marin_data.transfer.partial`); transient faults are retried, then the next mirror
+continues the same partial file. The order of work, the faults handled and the request strategy (one GET
+per file, or parallel ranges for a few large files): docs/data.md.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 
 What it does, and why:
 
-- **Layout**: files keep their corpus paths, so a repo *is* the corpus layout (DESIGN.md) and
+- **Layout**: files keep their corpus paths, so a repo *is* the corpus layout (docs/design.md) and
   ``snapshot_download``, ``datasets`` and ``marin-data download`` all see the same tree.
-- **Split across repos** when one would pass the Hub's file-count limits (DESIGN.md: ~100,000 files per repo,
+- **Split across repos** when one would pass the Hub's file-count limits (docs/design.md: ~100,000 files per repo,
   fewer than 10,000 per folder). Subsets are never split: they are packed, in name order, into the main repo
   ``org/name`` (which also holds the manifest, the shard index, the card, the tokenizer, the datasheet) and
   then into ``org/name-part2``, ``org/name-part3``... The manifest's ``mirrors`` list one record per repo

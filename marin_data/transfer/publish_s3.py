@@ -1,6 +1,6 @@
 """``publish``: upload a local corpus to a store so that the store itself proves every file's content.
 
-Each file goes up whole, in one ``put`` (for S3: one ``put_object`` with ``ChecksumSHA256``; DESIGN.md says
+Each file goes up whole, in one ``put`` (for S3: one ``put_object`` with ``ChecksumSHA256``; docs/design.md says
 why multipart cannot give a full-object SHA-256), so its size is checked against the store's single-request
 limit before anything is sent. Files the store already holds with the same size and SHA-256 are skipped,
 which makes an interrupted publish resumable and a repeated one free.

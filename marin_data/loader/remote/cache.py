@@ -1,40 +1,12 @@
-"""A bounded on-disk cache of a remote corpus's shards: the loader's `ShardSource` for ``s3://``/``hf://`` (issue 9).
+"""A bounded on-disk cache of a remote corpus's shards: the loader's `ShardSource` for ``s3://``/``hf://``.
 
-What it guarantees, and how:
-
-- **Nothing unverified is ever read.** A shard is fetched with `marin_data.transfer.fetch.fetch_file`, the
-  downloader's machinery: hashed while it streams, renamed into place only once its size and SHA-256 match
-  the manifest's shard index, retried (a corrupted body is fetched again), then fetched from the next mirror.
-  Only then is it decoded (`DecodedShardCache.ensure`, which also checks its document and token counts) and
-  its Parquet bytes deleted.
-- **A byte limit that holds at every instant.** Before a fetch starts, its peak footprint (the Parquet
-  bytes plus an upper bound of the decoded arrays) is *reserved*; after decoding, the reservation shrinks
-  to the decoded files' real size. Reservations are made under one lock and never exceed ``max_bytes``, so
-  the files on disk never do either (`CacheStats.high_water` is the most ever reserved).
-- **In-use shards are pinned.** A shard is in use while a memory map of it is alive — the loader's shard
-  table holds maps while it packs a batch. Maps are tracked with ``weakref.finalize``, so the count is
-  exact whoever holds them; a mapped shard is never evicted (deleting a mapped file would not free its
-  space anyway).
-- **Prefetch ahead of use, evicting what is needed last.** `want` hands the cache the shards the next
-  batches read, in order of first use (the loader's order is a pure function of the position, so
-  `marin_data.loader.remote.stream.RemoteStream` computes it). Background threads fetch the first ``prefetch``
-  of them that are missing. To make room, the cache evicts first the least recently used shard nobody wants
-  soon, then — only for a shard needed sooner — the wanted shard whose use lies farthest ahead (Belady's
-  rule, exact within the lookahead). A prefetch never evicts a shard needed before its own.
-- **Warm restarts.** Decoded shards are named by their SHA-256; a new cache over the same directory adopts
-  the complete ones it finds (evicting the oldest beyond the limit) and deletes partial files.
-
-- **Ranks on one host fetch a shard once.** One process owns a cache directory (an OS file lock, released
-  when the process dies): the byte limit is per directory, so ranks on one host each get their own
-  (`remote.make_remote_loader` appends the rank). Caches given the same ``peers`` directory register there
-  and share what they fetch: a shard is fetched under a host-wide lock of its own (`peers/locks/`), and a
-  cache that finds it decoded in a peer's directory hard-links the files instead of fetching them. A link
-  shares the disk blocks, not the bookkeeping: each cache still counts the shard against its own limit and
-  evicts its own link, and a peer's eviction never touches it (a failed link, e.g. to a shard a peer just
-  evicted or across file systems, falls back to a fetch).
-
-Memory maps cannot cross into DataLoader worker processes, so remote corpora are read in-process, which is
-the loader's fast path anyway.
+`RemoteShardCache` fetches a shard with the downloader's machinery (`marin_data.transfer.fetch.fetch_file`:
+verified by SHA-256 before anything reads it), decodes it into memory-mappable arrays, and deletes the
+Parquet bytes. Its byte limit holds at every instant (fetches reserve their peak footprint first); shards
+in use (memory-mapped) are pinned; `want` takes the shards the next batches read, in order of first use, so
+background threads prefetch them and eviction drops what is needed last. A new cache over the same
+directory adopts the decoded shards it finds; caches on one host that share a ``peers`` directory fetch each
+shard once. One process owns a cache directory. How each guarantee is kept: docs/data.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
-"""Remote corpora as the loader's source: ``s3://bucket/prefix``, ``hf://datasets/org/name`` or a mirror (issue 9).
+"""Remote corpora as the loader's source: ``s3://bucket/prefix``, ``hf://datasets/org/name`` or a mirror.
 
-Order of work:
-
-1. ``manifest.json`` (checked against ``manifest_sha256`` when pinned: the root of trust) and the shard
-   index, through the downloader's own `plan_download`, so a tampered mirror cannot vouch for itself. They
-   are kept under ``CACHE/meta/<manifest sha256>/`` and opened with `load_corpus`, which checks them again.
-2. A `RemoteStream`: the same `TokenStream` as for a local copy — the same fingerprint, since it covers the
-   selected shards' paths, sizes and digests, not where they are — whose shards come from a
-   `RemoteShardCache` (bounded, verified, pinned while in use; see that module).
-
-**Prefetch from the order.** The sequence at stream position ``i`` is a pure function of ``i``, and so are
-the rows a rank reads of each global batch (`marin_data.loader.ranks`; by default, for a remote corpus, the
-global batch's rows sorted by shard and dealt out in chunks, so that a rank fetches a few shards instead of
-all of them). So before packing its rows of the global batch at ``P`` the stream computes which shards its
-rows of the global batches in the next ``lookahead`` positions read (`shards_at`: locate the windows, then
-one ``searchsorted`` over the shards' cumulative token counts, since a window lies in one shard) and hands
-them, in order of first use, to the cache, which fetches the first few missing ones on background threads
-and evicts the ones needed last. The hierarchical shuffle reads each shard in exactly one stretch per pass,
-shared with at most ``shuffle_window - 1`` other shards of its subset (`shuffle`), so with a cache that
-holds that working set for every subset, plus the prefetch, every shard is fetched once per pass (the tests
-stream a pass through a cache of under a third of the corpus). The horizon is extended by one global batch
-per batch, not recomputed.
-
-The stream's table of open shards keeps them memory-mapped between batches, which pins them in the cache.
-When the cache needs room (a prefetch is waiting for it, or the next batch reads a shard that is not
-cached yet) the stream drops the table before packing the batch (its rows are copied out by then): only
-the batch being built then pins cache space, and reopening a cached shard costs two ``np.load`` memory
-maps. With a warm cache and no pressure, a batch costs what it costs from a local corpus.
+`make_remote_loader` (what `marin_data.loader.make_loader` calls for such a source) reads and checks the
+manifest and shard index as ``download`` does (pinned ``manifest_sha256``: the root of trust), keeps them
+under the cache directory, and serves batches from a `RemoteStream`: the same `TokenStream` as for a local
+copy, so the same fingerprint and the same sequences, whose shards come from a bounded, verified
+`marin_data.loader.remote.cache.RemoteShardCache`. The stream tells the cache which shards the next batches
+read, so fetching runs ahead of use. `is_remote` tells such a source from a local path. How the prefetch and
+the pinning of open shards work: docs/data.md.
 """
 
 from __future__ import annotations
