@@ -22,7 +22,7 @@ import yaml
 
 from marin_data.cli import main
 from marin_data.corpus.manifest import commit_corpus, load_corpus
-from marin_data.corpus.shard import read_shard
+from marin_data.corpus.shard import read_shard, write_shard
 from marin_data.docs.questions import QUESTIONS, SUBSET_QUESTIONS, not_answered
 from marin_data.docs.stats import PERCENTILES, nearest_rank
 from marin_data.docs.write import write_datasheet
@@ -158,6 +158,85 @@ def test_large_subsets_are_measured_on_spread_shards_and_labelled(make_corpus, t
     assert "estimates from the documents scanned" in text
     # the stated figures are exactly those of the shards scanned (whole shards, spread over the subset)
     assert num(rows["big"][1]) == 30 * int(scope.group(1))
+
+
+def planted_corpus(root: Path) -> Path:
+    """Subsets a (2 shards), b, c and d with duplicates planted within and across subsets.
+
+    Text X occurs twice in a's first shard and once in its second; Y once in a and twice in b; Z once in b
+    and once in c; Z with one more token (a longer document that contains it) in d. Every other document
+    is unique.
+    """
+    from conftest import EOS, VOCAB, build_corpus
+
+    corpus = build_corpus(root, {"a": [6, 6], "b": [6], "c": [6], "d": [6]}, doc_tokens=(3, 40))
+    x, y, z = [1, 2, 3, 4, 5], [7, 8, 9], [11, 12, 13, 14]
+    planted = {("a", 0): [x, x], ("a", 1): [x, y], ("b", 0): [y, y, z], ("c", 0): [z], ("d", 0): [z + [15]]}
+    records = []
+    for shard in corpus.shards:
+        ids, tokens, offsets = read_shard(root / shard.path)
+        docs = [tokens[a:b - 1].tolist() for a, b in zip(offsets, offsets[1:])]
+        for n, doc in enumerate(planted.get((shard.subset, int(shard.path[-13:-8])), [])):
+            docs[2 * n + 1] = doc  # every other slot, so copies are never adjacent in a shard
+        offsets = np.cumsum([0] + [len(d) + 1 for d in docs]).astype(np.int64)
+        tokens = np.concatenate([np.array(d + [EOS], np.uint32) for d in docs])
+        assert tokens.max() < VOCAB
+        st = write_shard(root / shard.path, ids, tokens, offsets, corpus.manifest.tokenizer)
+        records.append(replace(shard, bytes=st.bytes, sha256=st.sha256, tokens=st.tokens))
+    commit_corpus(root, corpus.manifest, records)
+    return root
+
+
+def brute_force_duplicates(corpus) -> tuple[dict, dict]:
+    """Within: {subset: (copies, tokens)}; across: {(a, b): (docs of a also in b, their tokens)}."""
+    where: dict[bytes, dict[str, int]] = {}
+    for shard in corpus.shards:
+        _, tokens, offsets = read_shard(corpus.root / shard.path)
+        for a, b in zip(offsets, offsets[1:]):
+            counts = where.setdefault(tokens[a:b].tobytes(), {})
+            counts[shard.subset] = counts.get(shard.subset, 0) + 1
+    within = {s: (0, 0) for s in corpus.manifest.subsets}
+    across: dict[tuple[str, str], tuple[int, int]] = {}
+    for text, counts in where.items():
+        n = len(text) // 4
+        for s, c in counts.items():
+            within[s] = (within[s][0] + c - 1, within[s][1] + (c - 1) * n)
+            for t in counts:
+                if t != s:
+                    d, k = across.get((s, t), (0, 0))
+                    across[(s, t)] = (d + c, k + c * n)
+    return within, across
+
+
+@pytest.mark.parametrize("bucket_rows", [3, 1 << 22])
+def test_exact_duplicates_within_and_across_subsets(tmp_path, monkeypatch, bucket_rows):
+    import marin_data.docs.stats as stats
+
+    monkeypatch.setattr(stats, "BUCKET_ROWS", bucket_rows)  # 3: the 30 documents spill into 10 buckets
+    corpus = load_corpus(planted_corpus(tmp_path / "corpus"))
+    within, across = brute_force_duplicates(corpus)
+    assert within["a"] == (2, 12) and within["b"] == (1, 4) and within["c"] == within["d"] == (0, 0)
+    assert across == {("a", "b"): (1, 4), ("b", "a"): (2, 8), ("b", "c"): (1, 5), ("c", "b"): (1, 5)}
+    write_datasheet(corpus.root, out=tmp_path / "out")
+    text = (tmp_path / "out" / DATASHEET).read_text()
+    tokens = {name: info.tokens for name, info in corpus.manifest.subsets.items()}
+    rows = md_tables(text)[("Subset", "Documents scanned", "Copies", "Tokens in copies", "Share of scanned tokens")]
+    assert {r[0].strip("`"): (num(r[2]), num(r[3]), r[4]) for r in rows} == {
+        s: (d, k, f"{100 * k / tokens[s]:.2f}%") for s, (d, k) in within.items()}
+    rows = md_tables(text)[("Subset A", "Subset B", "Documents of A also in B", "Share of A's tokens",
+                            "Documents of B also in A", "Share of B's tokens")]
+    assert [(r[0].strip("`"), r[1].strip("`")) for r in rows] == [("a", "b"), ("b", "c")]  # d contains Z: no copy
+    for r in rows:
+        a, b = r[0].strip("`"), r[1].strip("`")
+        assert (num(r[2]), r[3]) == (across[(a, b)][0], f"{100 * across[(a, b)][1] / tokens[a]:.2f}%")
+        assert (num(r[4]), r[5]) == (across[(b, a)][0], f"{100 * across[(b, a)][1] / tokens[b]:.2f}%")
+
+
+def test_a_corpus_without_duplicates_says_so(documented):
+    _, _, text = documented
+    rows = md_tables(text)[("Subset", "Documents scanned", "Copies", "Tokens in copies", "Share of scanned tokens")]
+    assert [(r[2], r[3]) for r in rows] == [("0", "0")] * len(SUBSETS)
+    assert "No two subsets share a document." in text
 
 
 # --- the datasheet: answers and --strict ----------------------------------------------------------

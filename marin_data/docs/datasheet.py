@@ -51,6 +51,43 @@ def _length_table(stats: CorpusStats) -> str:
     return md.table(LENGTH_HEADERS, rows, "l" + "r" * (len(LENGTH_HEADERS) - 2) + "l")
 
 
+def _ratio(part: int, whole: int) -> str:
+    return md.share(part / whole if whole else 0.0)
+
+
+def _duplicates(stats: CorpusStats) -> list[str]:
+    """Exact duplicates within each subset and shared by each pair, with their share of the scanned tokens."""
+    dup = stats.duplicates
+    if dup is None:
+        return []
+    rows = [(f"`{s.name}`", md.count(s.lengths.docs), md.count(int(dup.within_docs[i])),
+             md.count(int(dup.within_tokens[i])), _ratio(int(dup.within_tokens[i]), int(dup.scanned_tokens[i])))
+            for i, s in enumerate(stats.subsets)]
+    out = ["### Exact duplicates (computed)", "",
+           "Documents whose stored tokens are identical, among the documents scanned above. Each document's "
+           "tokens get a 128-bit BLAKE2b digest; each shard's digests are appended to bucket files on disk "
+           "chosen by the digest, and each bucket is sorted on its own, so memory stays bounded whatever the "
+           "corpus size. *Copies* are the documents beyond the first of each text that occurs more than once in "
+           "its subset (what deduplicating the subset would remove). A text contained in a longer document (a "
+           "file that quotes another's text, a docstring inside its module's source) is not an exact "
+           "duplicate and is not counted."
+           + (" In subsets measured on a sample of shards, only copies among the scanned documents are found."
+              if any(s.lengths.sampled for s in stats.subsets) else ""), "",
+           md.table(("Subset", "Documents scanned", "Copies", "Tokens in copies", "Share of scanned tokens"),
+                    rows, "lrrrr"), ""]
+    pairs = [(a, b) for a in range(len(stats.subsets)) for b in range(a + 1, len(stats.subsets))
+             if dup.cross_docs[a, b]]
+    if not pairs:
+        return out + ["No two subsets share a document.", ""]
+    rows = [(f"`{stats.subsets[a].name}`", f"`{stats.subsets[b].name}`",
+             md.count(int(dup.cross_docs[a, b])), _ratio(int(dup.cross_tokens[a, b]), int(dup.scanned_tokens[a])),
+             md.count(int(dup.cross_docs[b, a])), _ratio(int(dup.cross_tokens[b, a]), int(dup.scanned_tokens[b])))
+            for a, b in pairs]
+    return out + ["Pairs of subsets that share documents (every other pair shares none):", "",
+                  md.table(("Subset A", "Subset B", "Documents of A also in B", "Share of A's tokens",
+                            "Documents of B also in A", "Share of B's tokens"), rows, "llrrrr"), ""]
+
+
 def _composition(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> list[str]:
     sampled = any(s.lengths.sampled for s in stats.subsets)
     out = [
@@ -71,7 +108,7 @@ def _composition(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> list
                 "subset (see *Scope*): their percentiles are estimates from the documents scanned, and *max* "
                 "is the longest document seen.", ""]
     out += [_length_table(stats), "", f"![Document-length distribution by subset]({LENGTHS_PNG})", "",
-            "### Questions", "", *_questions(meta, "composition"), "### Subsets in detail", ""]
+            *_duplicates(stats), "### Questions", "", *_questions(meta, "composition"), "### Subsets in detail", ""]
     for s in stats.subsets:
         out += [f"#### `{s.name}`", ""]
         for q in SUBSET_QUESTIONS:

@@ -77,7 +77,13 @@ def _bin_edges(stats: CorpusStats) -> np.ndarray:
 
 
 def lengths_png(stats: CorpusStats) -> bytes:
-    """One row per subset: the share of its documents in each log-spaced length bin, p50 and p99 marked."""
+    """One row per subset: its documents in log-spaced length bins, p50 and p99 marked.
+
+    Each row is scaled to its own fullest bin, so a subset with one sharp peak does not wash out the others;
+    the right axis gives that bin's share of the subset's documents, so absolute shares stay readable.
+    """
+    from matplotlib import patheffects
+
     names = [s.name for s in stats.subsets]
     edges = _bin_edges(stats)
     grid = np.zeros((len(names), len(edges) - 1))
@@ -86,20 +92,26 @@ def lengths_png(stats: CorpusStats) -> bytes:
         if ls.docs:
             hist, _ = np.histogram(ls.lengths_L, bins=edges, weights=ls.counts_L)
             grid[i] = hist / ls.docs
+    peaks = grid.max(axis=1)
 
     def draw(fig) -> None:
         ax = fig.add_subplot()
-        mesh = ax.pcolormesh(edges, np.arange(len(names) + 1), grid, cmap="viridis", vmin=0,
-                             vmax=max(grid.max(), 1e-9))
+        scaled = grid / np.where(peaks > 0, peaks, 1)[:, None]
+        mesh = ax.pcolormesh(edges, np.arange(len(names) + 1), scaled, cmap="viridis", vmin=0, vmax=1)
+        outline = [patheffects.withStroke(linewidth=4, foreground="black")]
         for i, s in enumerate(stats.subsets):
             for p, marker in ((50, "|"), (99, "x")):
                 ax.plot([max(s.lengths.percentile(p), 1)], [i + 0.5], marker=marker, color="white", ms=9, mew=2,
-                        clip_on=False)
+                        clip_on=False, path_effects=outline)
         ax.set_xscale("log")
-        ax.set_yticks(np.arange(len(names)) + 0.5, names)
+        ticks = np.arange(len(names)) + 0.5
+        ax.set_yticks(ticks, names)
         ax.invert_yaxis()
+        right = ax.secondary_yaxis("right")
+        right.set_yticks(ticks, [f"{100 * p:.1f}%" for p in peaks])
+        right.set_ylabel("fullest bin's share of documents")
         ax.set_xlabel("tokens per document (log scale)")
         ax.set_title("Document-length distribution by subset (white: | p50, x p99)")
-        fig.colorbar(mesh, ax=ax, label="share of the subset's documents")
+        fig.colorbar(mesh, ax=ax, label="fraction of the fullest bin")
 
     return _render(draw, len(names))

@@ -77,6 +77,8 @@ QUESTIONS: tuple[Question, ...] = (
              "or sensitive? How was it handled?"),
     Question("composition.offensive_content", "Does it contain data that might be offensive, insulting or "
              "threatening?"),
+    Question("composition.redundancy", "Are there errors, sources of noise, or redundancies (beyond the exact "
+             "duplicates counted above)?"),
     Question("collection.process", "How was the data acquired (crawls, dumps, APIs, licensed sources)?"),
     Question("collection.timeframe", "Over what timeframe was the data collected, and when was it created?"),
     Question("collection.consent", "Were the people whose data is included notified, and did they consent? "
