@@ -41,6 +41,8 @@ __all__ = [
     "TransferFailedError",
     "MissingExtraError",
     "EngineError",
+    "UnsafeDestinationError",
+    "InsufficientSpaceError",
 ]
 
 
@@ -225,3 +227,15 @@ class MissingExtraError(ImportError, MarinDataError):
 class EngineError(RuntimeError, MarinDataError):
     """The compute engine failed: a Ray cluster that does not answer, or a task whose worker process or
     node died more times than it is retried. Finished work is kept: fix the cluster, run the command again."""
+
+
+# --- the destination: where marin writes ----------------------------------------------------------
+class UnsafeDestinationError(OSError, MarinDataError):
+    """A path where marin would write is a symbolic link below the destination the user chose, or the wrong
+    kind of file (a directory where a file goes, a file where a folder goes). Abort: nothing of it was
+    written, renamed or removed; move it away and run again."""
+
+
+class InsufficientSpaceError(OSError, MarinDataError):
+    """The destination's file system lacks the free space the files need (or refuses a file that large).
+    Abort before writing them; free space or choose another destination, then run again to resume."""

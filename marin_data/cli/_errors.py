@@ -62,6 +62,10 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                     "'.[NAME]')"), 13),
     (E.EngineError, _with_fix("check the cluster (`ray status` on its head node), then run the same command "
                               "again: finished work is kept"), 14),
+    (E.UnsafeDestinationError, _with_fix("nothing was written through it: move it out of the way (or choose "
+                                         "another destination), then run the same command again"), 16),
+    (E.InsufficientSpaceError, _with_fix("free space on that file system or choose another destination, then run "
+                                         "the same command again to resume"), 17),
     (E.MarinDataError, str, 9),
 ]
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.atomic import atomic_path, atomic_write_bytes, sha256_file
+from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
 from marin_data.corpus.manifest import (
     Corpus,
     Manifest,
@@ -317,6 +317,8 @@ def shard_subset(
         else:
             manifest = existing.manifest
         staging = root / STAGING / urllib.parse.quote(subset, safe="")
+        for folder in (staging, root / DATA / subset, (root / sources_path(subset)).parent):
+            SafeDir(root, folder.relative_to(root)).close()  # refuses a link or a file on the way, up front
         owned = isinstance(engine, str)
         pool = make_engine(engine, workers, address=engine_address) if owned else engine
         with contextlib.closing(pool) if owned else contextlib.nullcontext(pool):
@@ -331,7 +333,7 @@ def shard_subset(
         shards = _place(root, subset, packs, stats)
         record = {**recipe, "subset": subset, "tokenizer_sha256": info.sha256, "add_bos": info.add_bos,
                   "docs": sum(s.docs for s in shards), "tokens": sum(s.tokens for s in shards), "skipped": skipped}
-        atomic_write_bytes(root / sources_path(subset), _canonical(record))
+        atomic_write_bytes(root / sources_path(subset), _canonical(record), root=root)
         manifest = replace(manifest, subsets={**manifest.subsets, subset: SubsetInfo(0, 0, 0, 0, license=license)})
         kept = [f for f in manifest.files if f not in (TOKENIZER, SHARDS_INDEX, SUMS)]
         digest = commit_corpus(root, manifest, [*(existing.shards if existing else ()), *shards],
@@ -529,9 +531,10 @@ def _place(root: Path, subset: str, packs: Sequence[PackJob], stats: Sequence[Sh
     for n, (job, st) in enumerate(zip(packs, stats)):
         rel = shard_path(subset, n)
         dst = root / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
         if Path(job.out).exists():
-            os.replace(job.out, dst)
+            with SafeDir.of(dst, root) as folder:  # renamed into the folder reached without following links
+                folder.regular(dst.name)
+                os.replace(job.out, folder.proc_path(dst.name))
         elif not dst.exists() or sha256_file(dst) != (st.sha256, st.bytes):  # placed by a crashed run?
             Path(job.out).with_suffix(".json").unlink(missing_ok=True)
             raise ShardFormatError("a staged shard vanished before it was placed; run the command again to "

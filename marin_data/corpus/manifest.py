@@ -30,7 +30,7 @@ from pathlib import Path
 
 from marin_data.atomic import atomic_path, atomic_write_bytes, sha256_file
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnsafePathError
-from marin_data.layout import MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER
+from marin_data.layout import LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = [
@@ -232,9 +232,10 @@ def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord]) ->
         pq.write_table(table, tmp, compression="zstd")
 
 
-def read_shard_index(source: str | os.PathLike | bytes) -> list[ShardRecord]:
+def read_shard_index(source: str | os.PathLike | bytes, metadata: Iterable[str] = ()) -> list[ShardRecord]:
     """Read ``shards.parquet`` (a path, or its bytes as fetched); raise `InvalidManifestError` on a malformed
-    index or an unsafe path.
+    index, an unsafe path, or one that contradicts itself (`_check_paths`; ``metadata`` are the manifest's
+    other files, whose names a shard may not take either).
 
     Bytes are read through an Arrow buffer, not a Python file object: Arrow's I/O threads then never need the
     GIL, which a read-ahead still pending at interpreter exit cannot get (the process aborts with
@@ -254,7 +255,33 @@ def read_shard_index(source: str | os.PathLike | bytes) -> list[ShardRecord]:
         safe_relpath(s.path, where=str(path))
         check_subset_name(s.subset, str(path))
         _check_digest(s.sha256, f"{path} row {s.path}")
+        if min(s.bytes, s.docs, s.tokens, s.row_groups) < 0:
+            raise InvalidManifestError(f"negative size or count in row {s.path}", path=str(path), actual=s)
+    _check_paths([s.path for s in shards], set(metadata), str(path))
     return shards
+
+
+_RESERVED = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, RECORD, LOCK_NAME, STAGING}
+
+
+def _check_paths(paths: list[str], metadata: set[str], where: str) -> None:
+    """Refuse an index that no directory can hold as it says: a path listed twice (or also as a metadata
+    file), a path that is also another's folder (``X`` and ``X/inner.parquet``), a reserved name
+    (`marin_data.layout`) or a partial file's name, which a download would write or remove."""
+    seen: set[str] = set()
+    for p in paths:
+        if p in seen or p in metadata:
+            raise InvalidManifestError(f"{p} is listed twice", path=where, actual=p)
+        if p.split("/")[0] in _RESERVED or p.endswith(".part"):
+            raise InvalidManifestError(f"{p} is a reserved name", path=where, actual=p)
+        seen.add(p)
+    files = seen | metadata
+    for p in files:
+        parents = p.split("/")[:-1]
+        for i in range(1, len(parents) + 1):
+            if "/".join(parents[:i]) in files:
+                raise InvalidManifestError(f"{p} is listed inside the file {'/'.join(parents[:i])}",
+                                           path=where, actual=p)
 
 
 def sums_text(entries: Iterable[tuple[str, str]]) -> str:
@@ -328,7 +355,7 @@ def load_corpus(root: str | os.PathLike, *, manifest_sha256: str | None = None) 
             f"!= {index.sha256[:12]}…/{index.bytes})",
             path=str(ipath), expected=(index.sha256, index.bytes), actual=actual,
         )
-    shards = read_shard_index(ipath)
+    shards = read_shard_index(ipath, metadata=manifest.files)
     _check_totals(manifest, shards, str(mpath))
     return Corpus(root=root, manifest=manifest, manifest_sha256=digest, shards=tuple(shards))
 

@@ -27,6 +27,7 @@ regenerate the datasheet after publishing (the card, Croissant file and figures 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,14 +60,16 @@ class DatasheetResult:
         return self.dest / DATASHEET
 
 
-def _write_if_changed(path: Path, data: bytes) -> bool:
-    """Write ``data`` atomically unless ``path`` already holds exactly it (keeps mtimes of a re-run)."""
+def _write_if_changed(dest: Path, rel: str, data: bytes) -> bool:
+    """Write ``data`` to ``dest/rel`` atomically unless a regular file there already holds exactly it (keeps
+    mtimes of a re-run); a link below ``dest`` is refused, never followed (`marin_data.atomic.SafeDir`)."""
+    path = dest / rel
     try:
-        if path.stat().st_size == len(data) and path.read_bytes() == data:
+        if stat.S_ISREG(path.lstat().st_mode) and path.stat().st_size == len(data) and path.read_bytes() == data:
             return False
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         pass
-    atomic_write_bytes(path, data)
+    atomic_write_bytes(path, data, root=dest)
     return True
 
 
@@ -95,14 +98,14 @@ def _generate(corpus: Corpus, out: Path | None, meta_path, strict: bool, scan_to
     }
     in_corpus = out is None
     dest = corpus.root if in_corpus else out
-    changed = {rel: _write_if_changed(dest / rel, data) for rel, data in outputs.items()}
+    changed = {rel: _write_if_changed(dest, rel, data) for rel, data in outputs.items()}
     if in_corpus:
         digest = _commit_listed(corpus)
         corpus = load_corpus(corpus.root, manifest_sha256=digest)
     else:
         digest = corpus.manifest_sha256
     text = render_datasheet(corpus.manifest, stats, meta, manifest_sha256=digest, listed=in_corpus)
-    changed[DATASHEET] = _write_if_changed(dest / DATASHEET, text.encode())
+    changed[DATASHEET] = _write_if_changed(dest, DATASHEET, text.encode())
     return DatasheetResult(
         dest=dest, in_corpus=in_corpus, manifest_sha256=digest,
         written=tuple(k for k, v in changed.items() if v), unchanged=tuple(k for k, v in changed.items() if not v),

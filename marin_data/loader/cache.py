@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from marin_data.atomic import atomic_path
+from marin_data.atomic import SafeDir, atomic_path
 from marin_data.corpus.manifest import ShardRecord
 from marin_data.errors import ShardFormatError, ShardMissingError
 
@@ -121,7 +121,8 @@ class DecodedShardCache:
         from filelock import FileLock
 
         tokens_path, offsets_path = self.paths(shard)
-        tokens_path.parent.mkdir(parents=True, exist_ok=True)
+        with SafeDir.of(tokens_path, self.cache_dir) as folder:  # no link below the cache folder is followed
+            folder.regular("decode.lock")
         # thread_local=False: the publishing thread releases it, so other processes wait for the final files.
         lock = FileLock(str(tokens_path.parent / "decode.lock"), thread_local=False)
         lock.acquire()
@@ -131,8 +132,8 @@ class DecodedShardCache:
                 return _map(tokens_path, offsets_path)
             with contextlib.ExitStack() as files:
                 # Entered tokens first: the stack closes in reverse, publishing offsets before the tokens marker.
-                tokens_tmp = files.enter_context(atomic_path(tokens_path))
-                offsets_tmp = files.enter_context(atomic_path(offsets_path))
+                tokens_tmp = files.enter_context(atomic_path(tokens_path, root=self.cache_dir))
+                offsets_tmp = files.enter_context(atomic_path(offsets_path, root=self.cache_dir))
                 _decode_into(self.corpus_root / shard.path, shard, tokens_tmp, offsets_tmp)
                 decoded = _map(tokens_tmp, offsets_tmp)
                 publish = files.pop_all()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marin_data.atomic import sha256_file
+from marin_data.atomic import SafeDir, sha256_file
 from marin_data.errors import RemoteError, ShardChecksumError, TransferFailedError
 from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores.base import Store
@@ -67,18 +67,22 @@ def fetch_file(root: str | os.PathLike, task: FileTask, stores: Sequence[Store],
 
 def already_there(root: Path, task: FileTask) -> bool:
     """True when the final file holds exactly the listed bytes. A wrong one never stays under its final
-    name: a shorter one becomes the partial file (its prefix may be good), anything else is removed."""
+    name: a shorter one becomes the partial file (its prefix may be good), anything else is removed. A link
+    or a folder in its place (or in the folders above it, below ``root``) is refused: `UnsafeDestinationError`."""
     final = root / task.path
-    try:
-        if final.stat().st_size == task.bytes and sha256_file(final)[0] == task.sha256:
-            return True
-    except FileNotFoundError:
-        return False
-    partial = partial_path(final)
-    if final.stat().st_size < task.bytes and not partial.exists():
-        os.replace(final, partial)
-    else:
-        final.unlink()
+    with SafeDir.of(final, root) as folder:
+        st = folder.regular(final.name)
+        if st is None:
+            return False
+        if st.st_size == task.bytes:
+            fd = folder.open(final.name, os.O_RDONLY)
+            if sha256_file(fd)[0] == task.sha256:
+                return True
+        partial = partial_path(final).name
+        if st.st_size < task.bytes and folder.lstat(partial) is None:
+            os.replace(final.name, partial, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+        else:
+            folder.unlink(final.name)
     return False
 
 
@@ -87,17 +91,18 @@ def fetch_one(root: Path, task: FileTask, stores: Sequence[Store], policy: Retry
     """Fetch one file into place (in up to ``ranges`` parallel ranges of at least ``part_bytes`` when it has two
     or more, or a partial in ranges is there); return None on success, else why it failed on every store."""
     final = root / task.path
-    partial = open_partial(final, task, ranges=ranges, part_bytes=part_bytes)
-    errors = []
-    try:
-        for store in stores:
-            try:
-                retry_call(lambda: partial.fetch(store, meter), policy=policy, what=store.describe(task.path))
-            except (RemoteError, ShardChecksumError) as e:
-                errors.append(f"{store.url}: {e.message}")
-                continue
-            partial.commit(final)
-            return None
-    finally:
-        partial.close()
+    with SafeDir.of(final, root) as folder:
+        partial = open_partial(folder, final.name, task, ranges=ranges, part_bytes=part_bytes)
+        errors = []
+        try:
+            for store in stores:
+                try:
+                    retry_call(lambda: partial.fetch(store, meter), policy=policy, what=store.describe(task.path))
+                except (RemoteError, ShardChecksumError) as e:
+                    errors.append(f"{store.url}: {e.message}")
+                    continue
+                partial.commit(final.name)
+                return None
+        finally:
+            partial.close()
     return "; ".join(errors)

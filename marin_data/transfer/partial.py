@@ -11,11 +11,14 @@ Two kinds, chosen by `open_partial`:
   (`RANGES_SUFFIX`) of the bytes each range holds, so every range resumes on its own.
 
 Both start writing back to disk as they go (`_start_writeback`), so the fsync before the rename finds
-little left to do.
+little left to do. Both open, rename and remove their files inside a `marin_data.atomic.SafeDir`, so a link
+in the destination is refused, never written through; and both refuse to start a file the free space
+cannot hold (`InsufficientSpaceError`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -24,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
-from marin_data.atomic import HASH_CHUNK, atomic_path, pieces
-from marin_data.errors import RetryableRemoteError, ShardChecksumError
+from marin_data.atomic import HASH_CHUNK, SafeDir, pieces
+from marin_data.errors import InsufficientSpaceError, RetryableRemoteError, ShardChecksumError
 from marin_data.layout import PARTIAL_SUFFIX, RANGES_SUFFIX
 from marin_data.stores.base import Store
 from marin_data.transfer.plan import FileTask
@@ -42,13 +45,15 @@ class Meter(Protocol):
         """Count ``n`` bytes received (and raise to stop the transfer, e.g. on Ctrl-C)."""
 
 
-def open_partial(final: Path, task: FileTask, *, ranges: int, part_bytes: int) -> StreamPartial | RangedPartial:
-    """The partial file for ``final``: in up to ``ranges`` parallel ranges of at least ``part_bytes`` when the
-    file holds two or more (or a partial in ranges is there already), else one stream."""
-    path = partial_path(final)
-    if ranges_path(path).exists() or (ranges > 1 and task.bytes >= 2 * part_bytes):
-        return RangedPartial(path, task, max(part_bytes, -(-task.bytes // ranges), 1), ranges)
-    return StreamPartial(path, task)
+def open_partial(folder: SafeDir, final: str, task: FileTask, *, ranges: int,
+                 part_bytes: int) -> StreamPartial | RangedPartial:
+    """The partial file for ``final`` in ``folder``: in up to ``ranges`` parallel ranges of at least
+    ``part_bytes`` when the file holds two or more (or a partial in ranges is there already), else one
+    stream."""
+    name = final + PARTIAL_SUFFIX
+    if folder.lstat(ranges_path(Path(name)).name) is not None or (ranges > 1 and task.bytes >= 2 * part_bytes):
+        return RangedPartial(folder, name, task, max(part_bytes, -(-task.bytes // ranges), 1), ranges)
+    return StreamPartial(folder, name, task)
 
 
 def partial_path(final: Path) -> Path:
@@ -74,17 +79,19 @@ def resumed_bytes(partial: Path) -> int:
 class StreamPartial:
     """The partial file of one download and the SHA-256 of the bytes in it, kept in step."""
 
-    def __init__(self, path: Path, task: FileTask):
-        self.path, self.task = path, task
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(path, "ab+", buffering=0)
-        size = os.fstat(self.f.fileno()).st_size
+    def __init__(self, folder: SafeDir, name: str, task: FileTask):
+        self.folder, self.name, self.path, self.task = folder, name, folder.path / name, task
+        self.f = open(folder.open(name, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644), "ab+", buffering=0)
+        try:
+            size = os.fstat(self.f.fileno()).st_size
+            _check_space(self.f.fileno(), task.bytes - min(size, task.bytes), self.path)
+        except BaseException:
+            self.f.close()
+            raise
         if size > task.bytes:
             self.reset()
         else:
-            self.hash = hashlib.sha256()
-            if size:
-                self.hash = _hash_prefix(path, size)
+            self.hash = _hash_prefix(self.f.fileno(), size)
             self.offset = size
         self.flushed = self.offset
 
@@ -113,11 +120,10 @@ class StreamPartial:
             raise ShardChecksumError(f"sha256 {digest[:12]}… differs from the listed {self.task.sha256[:12]}…; "
                                      "discarded", path=self.task.path, expected=self.task.sha256, actual=digest)
 
-    def commit(self, final: Path) -> None:
-        """Move the verified bytes to their final name (fsync, rename, fsync the folder)."""
+    def commit(self, final: str) -> None:
+        """Move the verified bytes to their final name in the folder (fsync, rename, fsync the folder)."""
         self.f.close()
-        with atomic_path(final) as tmp:
-            os.replace(self.path, tmp)
+        self.folder.replace(self.name, final)
 
     def close(self) -> None:
         self.f.close()
@@ -155,22 +161,28 @@ class RangedPartial:
     a wrong one discards every range.
     """
 
-    def __init__(self, path: Path, task: FileTask, part_bytes: int, parallel: int):
-        self.path, self.task, self.parallel = path, task, parallel
-        self.record = ranges_path(path)
+    def __init__(self, folder: SafeDir, name: str, task: FileTask, part_bytes: int, parallel: int):
+        self.folder, self.name, self.path, self.task, self.parallel = folder, name, folder.path / name, task, parallel
+        self.record = ranges_path(self.path)
         self.lock, self.hash_lock = threading.Lock(), threading.Lock()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = folder.open(name, os.O_RDWR | os.O_CREAT, 0o644)
         self.bounds = list(range(0, task.bytes, part_bytes)) + [task.bytes]
-        self.done = self._load()
-        os.ftruncate(self.fd, task.bytes)
+        try:
+            self.done = self._load()
+            _check_space(self.fd, task.bytes - os.fstat(self.fd).st_size, self.path)
+            _space_errors(os.ftruncate, self.fd, task.bytes, path=self.path)
+        except BaseException:
+            self.close()
+            raise
         self._restart_hash()
         self._save()
 
     def _load(self) -> list[int]:
         """Bytes done per range: from the record, or from a one-GET prefix; zeros for anything else."""
         try:
-            record = json.loads(self.record.read_bytes())
+            fd = self.folder.open(self.record.name, os.O_RDONLY)
+            with open(fd, "rb") as f:
+                record = json.loads(f.read(1 << 20))
         except FileNotFoundError:
             size = os.fstat(self.fd).st_size
             prefix = size if size <= self.task.bytes else 0
@@ -187,11 +199,13 @@ class RangedPartial:
             data = json.dumps({"sha256": self.task.sha256, "bytes": self.task.bytes, "bounds": self.bounds,
                                "done": self.done}).encode()
             tmp = self._record_tmp()
-            tmp.write_bytes(data)  # no fsync: a lost record only costs a re-fetch, the digest guards the bytes
-            os.replace(tmp, self.record)
+            # No fsync: a lost record only costs a re-fetch, the digest guards the bytes.
+            self.folder.write_bytes(tmp, data)
+            self.folder.regular(self.record.name)
+            os.replace(tmp, self.record.name, src_dir_fd=self.folder.fd, dst_dir_fd=self.folder.fd)
 
-    def _record_tmp(self) -> Path:
-        return self.record.with_name(self.record.name.removesuffix(".part") + ".tmp.part")  # a leftover to `verify`
+    def _record_tmp(self) -> str:
+        return self.record.name.removesuffix(".part") + ".tmp.part"  # a leftover to `verify`
 
     def _restart_hash(self) -> None:
         self.hash, self.cursor = hashlib.sha256(), 0
@@ -262,14 +276,13 @@ class RangedPartial:
                 _start_writeback(self.fd, lo, hi - lo)
                 self.cursor += 1
 
-    def commit(self, final: Path) -> None:
+    def commit(self, final: str) -> None:
         """Move the verified bytes to their final name; the record goes first (a partial left without it is
         a complete prefix, which a re-run verifies)."""
         self.close()
-        self._record_tmp().unlink(missing_ok=True)
-        self.record.unlink(missing_ok=True)
-        with atomic_path(final) as tmp:
-            os.replace(self.path, tmp)
+        self.folder.unlink(self._record_tmp())
+        self.folder.unlink(self.record.name)
+        self.folder.replace(self.name, final)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -293,9 +306,30 @@ def _valid_record(record: dict, task: FileTask) -> bool:
 def _write(fd: int, data, offset: int | None) -> None:
     """Write all of ``data`` at ``offset`` (None: at the file position), in `marin_data.atomic.pieces`."""
     for at, piece in pieces(data):
-        n = os.write(fd, piece) if offset is None else os.pwrite(fd, piece, offset + at)
+        n = _space_errors(os.write, fd, piece) if offset is None else _space_errors(os.pwrite, fd, piece, offset + at)
         if n != len(piece):
             raise OSError(f"short write: {n} of {len(piece)} bytes")
+
+
+def _check_space(fd: int, need: int, path: Path) -> None:
+    """Refuse to start a file the free space cannot hold: preallocating it would leave a huge sparse file,
+    streaming it would fill the disk."""
+    st = os.fstatvfs(fd)
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise InsufficientSpaceError(f"needs {need:,} more bytes, {free:,} are free", path=str(path),
+                                     expected=need, actual=free)
+
+
+def _space_errors(call, *args, path: Path | None = None):
+    """``call(*args)``, with a full disk, a quota or a file too large for the file system raised as
+    `InsufficientSpaceError`."""
+    try:
+        return call(*args)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise InsufficientSpaceError(e.strerror or str(e), path=None if path is None else str(path)) from e
+        raise
 
 
 def _start_writeback(fd: int, offset: int, length: int) -> None:
@@ -311,10 +345,10 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
-def _hash_prefix(path: Path, size: int):
+def _hash_prefix(fd: int, size: int):
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while size and (chunk := f.read(min(size, HASH_CHUNK))):
-            h.update(chunk)
-            size -= len(chunk)
+    at = 0
+    while at < size and (chunk := os.pread(fd, min(size - at, HASH_CHUNK), at)):
+        h.update(chunk)
+        at += len(chunk)
     return h

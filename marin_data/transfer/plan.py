@@ -75,15 +75,12 @@ def plan_download(
         raise InvalidManifestError(f"manifest does not list {SHARDS_INDEX}", path=stores[0].describe(MANIFEST))
     index_bytes = _from_first(stores, lambda s: _checked_bytes(s, FileTask(SHARDS_INDEX, rec.bytes, rec.sha256)),
                               policy, SHARDS_INDEX)
-    shards = read_shard_index(index_bytes)
+    shards = read_shard_index(index_bytes, metadata=manifest.files)
     chosen = select_subsets(manifest.subsets, list(subsets or []))
     wanted = set(chosen)
     picked = [s for s in shards if s.subset in wanted]
     files: dict[str, FileTask] = {p: FileTask(p, r.bytes, r.sha256) for p, r in sorted(manifest.files.items())}
-    for s in picked:
-        if files.setdefault(s.path, FileTask(s.path, s.bytes, s.sha256, s.subset)).subset != s.subset:
-            raise InvalidManifestError(f"{s.path} is listed as a metadata file and as a shard",
-                                       path=stores[0].describe(SHARDS_INDEX))
+    files.update((s.path, FileTask(s.path, s.bytes, s.sha256, s.subset)) for s in picked)
     plan = DownloadPlan(source=stores[0].url, manifest_sha256=digest, subsets=tuple(chosen),
                         files=tuple(files.values()), tokens=sum(s.tokens for s in picked))
     return plan, manifest_bytes, index_bytes
