@@ -14,7 +14,9 @@
   weighted, summed in k order in S (each product rounded before it is added).
 
 Each backward op has the matching contract (``route_topk_backward``, ``unpermute_backward``; permute's
-backward is an unweighted unpermute). Arguments are checked by the ``check_*_args`` below, shared with the
+backward is an unweighted unpermute). A NaN output is any NaN: its bits are not part of the contract (a bf16
+NaN is 0x7FFF from the GPU, another pattern from torch's CPU conversion). docs/cuda.md says which outputs an
+implementation must reproduce bitwise and the tolerance of the others. Arguments are checked by the ``check_*_args`` below, shared with the
 CUDA entry points: a ValueError names the argument.
 """
 
