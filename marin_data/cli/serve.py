@@ -22,7 +22,8 @@ __all__ = ["command"]
 @click.option("--token", envvar="MARIN_MIRROR_TOKEN", metavar="T",
               help="Bearer token every write must carry (env MARIN_MIRROR_TOKEN keeps it out of `ps`).")
 @click.option("--threads", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Requests served at once.")
+              help="Worker threads: requests the mirror works on at once (idle, slow and downloading clients "
+                   "hold none).")
 @click.option("--quiet", is_flag=True, help="Do not log each request.")
 def command(root: Path, host: str, port: int, writable: bool, token: str | None, threads: int, quiet: bool) -> None:
     """Serve every ROOT/org/name folder as the Hub dataset repo org/name.
@@ -30,6 +31,12 @@ def command(root: Path, host: str, port: int, writable: bool, token: str | None,
     Unmodified huggingface_hub clients (snapshot_download, hf_hub_download, HfFileSystem, `hf download`,
     datasets) work against it with HF_ENDPOINT set to the printed URL. Files are served over plain HTTP
     with their LFS sha256 / git SHA-1, so clients verify what they get. Read-only unless --writable.
+
+    \b
+    LIMITS (per client; docs/security.md)
+      request line 8 KiB (414), head 64 KiB and 100 header lines (431), JSON body 1 MiB (413);
+      head within 10 s of its first byte (408), 60 s idle between requests, 30 s without body bytes,
+      60 s without the client taking response bytes; 4,096 connections at once (503 beyond).
 
     \b
     EXAMPLES

@@ -6,15 +6,15 @@ that unmodified ``huggingface_hub`` clients — ``snapshot_download``, ``hf_hub_
 ``endpoint=``) pointing at it; started writable with a token it also accepts ``HfApi`` uploads.
 
 Modules: `repo` (what is served: snapshots, content ids, the commit id), `http` (errors in the Hub's shape,
-safe path parsing), `app` (the read API), `upload` (the write API), `server` (running it).
+safe path parsing, bounded bodies), `app` (the read API), `upload` (the write API), `front` (the HTTP
+server: limits, idle and slow clients), `server` (running it).
 
-Why werkzeug and cheroot: werkzeug parses requests, forms, ``Range`` headers and builds responses the way a
-mature WSGI toolkit does (no hand-written header parsing), and cheroot — CherryPy's production WSGI server,
-pure Python, two small dependencies — serves it from a thread pool with keep-alive connections parked in a
-selector, streams request bodies (a multi-GB LFS upload never sits in memory or in a spool file, unlike
-waitress) and response bodies. Both install from PyPI without compilers. An asyncio stack
-(aiohttp, starlette + uvicorn) would buy nothing here: the work is file reads and hashing, which threads do
-well because hashlib and file I/O release the GIL.
+Why werkzeug behind an asyncio front: werkzeug parses requests, forms and ``Range`` headers and builds
+responses the way a mature WSGI toolkit does, while the work is file reads and hashing, which threads do well
+(hashlib and file I/O release the GIL). A server that gives each connection a thread (cheroot, with its
+fixed pool of 16) is stopped by 16 clients that connect and send nothing; here one event loop reads every
+request head, bounded in size and time, and only complete requests reach the bounded pool of worker
+threads. The limits, as numbers, are in docs/security.md ("The mirror").
 """
 
 from marin_data.mirror.app import MirrorApp

@@ -23,16 +23,18 @@ started writable.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import mimetypes
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 from werkzeug.wrappers import Request, Response
 
-from marin_data.mirror.http import HubError, json_response, raw_segments, repo_path, snapshot_at
+from marin_data.errors import UnsafeDestinationError
+from marin_data.mirror.http import HubError, json_response, raw_segments, read_body, repo_path, snapshot_at
 from marin_data.mirror.repo import FileEntry, RepoStore, Snapshot, file_stamp
 from marin_data.mirror.upload import Uploads
 
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("marin_data.mirror.access")
 
 DEFAULT_PAGE_SIZE = 1000  # the Hub's tree page size
-_BODY_CHUNK = 1 << 20
+_BODY_CHUNK = 256 << 10  # what a slow reader makes the server hold, besides the socket's send buffer
 _KINDS = {"datasets": "dataset", "models": "model"}
 
 
@@ -66,12 +68,20 @@ class MirrorApp:
         self.page_size = page_size
         self.uploads = Uploads(self.repos, token=token, writable=writable)
 
+    def streams_body(self, environ: dict) -> bool:
+        """True when this request's body is read only after its credentials are checked (a bearer token, or the
+        signed URL of an LFS upload): such a body may stream, any other is read whole first, bounded."""
+        return "HTTP_AUTHORIZATION" in environ or environ.get("PATH_INFO", "").startswith(f"/{Uploads.PREFIX}/")
+
     def __call__(self, environ, start_response):
         request = Request(environ)
         try:
             response = self.dispatch(request, raw_segments(environ))
         except HubError as e:
             response = e.response()
+        except UnsafeDestinationError as e:  # a link where a write goes (ROOT/org -> /elsewhere): refused
+            response = HubError(400, f"{e.actual} where the mirror writes {e.expected}: refused, the mirror never "
+                                     "writes through a symlink").response()
         except Exception:  # noqa: BLE001 - a server answers 500 and stays up
             log.exception("error while serving %s %s", request.method, request.path)
             response = HubError(500, "internal mirror error (see the server log)").response()
@@ -95,7 +105,7 @@ class MirrorApp:
         raise HubError(404, f"no such endpoint: {request.method} {request.path}")
 
     def _api(self, request: Request, segs: list[str]) -> Response:
-        m = request.method
+        m = "GET" if request.method == "HEAD" else request.method  # the server sends HEAD's headers only
         if segs == ["repos", "create"] and m == "POST":
             return self.uploads.create_repo(request)
         if segs == ["validate-yaml"] and m == "POST":
@@ -196,10 +206,14 @@ class MirrorApp:
 
     def _paths_info(self, request: Request, repo_id: str, rev: str) -> Response:
         snap = self._at(repo_id, rev)
+        body = read_body(request)
         if request.is_json:
-            paths = (request.get_json(silent=True) or {}).get("paths", [])
+            try:
+                paths = (json.loads(body) or {}).get("paths", [])
+            except (ValueError, AttributeError) as e:
+                raise HubError(400, f"malformed JSON body: {e}") from e
         else:
-            paths = request.form.getlist("paths")
+            paths = parse_qs(body.decode("latin-1"), keep_blank_values=True).get("paths", [])
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             raise HubError(400, "paths must be a list of strings")
         items = [snap.item(repo_path(p.strip("/").split("/"))) for p in paths if p.strip("/")]
@@ -250,7 +264,11 @@ def _file_response(request: Request, snap: Snapshot, entry: FileEntry, f) -> Res
         headers["X-Linked-Size"] = str(size)
     status, start, length = 200, 0, size
     rng = request.range if "Range" in request.headers else None
-    if rng is not None and len(rng.ranges) == 1:  # several ranges: answer with the whole file, as allowed
+    # RFC 9110 14.2: a malformed range or an unknown unit is ignored; several ranges get the whole file
+    if rng is not None and rng.units == "bytes" and len(rng.ranges) == 1:
+        first = rng.ranges[0][0]
+        if first < 0 and -first > size > 0:
+            rng.ranges[0] = (-size, None)  # a suffix longer than the file: the whole file
         span = rng.range_for_length(size)
         if span is None:
             f.close()

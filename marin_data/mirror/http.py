@@ -15,16 +15,19 @@ dictionary of files, never through a path built from the request.
 from __future__ import annotations
 
 import json
+import re
 from urllib.parse import unquote
 
-from werkzeug.wrappers import Response
+from werkzeug.wrappers import Request, Response
 
 from marin_data.mirror.repo import RepoStore, Snapshot
 
-__all__ = ["HubError", "json_response", "raw_segments", "repo_path", "snapshot_at", "MAX_PATH_CHARS",
-           "MAIN_REVISIONS"]
+__all__ = ["HubError", "json_response", "raw_segments", "repo_path", "snapshot_at", "read_body", "MAX_PATH_CHARS",
+           "MAX_JSON_BODY", "MAIN_REVISIONS"]
 
 MAX_PATH_CHARS = 4096
+MAX_JSON_BODY = 1 << 20  # a JSON or form body (paths-info, preupload, LFS batch): ~5,000 paths; 413 beyond
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAIN_REVISIONS = ("main", "refs/heads/main")  # the mirror's one branch
 
 
@@ -49,7 +52,8 @@ class HubError(Exception):
         self.extra = extra or {}
 
     def response(self) -> Response:
-        headers = {"X-Error-Message": self.message.encode("ascii", "replace").decode()}
+        # A message may quote the request: no CR, LF or other control character may reach a header
+        headers = {"X-Error-Message": _CONTROL.sub("?", self.message.encode("ascii", "replace").decode())}
         if self.code:
             headers["X-Error-Code"] = self.code
         if self.commit:
@@ -97,12 +101,30 @@ def repo_path(segments: list[str], *, allow_empty: bool = False) -> str:
     if not path and allow_empty:
         return ""
     parts = path.split("/")
-    if (not path or "\\" in path or "\0" in path or any(p in ("", ".", "..") for p in parts)
+    if (not path or "\\" in path or _CONTROL.search(path) or any(p in ("", ".", "..") for p in parts)
             or len(path) > MAX_PATH_CHARS):
-        raise HubError(400, f"invalid path {path!r}: absolute, '..', '.' or empty components are refused")
+        raise HubError(400, f"invalid path {path!r}: absolute, '..', '.', empty components and control "
+                            "characters are refused")
     if any(p.startswith(".") for p in parts):
         raise HubError(404, f"{path}: hidden paths are not served", code="EntryNotFound")
     return path
+
+
+def read_body(request: Request, limit: int = MAX_JSON_BODY) -> bytes:
+    """The request body, refused with 413 before it is read (``Content-Length``) or as soon as it passes
+    ``limit`` bytes (a chunked body): a JSON body is parsed whole, so it is bounded first.
+
+    Raises:
+        HubError: 413 over ``limit``.
+    """
+    if request.content_length is not None and request.content_length > limit:
+        raise HubError(413, f"request body of {request.content_length} bytes is over the limit of {limit}")
+    out = bytearray()
+    while len(out) <= limit and (block := request.stream.read(min(64 << 10, limit + 1 - len(out)))):
+        out += block
+    if len(out) > limit:
+        raise HubError(413, f"request body is over the limit of {limit} bytes")
+    return bytes(out)
 
 
 def snapshot_at(repos: RepoStore, repo_id: str, rev: str, *, refresh: bool = False) -> Snapshot:

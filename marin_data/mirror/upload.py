@@ -19,15 +19,16 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from werkzeug.wrappers import Request, Response
 
-from marin_data.atomic import atomic_path, atomic_write_bytes
+from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes
 from marin_data.layout import MANIFEST
-from marin_data.mirror.http import MAIN_REVISIONS, HubError, json_response, repo_path, snapshot_at
+from marin_data.mirror.http import MAIN_REVISIONS, HubError, json_response, read_body, repo_path, snapshot_at
 from marin_data.mirror.repo import RepoStore, Snapshot, split_repo_id
 from marin_data.stores.hub_ids import is_lfs
 
@@ -97,15 +98,9 @@ class Uploads:
         if body.get("organization") is None or parts is None:
             raise HubError(400, f"invalid repo id {repo_id!r}: give it as org/name (letters, digits, '-', '_', '.')")
         url = f"{request.root_url}{'datasets/' if kind == 'dataset' else ''}{repo_id}"
-        target = self.repos.root / parts[0] / parts[1]
         if self.repos.repo_dir(repo_id) is not None:
             raise HubError(409, f"You already created this {kind} repo: {repo_id}", extra={"url": url})
-        try:
-            target.mkdir(parents=True)
-        except FileExistsError as e:
-            raise HubError(400, f"{repo_id} exists on the mirror and is not a folder") from e
-        if self.repos.repo_dir(repo_id) is None:  # e.g. ROOT/org is a symlink leaving ROOT
-            raise HubError(400, f"{repo_id} cannot be created inside the mirror's root")
+        SafeDir(self.repos.root, f"{parts[0]}/{parts[1]}").close()  # never through a link: ROOT/org -> /elsewhere
         return json_response({"url": url, "name": repo_id, "id": repo_id})
 
     # --- preupload ---------------------------------------------------------------------------------------
@@ -198,7 +193,7 @@ class Uploads:
         if time.time() > expires:
             raise HubError(403, "upload URL expired: ask the LFS batch endpoint for a new one")
         h, got = hashlib.sha256(), 0
-        with atomic_path(self.staging / repo_id / oid) as tmp:
+        with atomic_path(self.staging / repo_id / oid, root=self.repos.root) as tmp:
             with open(tmp, "wb") as f:
                 while got <= size and (block := request.stream.read(_CHUNK)):
                     h.update(block)
@@ -245,6 +240,10 @@ class Uploads:
         for add in adds:
             if add.path in snap.folders or any(p in snap.files and p not in added for p in _parents(add.path)):
                 raise HubError(400, f"{add.path}: a file and a folder cannot share a path")
+            for folder in _parents(add.path):  # symlinked folders are not in the snapshot: look at the disk
+                if os.path.islink(snap.directory / folder):
+                    raise HubError(400, f"{add.path}: {folder} is a symlink on the mirror, and the mirror never "
+                                        "writes through a symlink")
             if add.oid is not None:
                 src = self._staged(repo_id, add.oid, add.size) or by_sha.get(add.oid)
                 if src is None:
@@ -257,17 +256,14 @@ class Uploads:
         return sources
 
     def _write(self, snap: Snapshot, add: _Add, src: Path | None) -> None:
+        """Write one file of a commit atomically, never through a symlink below the repo's folder."""
         target = snap.directory / add.path
         if add.content is not None:
-            atomic_write_bytes(target, add.content)
+            atomic_write_bytes(target, add.content, root=snap.directory)
             return
-        with atomic_path(target) as tmp:
-            if src.is_relative_to(self.staging):
-                try:
-                    os.link(src, tmp)  # no copy: the staged object was checked when it was received
-                    return
-                except OSError:
-                    pass  # another filesystem: copy below
+        if src.is_relative_to(self.staging) and _link_into(src, target, snap.directory):
+            return  # no copy: the staged object was checked when it was received
+        with atomic_path(target, root=snap.directory) as tmp:
             h = hashlib.sha256()
             with open(src, "rb") as fin, open(tmp, "wb") as fout:
                 while block := fin.read(_CHUNK):
@@ -279,7 +275,10 @@ class Uploads:
 
 
 def _json(request: Request) -> dict:
-    data = request.get_json(force=True, silent=True)
+    try:
+        data = json.loads(read_body(request))
+    except ValueError:
+        data = None
     if not isinstance(data, dict):
         raise HubError(400, "expected a JSON object body")
     return data
@@ -345,14 +344,33 @@ def _parse_commit(request: Request) -> tuple[dict, list[_Add], list[tuple[str, b
     return header, list(adds.values()), deletes
 
 
+def _link_into(src: Path, target: Path, repo: Path) -> bool:
+    """Hard-link ``src`` to ``target`` atomically, never through a symlink; False when they are on two file
+    systems (copy instead)."""
+    with SafeDir.of(target, repo) as folder:
+        folder.regular(target.name)
+        tmp = f"{target.name}.{secrets.token_hex(4)}.part"
+        try:
+            os.link(src, tmp, dst_dir_fd=folder.fd)
+        except OSError:
+            return False
+        try:
+            folder.replace(tmp, target.name)
+        finally:
+            folder.unlink(tmp)
+    return True
+
+
 def _delete(repo: Path, path: str, folder: bool) -> None:
     target = repo / path
-    if not Path(os.path.realpath(target)).is_relative_to(repo):
-        raise HubError(400, f"{path} resolves outside the repo")
-    if folder:
-        shutil.rmtree(target)
-    else:
-        target.unlink()
+    with SafeDir.of(target, repo, create=False) as parent:  # refuses a symlinked folder on the way
+        st = parent.lstat(target.name)
+        if st is None or stat.S_ISLNK(st.st_mode):
+            raise HubError(400, f"{path}: a symlink on the mirror; the mirror never deletes through a symlink")
+        if folder:
+            shutil.rmtree(target.name, dir_fd=parent.fd)
+        else:
+            os.unlink(target.name, dir_fd=parent.fd)
     parent = target.parent
     while parent != repo and not any(parent.iterdir()):  # the Hub has no empty folders
         parent.rmdir()

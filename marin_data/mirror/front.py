@@ -1,0 +1,372 @@
+"""An asyncio HTTP/1.1 front for a WSGI app: idle and slow clients cost a socket, never a worker thread.
+
+One event loop reads every request head, and every body the app could read before checking credentials,
+itself, under the size and time limits of `Limits`; only a complete request reaches the app, which runs on
+a bounded pool of worker threads. The response body is pulled from the app's iterable one chunk at a time on
+that pool and sent by the loop, so a client that reads slowly holds a socket and one chunk, not a worker.
+Bodies of requests that carry credentials (``streams_body``) stream to the app as they arrive (a multi-GB
+LFS upload never sits in memory); the app checks the credentials before it reads.
+
+Answers of the front itself: 400 (malformed), 408 (head or body too slow), 413 (body too large),
+414 (request line too long), 431 (headers too large), 501 (a transfer coding other than chunked), 503 (too
+many connections), 505 (not HTTP/1.x); each closes the connection and is logged like any request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from email.utils import formatdate
+from http import HTTPStatus
+from urllib.parse import unquote_to_bytes
+
+from marin_data.mirror.http import MAX_JSON_BODY
+
+__all__ = ["Limits", "HttpFront"]
+
+access_log = logging.getLogger("marin_data.mirror.access")
+log = logging.getLogger(__name__)
+
+_TOKEN = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # a header name (RFC 9110 token)
+_NO_BODY = (204, 304)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may make the server hold, and for how long (sizes in bytes, times in seconds)."""
+
+    max_request_line: int = 8 << 10  # 414 beyond; also the longest header line (431 beyond)
+    max_head: int = 64 << 10  # request line and headers together; 431 beyond
+    max_headers: int = 100  # header lines; 431 beyond
+    max_buffered_body: int = MAX_JSON_BODY  # a body read before the app checks credentials; 413 beyond
+    idle_timeout: float = 60.0  # waiting for the first byte of a request (also between keep-alive requests)
+    head_timeout: float = 10.0  # from the first byte of a request to the end of its head; 408 beyond
+    body_timeout: float = 30.0  # waiting for the next bytes of a body; 408 (or a cut connection) beyond
+    send_timeout: float = 60.0  # waiting for a client to take more of a response; the connection is cut
+    max_connections: int = 4096  # open connections; more are answered 503 and closed
+    send_buffer: int = 256 << 10  # response bytes queued per connection before waiting for the client
+
+
+class _Refuse(Exception):
+    """The front answers ``status`` itself and closes the connection."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class _Body:
+    """A request body on the loop's side: ``Content-Length`` or chunked, each read bounded in time."""
+
+    def __init__(self, reader: asyncio.StreamReader, length: int | None, limits: Limits):
+        self._reader, self._limits = reader, limits
+        self._left = length  # bytes left (Content-Length), or of the current chunk (chunked)
+        self._chunked = length is None
+        self.done = length == 0
+
+    async def _line(self) -> bytes:
+        line = await asyncio.wait_for(self._reader.readuntil(b"\n"), self._limits.body_timeout)
+        if len(line) > 4096:
+            raise _Refuse(400, "chunk header too long")
+        return line
+
+    async def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes; b"" once the body is complete."""
+        if self.done:
+            return b""
+        if self._chunked and not self._left:
+            try:
+                size = int(self._line_value(await self._line()), 16)
+            except ValueError:
+                raise _Refuse(400, "malformed chunk size") from None
+            if size == 0:
+                while (await self._line()).strip():  # trailers, ignored
+                    pass
+                self.done = True
+                return b""
+            self._left = size
+        data = await asyncio.wait_for(self._reader.read(min(n, self._left)), self._limits.body_timeout)
+        if not data:
+            raise ConnectionError("the client closed the connection in the middle of a body")
+        self._left -= len(data)
+        if not self._left:
+            if self._chunked:
+                await self._line()  # the CRLF after a chunk
+            else:
+                self.done = True
+        return data
+
+    @staticmethod
+    def _line_value(line: bytes) -> bytes:
+        return line.split(b";", 1)[0].strip()
+
+
+class _ThreadBody(io.RawIOBase):
+    """A streamed body as a blocking file for the app's worker thread; each read waits on the loop."""
+
+    def __init__(self, body: _Body, loop: asyncio.AbstractEventLoop, timeout: float):
+        self._body, self._loop, self._timeout = body, loop, timeout
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = asyncio.run_coroutine_threadsafe(self._body.read(len(b)), self._loop).result(self._timeout + 5)
+        b[:len(data)] = data
+        return len(data)
+
+
+class HttpFront:
+    """Serve ``app`` over HTTP/1.1 from ``loop``, calling it on ``pool``.
+
+    Args:
+        app: the WSGI application.
+        pool: the bounded executor the app (and the iteration of its responses) runs on.
+        limits: the sizes and times of `Limits`.
+        streams_body: true for a request (its WSGI environ, without the body) whose body the app reads
+            only after checking the credentials it carries; other bodies are read whole, at most
+            ``limits.max_buffered_body`` bytes, before the app is called.
+        server_name: the ``Server`` header.
+    """
+
+    def __init__(self, app: Callable, pool: Executor, *, limits: Limits, streams_body: Callable[[dict], bool],
+                 server_name: str):
+        self.app, self.pool, self.limits = app, pool, limits
+        self.streams_body = streams_body
+        self.server_name = server_name
+        self.connections: set[asyncio.Task] = set()
+        self.bound: tuple[str, int] = ("", 0)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self.connections.add(task)
+        writer.transport.set_write_buffer_limits(high=self.limits.send_buffer)
+        peer = (writer.get_extra_info("peername") or ("-", 0))[:2]
+        try:
+            if len(self.connections) > self.limits.max_connections:
+                await self._refuse(writer, peer, _Refuse(503, "too many connections; retry later"))
+                return
+            while await self._one_request(reader, writer, peer):
+                pass
+        except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            pass  # the client went away or stalled: nothing to answer
+        except Exception:  # noqa: BLE001 - one connection's bug never stops the server
+            log.exception("error on a connection from %s", peer[0])
+        finally:
+            self.connections.discard(task)
+            writer.close()
+
+    # --- one request -------------------------------------------------------------------------------------
+    async def _one_request(self, reader, writer, peer) -> bool:
+        """Serve one request; True to keep the connection for the next one."""
+        lim = self.limits
+        try:
+            first = await asyncio.wait_for(reader.read(1), lim.idle_timeout)
+        except asyncio.TimeoutError:
+            return False
+        if not first:
+            return False
+        head = first
+        try:
+            try:
+                head += await asyncio.wait_for(self._head(reader, first), lim.head_timeout)
+            except asyncio.TimeoutError:
+                raise _Refuse(408, f"request head not received within {lim.head_timeout:g} s") from None
+            environ, body = self._environ(head, peer, reader)
+            if body is not None and not self.streams_body(environ):
+                if body._left is not None and body._left > lim.max_buffered_body:
+                    raise _Refuse(413, f"request body over {lim.max_buffered_body} bytes")
+                environ["wsgi.input"] = io.BytesIO(await self._buffer(body, environ, writer))
+            elif body is not None:
+                self._continue(environ, writer)
+                environ["wsgi.input"] = io.BufferedReader(_ThreadBody(body, asyncio.get_running_loop(),
+                                                                      lim.body_timeout), 64 << 10)
+            else:
+                environ["wsgi.input"] = io.BytesIO()
+        except _Refuse as e:
+            await self._refuse(writer, peer, e, head)
+            return False
+        keep = await self._respond(environ, writer)
+        return keep and (body is None or await self._discard(body))
+
+    async def _head(self, reader: asyncio.StreamReader, first: bytes) -> bytes:
+        lim = self.limits
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.LimitOverrunError:
+            raise _Refuse(414, f"request line over {lim.max_request_line} bytes") from None
+        if len(first) + len(line) > lim.max_request_line:
+            raise _Refuse(414, f"request line over {lim.max_request_line} bytes")
+        head, count = line, 0
+        while True:
+            try:
+                line = await reader.readuntil(b"\n")
+            except asyncio.LimitOverrunError:
+                raise _Refuse(431, f"a header line over {lim.max_request_line} bytes") from None
+            head += line
+            count += 1
+            if len(head) > lim.max_head or count > lim.max_headers + 1:
+                raise _Refuse(431, f"request headers over {lim.max_head} bytes or {lim.max_headers} lines")
+            if line in (b"\r\n", b"\n"):
+                return head
+
+    def _environ(self, head: bytes, peer, reader: asyncio.StreamReader) -> tuple[dict, _Body | None]:
+        lines = head.decode("latin-1").split("\n")
+        parts = lines[0].rstrip("\r").split(" ")
+        if len(parts) != 3 or not parts[0].isalpha():
+            raise _Refuse(400, "malformed request line")
+        method, target, version = parts
+        if version not in ("HTTP/1.1", "HTTP/1.0"):
+            raise _Refuse(505, f"{version[:20]!r} is not HTTP/1.0 or HTTP/1.1")
+        if any(ord(c) < 0x21 or ord(c) > 0x7E for c in target):
+            raise _Refuse(400, "the request target must be printable ASCII")
+        headers: dict[str, str] = {}
+        for raw in lines[1:]:
+            raw = raw.rstrip("\r")
+            if not raw:
+                continue
+            name, sep, value = raw.partition(":")
+            if not sep or not _TOKEN.match(name.encode("latin-1")) or "\0" in value or "\r" in value:
+                raise _Refuse(400, "malformed header line")
+            key = name.upper().replace("-", "_")
+            key = key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else f"HTTP_{key}"
+            value = value.strip(" \t")
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        path, _, query = target.partition("?")
+        if "://" in path:  # absolute form: keep the path
+            path = "/" + path.split("://", 1)[1].partition("/")[2]
+        host, port = self.bound
+        environ = {
+            "REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": unquote_to_bytes(path).decode("latin-1"),
+            "QUERY_STRING": query, "REQUEST_URI": target, "RAW_URI": target, "SERVER_PROTOCOL": version,
+            "SERVER_NAME": host, "SERVER_PORT": str(port), "REMOTE_ADDR": str(peer[0]),
+            "REMOTE_PORT": str(peer[1]), "SERVER_SOFTWARE": self.server_name,
+            "wsgi.version": (1, 0), "wsgi.url_scheme": "http", "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
+            "wsgi.input_terminated": True, **headers,
+        }
+        return environ, self._body_of(environ, reader)
+
+    def _body_of(self, environ: dict, reader: asyncio.StreamReader) -> _Body | None:
+        te = environ.get("HTTP_TRANSFER_ENCODING")
+        length = environ.get("CONTENT_LENGTH")
+        if te is not None:
+            if length is not None:
+                raise _Refuse(400, "both Content-Length and Transfer-Encoding: refused (request smuggling)")
+            if te.strip().lower() != "chunked":
+                raise _Refuse(501, f"transfer coding {te[:40]!r} is not supported (only chunked)")
+            environ.pop("CONTENT_LENGTH", None)
+            return _Body(reader, None, self.limits)
+        if length is None:
+            return None
+        if not length.isdigit():
+            raise _Refuse(400, "malformed Content-Length")
+        return _Body(reader, int(length), self.limits) if int(length) else None
+
+    async def _buffer(self, body: _Body, environ: dict, writer) -> bytes:
+        self._continue(environ, writer)
+        out = bytearray()
+        try:
+            while not body.done:
+                out += await body.read(64 << 10)
+                if len(out) > self.limits.max_buffered_body:
+                    raise _Refuse(413, f"request body over {self.limits.max_buffered_body} bytes")
+        except asyncio.TimeoutError:
+            raise _Refuse(408, f"request body stalled for {self.limits.body_timeout:g} s") from None
+        return bytes(out)
+
+    async def _discard(self, body: _Body) -> bool:
+        """Read what the app left of a body (it refused the request before reading), up to
+        ``max_buffered_body`` bytes within ``head_timeout``: closing with unread bytes would reset the
+        connection, and the client could lose the answer. True when the body was read to its end."""
+        left = self.limits.max_buffered_body
+        try:
+            async with asyncio.timeout(self.limits.head_timeout):
+                while not body.done and left > 0:
+                    left -= len(await body.read(64 << 10))
+        except (TimeoutError, _Refuse):
+            return False
+        return body.done
+
+    @staticmethod
+    def _continue(environ: dict, writer) -> None:
+        if environ.get("HTTP_EXPECT", "").lower() == "100-continue" and environ["SERVER_PROTOCOL"] == "HTTP/1.1":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    # --- responses ---------------------------------------------------------------------------------------
+    async def _respond(self, environ: dict, writer: asyncio.StreamWriter) -> bool:
+        loop = asyncio.get_running_loop()
+        status, headers, result, chunks, first = await loop.run_in_executor(self.pool, _call_app, self.app,
+                                                                            environ)
+        try:
+            code = int(status.split(" ", 1)[0])
+            length = next((int(v) for k, v in headers if k.lower() == "content-length"), None)
+            head_only = environ["REQUEST_METHOD"] == "HEAD" or code in _NO_BODY or code < 200
+            http11 = environ["SERVER_PROTOCOL"] == "HTTP/1.1"
+            conn = environ.get("HTTP_CONNECTION", "").lower()
+            keep = ("close" not in conn) if http11 else ("keep-alive" in conn)
+            chunked = not head_only and length is None and http11
+            keep = keep and (head_only or length is not None or chunked)
+            out = [f"HTTP/1.1 {status}"]
+            out += [f"{k}: {v}" for k, v in headers if k.lower() not in ("connection", "transfer-encoding")]
+            out += [f"Date: {formatdate(usegmt=True)}", f"Server: {self.server_name}"]
+            out += ["Transfer-Encoding: chunked"] if chunked else []
+            out += ["Connection: close" if not keep else ("Connection: keep-alive" if not http11 else "")]
+            writer.write(("\r\n".join(o for o in out if o) + "\r\n\r\n").encode("latin-1"))
+            sent = 0
+            chunk = first
+            while chunk is not None and not head_only:
+                if chunk:
+                    writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    sent += len(chunk)
+                    await asyncio.wait_for(writer.drain(), self.limits.send_timeout)
+                chunk = await loop.run_in_executor(self.pool, next, chunks, None)
+            if chunked:
+                writer.write(b"0\r\n\r\n")
+            await asyncio.wait_for(writer.drain(), self.limits.send_timeout)
+            return keep and (head_only or length is None or sent == length)
+        finally:
+            if hasattr(result, "close"):
+                await loop.run_in_executor(self.pool, result.close)
+
+    async def _refuse(self, writer, peer, e: _Refuse, head: bytes = b"") -> None:
+        method, target = (head.split(b" ", 2)[:2] + [b"-", b"-"])[:2] if head else (b"-", b"-")
+        access_log.info("%s %s %s %s", peer[0], method.decode("latin-1")[:16], target.decode("latin-1")[:200],
+                        e.status)
+        body = json.dumps({"error": e.message}).encode()
+        writer.write((f"HTTP/1.1 {e.status} {HTTPStatus(e.status).phrase}\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body)}\r\nX-Error-Message: {e.message}\r\nConnection: close\r\n"
+                      f"Date: {formatdate(usegmt=True)}\r\nServer: {self.server_name}\r\n\r\n").encode() + body)
+        try:
+            await asyncio.wait_for(writer.drain(), self.limits.send_timeout)
+        except (ConnectionError, asyncio.TimeoutError):
+            pass
+
+
+def _call_app(app: Callable, environ: dict):
+    """Run the app up to its first body chunk (by then it has called ``start_response``), on a worker."""
+    got: list = []
+
+    def start_response(status, headers, exc_info=None):
+        if exc_info and got:
+            raise exc_info[1].with_traceback(exc_info[2])
+        got[:] = [status, headers]
+        return _no_write
+
+    result = app(environ, start_response)
+    chunks = iter(result)
+    first = next(chunks, None)
+    if not got:
+        raise RuntimeError("the WSGI app returned without calling start_response")
+    return got[0], got[1], result, chunks, first
+
+
+def _no_write(data: bytes) -> None:
+    raise NotImplementedError("this server does not support the WSGI write() callable; return an iterable")
