@@ -68,6 +68,11 @@ class ModelConfig:
             if self.n_heads % getattr(self, name):
                 raise ValueError(f"n_heads={self.n_heads} is not a multiple of {name}={getattr(self, name)}")
 
+    @classmethod
+    def from_dict(cls, values: dict) -> "ModelConfig":
+        """The inverse of ``dataclasses.asdict`` (how checkpoints and exported models store the config)."""
+        return cls(**{**values, "moe": MoEConfig(**values["moe"])})
+
     def is_global(self, layer: int) -> bool:
         """Whether 0-based layer `layer` attends globally: every `global_every`-th layer does."""
         return (layer + 1) % self.global_every == 0

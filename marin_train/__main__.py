@@ -3,4 +3,4 @@
 from marin_train.cli import main
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="python -m marin_train")

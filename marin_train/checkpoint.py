@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from marin_model.model import Transformer
 from marin_train.config import TrainConfig
 
-__all__ = ["Batches", "CHECKPOINT_FORMAT", "checkpoint_config", "latest_checkpoint", "load_checkpoint",
+__all__ = ["Batches", "CHECKPOINT_FORMAT", "atomic_write", "checkpoint_config", "latest_checkpoint", "load_checkpoint",
            "resume_config", "save_checkpoint"]
 
 CHECKPOINT_FORMAT = 2
@@ -47,7 +47,7 @@ class Batches(Protocol):
 
     def __iter__(self) -> Iterable[Mapping[str, torch.Tensor]]: ...
     def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None: ...
 
 
 def _refuse_symlink(path: Path) -> Path:
@@ -64,7 +64,7 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
+def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     """``write(file)`` to a new temporary file beside ``path``, fsync, rename over ``path``, fsync the folder."""
     tmp = _refuse_symlink(path).with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
     try:
@@ -114,13 +114,13 @@ def save_checkpoint(cfg: TrainConfig, *, step: int, model: Transformer, optimize
         trainer = {"format": CHECKPOINT_FORMAT, "step": step, "loader": data.state_dict(), "rng": _rng_state()}
         config = {"format": CHECKPOINT_FORMAT, "step": step, "world_size": world, "ep": cfg.ep,
                   "global_batch": cfg.global_batch(world), "train": asdict(cfg), "model": asdict(model.cfg)}
-        _atomic_write(part / "trainer.pt", lambda f: torch.save(trainer, f))
-        _atomic_write(part / "config.json", lambda f: f.write(json.dumps(config, indent=1, default=str).encode()))
+        atomic_write(part / "trainer.pt", lambda f: torch.save(trainer, f))
+        atomic_write(part / "config.json", lambda f: f.write(json.dumps(config, indent=1, default=str).encode()))
         _fsync(part)
         shutil.rmtree(final, ignore_errors=True)  # an unreferenced one of this step, left by a crash
         os.replace(part, final)
         _fsync(root)
-        _atomic_write(root / "latest", lambda f: f.write(name.encode()))
+        atomic_write(root / "latest", lambda f: f.write(name.encode()))
         for old in sorted(p for p in root.glob("step-*") if p.is_dir() and not p.is_symlink())[
                 :-max(1, cfg.keep_checkpoints)]:
             shutil.rmtree(old)
@@ -165,9 +165,10 @@ def resume_config(cfg: TrainConfig, world: int) -> TrainConfig:
 
 
 def load_checkpoint(path: str | os.PathLike, *, model: Transformer, optimizer: torch.optim.Optimizer,
-                    data: Batches | None = None, global_batch: int | None = None) -> int:
+                    data: Batches | None = None, global_batch: int | None = None, strict_data: bool = True) -> int:
     """Restore what `save_checkpoint` wrote into the sharded ``model``, ``optimizer`` and ``data``, at any
-    world size or EP degree; return its step. ``global_batch``, when given, must be the checkpoint's."""
+    world size or EP degree; return its step. ``global_batch``, when given, must be the checkpoint's.
+    ``strict_data=False`` lets the loader continue a stream whose description changed (a new mixture phase)."""
     config = checkpoint_config(path)
     if global_batch is not None and global_batch != config["global_batch"]:
         raise ValueError(f"{path} was trained with a global batch of {config['global_batch']} sequences, this run "
@@ -178,6 +179,6 @@ def load_checkpoint(path: str | os.PathLike, *, model: Transformer, optimizer: t
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     trainer = torch.load(Path(path) / "trainer.pt", map_location="cpu", weights_only=False)
     if data is not None:
-        data.load_state_dict(trainer["loader"])
+        data.load_state_dict(trainer["loader"], **({} if strict_data else {"strict": False}))
     _set_rng_state(trainer["rng"])
     return int(trainer["step"])

@@ -1,4 +1,6 @@
-"""``marin-train`` (also ``marin-data train`` and ``python -m marin_train``): train on a corpus, local or remote."""
+"""``marin-train`` (also ``python -m marin_train``): a command group whose default command is ``train``, so
+``marin-train --data DIR`` trains; ``marin-train export`` writes a checkpoint as one safetensors model.
+``marin-data train`` is the same ``train`` command (an entry point of the ``marin_data.commands`` group)."""
 
 from __future__ import annotations
 
@@ -6,17 +8,18 @@ import dataclasses
 import sys
 
 import click
+import torch.distributed as dist
 
-from marin_data.cli import main as cli_main
+from marin_data.cli._errors import describe
 from marin_data.cli._store_options import check_sha256, store_kwargs, store_options
 from marin_train.config import TRAIN_PRESETS, DataConfig
 from marin_train.data import run_training
 from marin_train.distributed import shutdown_distributed
 
-__all__ = ["command", "main"]
+__all__ = ["command", "export", "group", "main"]
 
 
-def _mixture(values: tuple[str, ...]) -> dict[str, float] | None:
+def _mixture(values: tuple[str, ...] | list[str], flag: str = "--mixture") -> dict[str, float] | None:
     out = {}
     for value in values:
         name, sep, weight = value.rpartition("=")
@@ -25,8 +28,18 @@ def _mixture(values: tuple[str, ...]) -> dict[str, float] | None:
         except ValueError:
             sep = ""
         if not sep or not name:
-            raise click.UsageError(f"--mixture takes NAME_OR_GLOB=WEIGHT, got {value!r}")
+            raise click.UsageError(f"{flag} takes NAME_OR_GLOB=WEIGHT, got {value!r}")
     return out or None
+
+
+def _mixture_from(values: tuple[str, ...]) -> tuple[tuple[int, dict[str, float]], ...]:
+    changes = []
+    for value in values:
+        step, sep, weights = value.partition(":")
+        if not sep or not step.isdigit() or int(step) < 1:
+            raise click.UsageError(f"--mixture-from takes STEP:SUBSET=W,SUBSET=W,..., got {value!r}")
+        changes.append((int(step), _mixture(weights.split(","), "--mixture-from")))
+    return tuple(changes)
 
 
 @click.command("train", context_settings={"max_content_width": 100})
@@ -34,6 +47,10 @@ def _mixture(values: tuple[str, ...]) -> dict[str, float] | None:
               help="A corpus: a local directory, s3://bucket/prefix or hf://datasets/org/name.")
 @click.option("--preset", default="tiny", show_default=True, help="Training preset (model shape and defaults).")
 @click.option("--mixture", multiple=True, metavar="SUBSET=W", help="Mixture weight of a subset or glob (repeat).")
+@click.option("--mixture-from", multiple=True, metavar="STEP:SUBSET=W,...",
+              help="The mixture from optimizer step STEP on (repeat for more phases); also on resume.")
+@click.option("--ep", type=int, help="Expert-parallel degree: divides the ranks and the routed experts (default 1).")
+@click.option("--recompute", is_flag=True, default=None, help="Recompute each block in the backward pass.")
 @click.option("--steps", type=int, help="Optimizer steps (default: the preset's).")
 @click.option("--until", type=int, metavar="STEP", help="Stop after this step, checkpointed; a later run resumes.")
 @click.option("--batch-size", type=int, help="Sequences per rank per micro-batch.")
@@ -51,14 +68,16 @@ def _mixture(values: tuple[str, ...]) -> dict[str, float] | None:
 @click.option("--cache-dir", metavar="DIR", help="Remote shard cache root (default ~/.cache/marin/remote).")
 @click.option("--cache-gb", type=float, help="Remote shard cache limit per rank, in GiB (default 64).")
 @store_options
-def command(source, preset, mixture, steps, until, batch_size, accumulation, seq_len, lr, checkpoint_dir, checkpoint_every,
-            no_resume, log_every, seed, mirrors, manifest_sha256, endpoint, cache_dir, cache_gb, endpoint_url, profile,
-            anonymous, requester_pays) -> None:
+def command(source, preset, mixture, mixture_from, ep, recompute, steps, until, batch_size, accumulation, seq_len, lr,
+            checkpoint_dir, checkpoint_every, no_resume, log_every, seed, mirrors, manifest_sha256, endpoint, cache_dir,
+            cache_gb, endpoint_url, profile, anonymous, requester_pays) -> None:
     """Train the Marin MoE model on a corpus, streaming it from S3 or a Hub mirror when remote.
 
-    Logs loss, tokens/s, time waiting for data and router statistics; checkpoints (model, optimizer,
-    loader position, balancing bias, RNG, step) are atomic, and a run resumes exactly from the newest.
-    Under torchrun each process trains on its slice of every global batch (gloo on CPU, NCCL on GPU).
+    Logs loss, tokens/s, time waiting for data and router statistics. The model is sharded over the ranks
+    (FSDP2, and --ep N splits the routed experts over N ranks); under torchrun each process trains on its
+    slice of every global batch (gloo on CPU, NCCL on GPU). Checkpoints (sharded: model, optimizer, loader
+    position, balancing bias, RNG, step) are atomic, and a run resumes from the newest, also at another
+    world size or --ep, keeping the global batch. Without --checkpoint-dir nothing is saved.
 
     \b
     EXAMPLES
@@ -66,7 +85,9 @@ def command(source, preset, mixture, steps, until, batch_size, accumulation, seq
       marin-train --data s3://bucket/corpus --endpoint-url http://127.0.0.1:9000 \\
                   --mixture 'code/*=0.3' --mixture 'prose/*=0.7' --cache-gb 4
       marin-train --data hf://datasets/marin/sample --endpoint http://127.0.0.1:8000 --steps 100
-      torchrun --nproc-per-node 2 -m marin_train --data out/sample --steps 20
+      marin-train --data out/sample --mixture 'code/*=0.3' --mixture 'prose/*=0.7' \\
+                  --mixture-from '1000:code/*=0.5,prose/*=0.5' --checkpoint-dir out/run
+      torchrun --nproc-per-node 4 -m marin_train --data out/sample --ep 2 --steps 20
     """
     if preset not in TRAIN_PRESETS:
         raise click.UsageError(f"unknown --preset {preset!r}; choose one of {', '.join(TRAIN_PRESETS)}")
@@ -75,19 +96,21 @@ def command(source, preset, mixture, steps, until, batch_size, accumulation, seq
     if endpoint:
         options["endpoint"] = endpoint
     base = TRAIN_PRESETS[preset]
-    data = DataConfig(source=source, mixture=_mixture(mixture), mirrors=tuple(mirrors),
+    data = DataConfig(source=source, mixture=_mixture(mixture), mixture_from=_mixture_from(mixture_from),
+                      mirrors=tuple(mirrors),
                       manifest_sha256=manifest_sha256, cache_dir=cache_dir, store_options=options,
                       cache_bytes=int(cache_gb * (1 << 30)) if cache_gb else base.data.cache_bytes)
     changes = {"steps": steps, "batch_size": batch_size, "accumulation": accumulation, "seq_len": seq_len, "lr": lr,
                "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every, "log_every": log_every,
-               "seed": seed}
+               "seed": seed, "ep": ep, "recompute": recompute}
     try:
         cfg = dataclasses.replace(base, data=data, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     result = run_training(cfg, resume=not no_resume, until=until, log=lambda line: click.echo(line))
-    shutdown_distributed()  # this process joined torchrun's group; it leaves it, so exit is clean
-    if result.records:
+    rank = dist.get_rank()
+    shutdown_distributed()  # this process joined a process group; it leaves it, so exit is clean
+    if result.records and rank == 0:
         first, last = result.records[0], result.records[-1]
         rest = result.records[1:] or result.records  # the first step also sets the stream up
         wait = sum(r["data_wait"] for r in rest) / sum(r["seconds"] for r in rest)
@@ -96,6 +119,55 @@ def command(source, preset, mixture, steps, until, batch_size, accumulation, seq
                    + (f", checkpoint {result.checkpoint}" if result.checkpoint else ""))
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``marin-train``: `command` with marin-data's error messages and exit codes."""
-    cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
+@click.command("export", context_settings={"max_content_width": 100})
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
+@click.option("--to", "to", required=True, metavar="DIR", help="Write model.safetensors and config.json here.")
+def export(checkpoint, to) -> None:
+    """Write CHECKPOINT (a step-NNNNNNNN directory) as one model: safetensors and config.json.
+
+    One process, no process group: every sharded tensor is reassembled whole. Load it back with
+    marin_train.export.load_exported(DIR), or any safetensors reader with the config.
+    """
+    from marin_train.export import export_checkpoint  # safetensors only where exporting
+
+    click.echo(f"exported {export_checkpoint(checkpoint, to)}")
+
+
+class _TrainByDefault(click.Group):
+    """A group whose default command is ``train``: arguments that do not start with a command name go to it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["train", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("marin-train", cls=_TrainByDefault, context_settings={"max_content_width": 100})
+def group() -> None:
+    """Train the Marin MoE model (the default command: marin-train --data DIR ...) or export a checkpoint.
+
+    \b
+    EXAMPLES
+      marin-train --data out/sample --steps 50 --checkpoint-dir out/run
+      marin-train export out/run/step-00000050 --to out/model
+    """
+
+
+group.add_command(command)
+group.add_command(export)
+
+
+def main(argv: list[str] | None = None, prog_name: str = "marin-train") -> None:
+    """``marin-train``: `group`, with marin-data's error messages and exit codes."""
+    try:
+        rv = group.main(args=sys.argv[1:] if argv is None else argv, prog_name=prog_name, standalone_mode=False)
+        sys.exit(rv if isinstance(rv, int) else 0)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except Exception as e:  # noqa: BLE001 - known errors become one line and an exit code
+        known = describe(e)
+        if known is None:
+            raise
+        click.secho(f"error: {known[0]}", err=True, fg="red")
+        sys.exit(known[1])

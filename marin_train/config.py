@@ -20,6 +20,7 @@ class DataConfig:
 
     source: str | None = None  # a corpus: local directory, s3://bucket/prefix or hf://datasets/org/name
     mixture: Mapping[str, float] | None = None  # subset names/globs -> weights; None: by token count
+    mixture_from: tuple[tuple[int, Mapping[str, float]], ...] = ()  # (step, weights): the mixture from that step
     mirrors: tuple[str, ...] = ()  # fallback stores of a remote source
     manifest_sha256: str | None = None  # pins the corpus's manifest
     cache_dir: str | None = None  # remote shard cache root (default ~/.cache/marin/remote)

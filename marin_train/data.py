@@ -11,14 +11,32 @@ import dataclasses
 from collections.abc import Callable
 
 from marin_data.errors import LoaderConfigError
-from marin_data.loader import LoaderConfig, make_loader
+from marin_data.loader import LoaderConfig, Phase, make_loader
 from marin_data.loader.remote.stream import is_remote, make_remote_loader
 from marin_data.corpus.manifest import load_corpus
-from marin_train.config import TrainConfig
+from marin_train.checkpoint import resume_config
+from marin_train.config import DataConfig, TrainConfig
 from marin_train.distributed import init_distributed
 from marin_train.loop import TrainResult, train
 
-__all__ = ["run_training", "training_loader"]
+__all__ = ["mixture_schedule", "run_training", "training_loader"]
+
+
+def mixture_schedule(data: DataConfig, global_batch: int):
+    """``data.mixture``, or with ``data.mixture_from`` the loader's phases: the mixture up to the first change
+    step, each change's weights up to the next (``global_batch`` sequences a step; the loader may round a
+    phase end to its mixture block, see `marin_data.loader.Phase`)."""
+    if not data.mixture_from:
+        return data.mixture
+    if data.mixture is None:
+        raise LoaderConfigError("--mixture-from needs --mixture: the weights before the first change")
+    phases, start, weights = [], 0, data.mixture
+    for step, changed in sorted(data.mixture_from, key=lambda change: change[0]):
+        if step <= start:
+            raise LoaderConfigError(f"--mixture-from steps must be positive and distinct, got {step}")
+        phases.append(Phase(dict(weights), (step - start) * global_batch))
+        start, weights = step, changed
+    return [*phases, Phase(dict(weights))]
 
 
 def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: int | None = None):
@@ -26,8 +44,9 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
     data = cfg.data
     if not data.source:
         raise LoaderConfigError("no training data: set DataConfig.source (--data) to a corpus path or URL")
-    config = LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, mixture=data.mixture, seed=cfg.seed,
-                          val_fraction=data.val_fraction)
+    _, world = (rank, world_size) if world_size is not None else init_distributed()[:2]
+    config = LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
+                          mixture=mixture_schedule(data, cfg.global_batch(world)), val_fraction=data.val_fraction)
     if is_remote(data.source):
         return make_remote_loader(data.source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
                                   cache_dir=data.cache_dir, cache_bytes=data.cache_bytes, rank=rank,
@@ -38,8 +57,12 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
 
 def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = None,
                  log: Callable[[str], None] = print) -> TrainResult:
-    """Build the loader, then `marin_train.loop.train` (joining ``torchrun``'s process group if there is one)."""
-    _, _, device = init_distributed()
+    """Build the loader, then `marin_train.loop.train` (joining ``torchrun``'s process group if there is one).
+    A resume keeps the checkpoint's global batch: the per-rank batch follows the world size."""
+    rank, world, device = init_distributed()
+    cfg = resume_config(cfg, world) if resume else cfg
+    if rank == 0 and not cfg.checkpoint_dir:
+        log("no --checkpoint-dir: this run saves no checkpoint")
     loader = training_loader(cfg)
     stream = loader.dataset.stream
     vocab = stream.corpus.manifest.tokenizer.vocab_size

@@ -91,8 +91,9 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
     optimizer = _optimizer(model, cfg)
     step, previous = 0, latest_checkpoint(cfg.checkpoint_dir) if resume and cfg.checkpoint_dir else None
     if previous is not None:
+        # A mixture schedule given from a step on changes the stream's description, not its past sequences.
         step = load_checkpoint(previous, model=model, optimizer=optimizer, data=data,
-                               global_batch=cfg.global_batch(world))
+                               global_batch=cfg.global_batch(world), strict_data=not cfg.data.mixture_from)
         log(f"resumed from {previous} at step {step}")
     params = [p for p in model.parameters() if p.requires_grad]
     tokens_per_step = cfg.global_batch(world) * cfg.seq_len

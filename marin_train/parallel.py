@@ -8,7 +8,7 @@ The mesh is ``("dp", "ep")``, shape (world/P, P), P the expert-parallel degree (
   (its own unit so that its fp32 policy holds while the rest computes in bf16);
 * experts [e*E/P, (e+1)*E/P) of every layer (`GroupedExperts.shard`: a DTensor of the global shape, split by
   expert over the ``ep`` dim), each sharded on its second dim over the ``dp`` dim (the world/P ranks that
-  own the same experts).
+  own the same experts; dim 0 where the ``dp`` size does not divide dim 1, see `_expert_placement`).
 
 Gradients: FSDP averages a dense gradient over all ranks, as data parallelism wants. An expert's gradient
 already sums the tokens of all P ranks of its EP group (the all-to-all's backward), so averaging it over the
@@ -49,8 +49,7 @@ def parallelize(model: Transformer, mesh: DeviceMesh, *, bf16: bool) -> Transfor
     for block in model.blocks:
         experts = block.moe.experts
         experts.shard(mesh["ep"])
-        # dim 1 (the expert's input width): dim 0 is already split by expert, and E/P may be below world/P.
-        fully_shard(experts, mesh=mesh["dp"], mp_policy=policy, shard_placement_fn=lambda _: Shard(1))
+        fully_shard(experts, mesh=mesh["dp"], mp_policy=policy, shard_placement_fn=_expert_placement(mesh["dp"]))
         fully_shard(block.moe.router, mesh=everyone, mp_policy=fp32)
         fully_shard(block, mesh=everyone, mp_policy=policy)
     if not model.cfg.tie_embeddings:  # tied: one matrix, left to the root unit
@@ -69,6 +68,13 @@ def rescale_expert_grads(model: Transformer) -> None:
         for p in (experts.w13_EL2F, experts.w2_EFL):
             if degree > 1 and p.grad is not None:
                 p.grad.div_(degree)
+
+
+def _expert_placement(dp_mesh: DeviceMesh):
+    """Where FSDP splits an expert weight [E/P, a, b] over the ``dp`` ranks: dim 1 when they divide it (dim 0
+    is already split by expert, and E/P may be below world/P); else dim 0, the one dim FSDP splits unevenly
+    (it pads), e.g. at 704 ranks = EP 64 x 11, where 11 divides no dim of Marin's experts."""
+    return lambda p: Shard(1) if p.shape[1] % dp_mesh.size() == 0 else Shard(0)
 
 
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> Tensor:

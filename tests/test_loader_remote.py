@@ -259,7 +259,7 @@ def test_marin_train_cli_trains_checkpoints_and_resumes(corpus, tmp_path, capsys
         assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "step     2/3" in out and "resumed from" in out and "step     3/3" in out and "done: step 3" in out
-    assert sorted(p.name for p in (tmp_path / "run").glob("step-*.pt")) == ["step-00000002.pt", "step-00000003.pt"]
+    assert sorted(p.name for p in (tmp_path / "run").glob("step-*")) == ["step-00000002", "step-00000003"]  # DCP dirs
 
 
 @pytest.fixture(scope="module")

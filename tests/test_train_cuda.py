@@ -1,4 +1,4 @@
-"""Training on a GPU (issue 9): bf16 autocast on CUDA, the MoE layers on the `cuda/` kernels.
+"""Training on a GPU: FSDP2 (world 1, NCCL) with bf16 compute, the MoE layers on the `cuda/` kernels.
 
 Needs only torch and `marin_model` (it runs in `scripts/gpu_check.sh`, on a machine without our data
 dependencies), so the batches are synthetic: a few fixed random batches served round and round, with the
@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 from cuda_env import cuda_kernels  # noqa: F401 - autouse fixture
 
@@ -68,3 +69,14 @@ def test_a_checkpoint_written_on_cuda_resumes_at_its_step(tmp_path):
     second = train(cfg, data, log=lambda _: None, device=torch.device("cuda"))
     assert first.steps == 3 and [r["step"] for r in second.records] == [4, 5, 6]
     assert data.position == 6  # the data resumed where the checkpoint left it
+
+
+def test_twenty_steps_of_the_tiny_preset_under_fsdp2_on_one_gpu():
+    cfg = replace(CFG, steps=20, model_overrides={"vocab_size": 512})  # all 4 layers of the tiny preset
+    result = train(cfg, Repeating(cfg), log=lambda _: None, device=torch.device("cuda"))
+    losses = [r["loss"] for r in result.records]
+    assert len(losses) == 20 and all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 0.5
+    assert torch.distributed.get_world_size() == 1
+    for name, p in result.model.named_parameters():
+        assert isinstance(p, DTensor) and p.device_mesh.device_type == "cuda", name
+        assert p.dtype == torch.float32, name  # fp32 master weights; bf16 only while gathered for compute

@@ -167,3 +167,13 @@ def test_a_kill_during_a_save_resumes_from_the_previous_checkpoint(runs):
     assert close(resumed["loss"], runs["w1"]["loss"][2:])
     assert_states_close(resumed["state"], runs["w1"]["state"], CFG)
     assert sorted(p.name for p in (root / "killed").glob("step-*")) == ["step-00000004", "step-00000006"]
+
+
+def test_an_exported_checkpoint_loads_on_one_process_with_the_same_logits(runs, tmp_path):
+    from marin_train.export import export_checkpoint, load_exported
+
+    trained = runs["w4ep2_until3"]  # trained and evaluated at world 4, EP 2
+    to = export_checkpoint(trained["checkpoint"], tmp_path / "model")
+    assert sorted(p.name for p in to.iterdir()) == ["config.json", "model.safetensors"]
+    model = load_exported(to)
+    torch.testing.assert_close(model(trained["tokens"]).logits, trained["logits"], atol=1e-5, rtol=1e-5)

@@ -1,0 +1,164 @@
+"""The layout of a training run, computed: per-GPU memory, FLOPs per token, total FLOPs and the implied MFU.
+
+``python -m marin_train.plan --preset marin-535b-a23b --gpus 792 --gpu-memory-gb 186 --ep 64 --seq-len 4096
+--global-batch 11264``
+
+The layout is `marin_train.parallel`'s: every dense parameter sharded over all ranks, the routed experts
+split over ``ep`` ranks and each sharded (on its second dim) over the world/ep ranks that own it. The global
+batch must divide over the data-parallel ranks (every rank reads its own sequences), so the plan trains on the
+largest world <= ``gpus`` that the batch and ``ep`` divide, and leaves the rest as spares.
+
+Parameter bytes per rank are exact: `param_shard_numel` applies FSDP's chunking (rank 0 holds ceil(d/n) rows
+of a dim of d split n ways) to the real module's shapes, built on the meta device; a test checks it against
+``fully_shard`` under a fake process group. Activations are an estimate from the tensors a block saves for
+its backward pass (`activation_bytes_per_token`), not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+import torch
+
+from marin_model.config import ModelConfig, get_preset
+from marin_model.model import Transformer
+from marin_model.params import count_params
+
+__all__ = ["Plan", "activation_bytes_per_token", "flops_per_token", "make_plan", "param_shard_numel"]
+
+PUBLISHED_FLOPS = {"marin-535b-a23b": 2.7e24}  # the published training compute of the hero run
+PEAK_BF16 = 2.5e15  # GB200, dense bf16 FLOP/s per GPU: 180 PFLOPS per NVL72 rack of 72 GPUs (NVIDIA's sheet)
+GiB = 1 << 30
+
+
+def param_shard_numel(cfg: ModelConfig, world: int, ep: int) -> int:
+    """Parameters rank 0 holds (the most any rank holds) under `marin_train.parallel`'s layout."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    total = 0
+    for name, p in model.named_parameters():
+        if ".experts." in name:  # [E, a, b]: E/ep experts, split over world/ep ranks on dim 1, else dim 0
+            E, a, b = p.shape
+            dp = world // ep
+            total += (E // ep) * (a // dp) * b if a % dp == 0 else math.ceil(E // ep / dp) * a * b
+        else:
+            total += math.ceil(p.shape[0] / world) * (p.numel() // p.shape[0])
+    return total
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> tuple[float, float]:
+    """Training FLOPs per token (forward + backward = 3 x forward): (matmuls with weights, attention scores).
+
+    Matmuls: 6 x the active parameters that multiply (k of E experts, router, head; not the embedding lookup,
+    not the norms). Attention: 3 x 2 x 2 x heads x head_dim x the mean causal context of a layer (QK^T and
+    AV), S/2 on a global layer, w - w^2/(2S) on a window layer of width w (for S >= w).
+    """
+    counts = count_params(cfg)
+    norms = (2 * cfg.n_layers + 1) * cfg.d_model
+    matmul = counts.active_non_embedding - norms + cfg.vocab_size * cfg.d_model
+    window = cfg.window if seq_len > cfg.window else seq_len
+    local = window - window ** 2 / (2 * seq_len) if seq_len > cfg.window else (seq_len + 1) / 2
+    contexts = sum((seq_len + 1) / 2 if cfg.is_global(i) else local for i in range(cfg.n_layers))
+    return 6.0 * matmul, 12.0 * cfg.n_heads * cfg.head_dim * contexts
+
+
+def activation_bytes_per_token(cfg: ModelConfig, recompute: bool) -> float:
+    """Bytes of activations kept for the backward pass per token (bf16, fp32 router logits), over all layers.
+
+    Per layer without recompute: the block input and both norm outputs (3D), q, k, v and the attention output
+    (2 Hq d + 2 Hkv d), the latent down-projection and its routed copies, each expert's gate/up and SwiGLU
+    output and its result (L + k(2L + 3F)), the unpermuted sum (L), the shared experts' hidden state (3 Fs),
+    and the router's fp32 logits (E). With recompute only the block input is kept, plus one block's full set
+    during its backward pass. The head's logits (V, bf16 and fp32 for the loss) are counted in both.
+    """
+    m, D = cfg.moe, cfg.d_model
+    L = m.latent_dim or D
+    kv = max(cfg.n_kv_heads, cfg.n_kv_heads_global)
+    block = 2 * (3 * D + 2 * cfg.n_heads * cfg.head_dim + 2 * kv * cfg.head_dim + L
+                 + m.top_k * (2 * L + 3 * m.expert_dim) + L + 3 * m.num_shared * m.shared_dim) + 4 * m.num_experts
+    head = 6 * cfg.vocab_size
+    if recompute:
+        return cfg.n_layers * 2 * D + block + head
+    return cfg.n_layers * block + head
+
+
+@dataclass(frozen=True)
+class Plan:
+    world: int  # GPUs that train (the rest are spares)
+    ep: int
+    micro_batch: int  # sequences per rank per micro-batch
+    accumulation: int  # micro-batches per step
+    param_numel: int  # per rank (rank 0, the most)
+    memory: dict[str, float]  # per-GPU bytes by kind
+    flops_per_token: float
+    total_flops: float
+    mfu: float  # model-FLOPs utilisation implied by the run time
+
+
+def make_plan(cfg: ModelConfig, *, gpus: int, gpu_memory_gb: float, ep: int, seq_len: int, global_batch: int,
+              tokens: float, days: float, peak: float = PEAK_BF16, recompute: bool = True) -> Plan:
+    """The largest world <= ``gpus`` that ``global_batch`` and ``ep`` divide (raises if none); the largest
+    micro-batch whose memory fits ``gpu_memory_gb``; the memory, FLOPs and MFU of that layout."""
+    if cfg.moe.num_experts % ep:
+        raise ValueError(f"--ep {ep} does not divide the {cfg.moe.num_experts} routed experts")
+    world = next((w for w in range(gpus, 0, -1) if global_batch % w == 0 and w % ep == 0), None)
+    if world is None:
+        raise ValueError(f"no world size <= {gpus} divides the global batch {global_batch} and is a multiple of {ep}")
+    per_rank = global_batch // world
+    numel = param_shard_numel(cfg, world, ep)
+    states = {"parameters (fp32 master)": 4 * numel, "gradients (fp32)": 4 * numel, "Adam moments (fp32)": 8 * numel}
+    with torch.device("meta"):
+        block = Transformer(cfg).blocks[0]
+    block_numel = sum(p.numel() for n, p in block.named_parameters() if ".experts." not in n)
+    expert_numel = sum(p.numel() for n, p in block.named_parameters() if ".experts." in n) // ep
+    states["gathered bf16 blocks (2, prefetch)"] = 2 * 2 * (block_numel + expert_numel)
+    fits = [mb for mb in range(per_rank, 0, -1) if per_rank % mb == 0
+            and sum(states.values()) + mb * seq_len * activation_bytes_per_token(cfg, recompute) <= gpu_memory_gb * 1e9]
+    micro = fits[0] if fits else 1
+    memory = {**states, "activations, no recompute": micro * seq_len * activation_bytes_per_token(cfg, False),
+              "activations, recompute": micro * seq_len * activation_bytes_per_token(cfg, True)}
+    matmul, attention = flops_per_token(cfg, seq_len)
+    total = (matmul + attention) * tokens
+    return Plan(world, ep, micro, per_rank // micro, numel, memory, matmul + attention, total,
+                total / (gpus * peak * days * 86400))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m marin_train.plan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="marin-535b-a23b")
+    parser.add_argument("--gpus", type=int, default=792)
+    parser.add_argument("--gpu-memory-gb", type=float, default=186.0)
+    parser.add_argument("--ep", type=int, default=64)
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--global-batch", type=int, default=11264, help="sequences per optimizer step")
+    parser.add_argument("--tokens", type=float, default=18.75e12, help="training tokens (default 18.75T)")
+    parser.add_argument("--days", type=float, default=90.0, help="wall-clock days of the run (default ~3 months)")
+    parser.add_argument("--peak-tflops", type=float, default=PEAK_BF16 / 1e12, help="dense bf16 peak per GPU")
+    args = parser.parse_args(argv)
+    cfg = get_preset(args.preset)
+    plan = make_plan(cfg, gpus=args.gpus, gpu_memory_gb=args.gpu_memory_gb, ep=args.ep, seq_len=args.seq_len,
+                     global_batch=args.global_batch, tokens=args.tokens, days=args.days, peak=args.peak_tflops * 1e12)
+    print(f"{args.preset}: {count_params(cfg).total:,} parameters; layout on {plan.world} of {args.gpus} GPUs "
+          f"({args.gpus - plan.world} spare): FSDP over {plan.world}, EP {plan.ep} x {plan.world // plan.ep} "
+          f"shards per expert")
+    print(f"batch: {args.global_batch} sequences = {plan.world} ranks x {plan.micro_batch} x {plan.accumulation} "
+          f"micro-batches of {args.seq_len} tokens")
+    print(f"per GPU ({args.gpu_memory_gb:g} GB): {plan.param_numel:,} parameters")
+    for kind, size in plan.memory.items():
+        print(f"  {kind:<36} {size / 1e9:9.2f} GB")
+    fixed = sum(v for k, v in plan.memory.items() if not k.startswith("activations"))
+    for label in ("no recompute", "recompute"):
+        print(f"  total, {label:<29} {(fixed + plan.memory['activations, ' + label]) / 1e9:9.2f} GB")
+    matmul, attention = flops_per_token(cfg, args.seq_len)
+    print(f"FLOPs per token: {plan.flops_per_token:.4g} ({matmul:.4g} matmuls + {attention:.4g} attention)")
+    print(f"total for {args.tokens:.4g} tokens: {plan.total_flops:.4g} FLOPs", end="")
+    published = PUBLISHED_FLOPS.get(args.preset)
+    print(f"; published {published:.2g}, ratio {plan.total_flops / published:.3f}" if published else "")
+    print(f"MFU over {args.days:g} days on {args.gpus} GPUs at {args.peak_tflops:g} TFLOP/s bf16 each: {plan.mfu:.1%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""``marin-train``: a command group whose default command trains; checkpoint names it never writes through."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_train import CFG, corpus, loader_for  # noqa: F401 - corpus is a fixture
+
+from marin_train.cli import _mixture_from, main
+from marin_train.loop import train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_usage_names_real_commands(capsys):
+    top = subprocess.run([sys.executable, "-m", "marin_train", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert top.returncode == 0 and "Usage: python -m marin_train [OPTIONS] COMMAND [ARGS]" in top.stdout
+    assert "train" in top.stdout and "export" in top.stdout
+    with pytest.raises(SystemExit) as exit_:
+        main(["--bogus"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Usage: marin-train train [OPTIONS]" in err and "No such option" in err
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "--ep INTEGER" in capsys.readouterr().out
+
+
+def test_the_default_command_trains_and_says_it_saves_nothing(corpus, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--data", str(corpus.root), "--steps", "1", "--batch-size", "2", "--seq-len", "32"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "saves no checkpoint" in out and "done: step 1" in out
+
+
+def test_mixture_from_parses_steps_and_weights():
+    assert _mixture_from(("100:a=0.5,b/*=0.5", "200:a=1")) == ((100, {"a": 0.5, "b/*": 0.5}), (200, {"a": 1.0}))
+    with pytest.raises(Exception, match="STEP:SUBSET=W"):
+        _mixture_from(("a=1",))
+
+
+def test_checkpoints_are_never_written_through_a_symlink(corpus, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "latest").symlink_to(tmp_path / "elsewhere")
+    cfg = replace(CFG, steps=1, checkpoint_dir=str(run))
+    with pytest.raises(FileExistsError, match="latest is a symlink"):
+        train(cfg, loader_for(corpus, cfg, tmp_path / "c"), log=lambda _: None, resume=False)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_single_file_checkpoint_of_earlier_versions_is_refused_by_name(corpus, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "step-00000001.pt").write_bytes(b"old")
+    (run / "latest").write_text("step-00000001.pt")
+    cfg = replace(CFG, steps=2, checkpoint_dir=str(run))
+    with pytest.raises(ValueError, match="step-00000001.pt.*single-file checkpoints"):
+        train(cfg, loader_for(corpus, cfg, tmp_path / "c"), log=lambda _: None)
