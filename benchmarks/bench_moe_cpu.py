@@ -1,4 +1,4 @@
-"""MoE block forward+backward on CPU: the marin:: op chain vs naive per-expert loops (issue 6).
+"""MoE block forward+backward on CPU: the marin:: op chain vs naive per-expert loops.
 
 All of them run the same ``MoE`` module (same parameters, same routing) on the same tokens. "ops" goes through
 ``route_topk -> permute -> grouped experts (torch._grouped_mm) -> unpermute``. The naive versions are
@@ -6,7 +6,7 @@ All of them run the same ``MoE`` module (same parameters, same routing) on the s
 runs it and ``index_add``s the weighted result (Mixtral-style reference code), with one view per expert as a
 ModuleList of experts would; "naive-stacked" is the same loop indexing the stacked [E,...] weights inside the
 loop, as code written against stacked expert tensors does, so every expert's backward writes a zero-filled
-gradient the size of all the experts; "naive-mask" is issue 6's literal baseline, per-expert masking: every
+gradient the size of all the experts; "naive-mask" is the literal per-expert masking baseline: every
 expert runs on every token and its output is multiplied by a dense [T,E] gate, zero where the token is not
 routed to it (E/k times the expert FLOPs).
 

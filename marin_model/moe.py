@@ -122,7 +122,7 @@ class SwiGLU(nn.Module):
 
 def _grouped_mm_ok(x_RL: Tensor, hidden: int) -> bool:
     """Whether ``torch._grouped_mm`` can run the experts: present, 16-byte-aligned strides, and the dtype works
-    on this device (probed once eagerly; under torch.compile only bf16 has a meta kernel, DESIGN.md, and an
+    on this device (probed once eagerly; under torch.compile only bf16 has a meta kernel, and an
     eager probe that already failed is believed). Otherwise the experts run as a loop, which needs one host
     sync and so breaks a fullgraph compile: compile the block in bf16."""
     if not hasattr(torch, "_grouped_mm") or any(d * x_RL.element_size() % 16 for d in (x_RL.shape[1], hidden)):

@@ -4,7 +4,7 @@ It uses an ``MoE`` module's parameters and must give the same output, so tests c
 and ``benchmarks/bench_moe_cpu.py`` times them side by side. Two loops: by default each expert gathers the
 tokens routed to it and ``index_add``s its weighted output back (Mixtral's reference code); ``dense_mask``
 runs each expert on every token and multiplies its output by a dense [T,E] gate that is zero where the token
-is not routed to that expert (the formulation of simple MoE reference code, issue 6's "naive per-expert
+is not routed to that expert (the formulation of simple MoE reference code, "naive per-expert
 masking": E/k times the expert FLOPs, but no data-dependent shapes). Device-limited routing (n_group > 1) is not
 covered here; the ops tests check it against their own reference.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 7, in one command, for a machine with an NVIDIA GPU, nvcc, python3 with torch and
+# The GPU check of the kernels, in one command, for a machine with an NVIDIA GPU, nvcc, python3 with torch and
 # pytest, and none of our other dependencies (the H200 machine: Python 3.12, torch 2.11, nvcc 13.0):
 #
 #   bash scripts/gpu_check.sh            # logs and tables under $OUT if set, else out/gpu_check/

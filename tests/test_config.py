@@ -27,7 +27,7 @@ def test_exact_counts_of_both_presets():
     marin = count_params(MARIN)
     assert (marin.total, marin.active_non_embedding, marin.embedding) == \
         (535_192_737_792, 22_649_837_568, 1_576_009_728)
-    # DESIGN.md's figures are ours without the 48*2*6144 + 6144 RMSNorm weights.
+    # The usual figures (535,192,141,824 / 22,649,241,600) are ours without the 48*2*6144 + 6144 RMSNorm weights.
     norms = 48 * 2 * 6144 + 6144
     assert (marin.total - norms, marin.active_non_embedding - norms) == (535_192_141_824, 22_649_241_600)
     assert (marin.published_total, marin.published_active_non_embedding) == (535_305_984_000, 22_763_083_776)

@@ -104,7 +104,7 @@ def test_router_stats_report_drops_and_z_loss():
 
 @pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch._grouped_mm is missing in this build")
 def test_compiled_moe_block_equals_eager():
-    """fullgraph compile needs bf16: torch's grouped GEMM has a meta kernel only for bf16 (DESIGN.md)."""
+    """fullgraph compile needs bf16: torch's grouped GEMM has a meta kernel only for bf16."""
     moe = make_moe(torch.bfloat16, capacity_factor=1.0)
     x = torch.randn(64, TINY.d_model, dtype=torch.bfloat16, requires_grad=True)
     results = []

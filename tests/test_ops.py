@@ -1,4 +1,4 @@
-"""marin:: ops against slow, obvious references (STYLE rule 6), plus opcheck and gradcheck on every op."""
+"""marin:: ops against slow, obvious references, plus opcheck and gradcheck on every op."""
 
 import math
 import subprocess
