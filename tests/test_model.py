@@ -87,3 +87,13 @@ def test_demo_prints_counts_timing_and_router_stats(capsys):
         assert expected in out
     demo(["--preset", "marin-535b-a23b"])
     assert "535,192,737,792" in capsys.readouterr().out
+
+
+def test_recompute_counts_each_token_once_for_balancing():
+    torch.manual_seed(0)
+    model = Transformer(TINY).train()
+    model.recompute = True
+    tokens = torch.randint(0, TINY.vocab_size, (2, 16))
+    model(tokens, tokens).loss.backward()  # the backward pass runs every block's forward again
+    for block in model.blocks:
+        assert block.moe.balancer.load_E.sum() == 2 * 16 * TINY.moe.top_k

@@ -100,3 +100,12 @@ def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
     result = train(replace(CFG, steps=2, precision="bf16"), loader_for(corpus, CFG, tmp_path / "c"), log=lambda _: None)
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in result.records)
     assert all(p.dtype == torch.float32 for p in result.model.parameters())  # fp32 master weights (the shards)
+
+
+def test_recompute_gives_the_same_run_and_counts_the_load_once(corpus, tmp_path):
+    runs = [train(replace(CFG, steps=3, recompute=recompute), loader_for(corpus, CFG, tmp_path / "c"),
+                  log=lambda _: None) for recompute in (False, True)]
+    assert [r["loss"] for r in runs[1].records] == pytest.approx([r["loss"] for r in runs[0].records], rel=1e-6)
+    assert [r["imbalance"] for r in runs[1].records] == [r["imbalance"] for r in runs[0].records]
+    # Every weight and the balancing bias, which moved by the same load (not counted twice).
+    torch.testing.assert_close(*(full_state_dict(r.model) for r in runs), atol=1e-6, rtol=0)

@@ -60,3 +60,14 @@ def test_a_single_file_checkpoint_of_earlier_versions_is_refused_by_name(corpus,
     cfg = replace(CFG, steps=2, checkpoint_dir=str(run))
     with pytest.raises(ValueError, match="step-00000001.pt.*single-file checkpoints"):
         train(cfg, loader_for(corpus, cfg, tmp_path / "c"), log=lambda _: None)
+
+
+def test_mixture_from_changes_the_mixture_on_resume(corpus, tmp_path, capsys):
+    args = ["--data", str(corpus.root), "--steps", "4", "--batch-size", "2", "--seq-len", "32", "--log-every", "1",
+            "--checkpoint-dir", str(tmp_path / "run"), "--mixture", "a=1", "--mixture", "b=1"]
+    for extra in (["--until", "2"], ["--mixture-from", "3:a=1,b=3"]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*args, *extra])
+        assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "done: step 4" in out
