@@ -29,6 +29,7 @@ __all__ = [
     "InvalidTokenizerError",
     "InvalidMetadataError",
     "DatasheetIncompleteError",
+    "StaleDatasheetError",
     "LoaderConfigError",
     "LoaderStateMismatchError",
     "ShardFormatError",
@@ -132,6 +133,10 @@ class DatasheetIncompleteError(ValueError, MarinDataError):
     def __init__(self, message: str, *, path: str | None = None, missing: list | tuple = ()) -> None:
         MarinDataError.__init__(self, message, path=path)
         self.missing = list(missing)
+
+
+class StaleDatasheetError(ValueError, MarinDataError):
+    """The datasheet states another manifest sha256 than the corpus's: regenerate it before publishing."""
 
 
 class LoaderConfigError(ValueError, MarinDataError):

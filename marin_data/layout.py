@@ -6,6 +6,7 @@ Names only, no behaviour. A corpus (docs/design.md, the corpus layout) is::
     sources/<subset>.json                            what each subset was built from (`marin-data shard`)
     README.md  croissant.json  datasheets/*.png      generated documentation, listed in the manifest
     datasheets/datasheet.md                          the one file the manifest does not list (`UNLISTED`)
+    mirrors.json                                     where publish put it: local, never published, never trusted
 
 and, while it is being written or fetched, ``.marin.lock``, ``.staging/``, ``*.marin-download.part`` (with
 ``*.marin-download.ranges.part``) and, in a partial download, ``.marin-download.json``.
@@ -29,6 +30,7 @@ __all__ = [
     "FIGURES",
     "LISTED",
     "UNLISTED",
+    "MIRRORS",
     "LOCK_NAME",
     "STAGING",
     "RECORD",
@@ -54,6 +56,7 @@ LENGTHS_PNG = "document-lengths.png"
 FIGURES = (f"{DATASHEETS}/{COMPOSITION_PNG}", f"{DATASHEETS}/{LENGTHS_PNG}")
 LISTED = (CARD, CROISSANT, *FIGURES)  # generated files the manifest lists (in-corpus mode)
 UNLISTED = (DATASHEET,)  # states the manifest's digest, so the manifest cannot list it
+MIRRORS = "mirrors.json"  # the places publish has put the corpus; outside the chain of trust, kept local
 
 # Present only while the corpus is being written or fetched.
 LOCK_NAME = ".marin.lock"  # one writer per corpus

@@ -55,8 +55,8 @@ def train_on_it(corpus: Path) -> None:
 def publish_and_download(corpus: Path) -> None:
     """Publish to a throwaway S3 server on loopback (moto), download one subset back, verify it.
 
-    A copy is published because publish records the bucket in the manifest's mirrors, and the local server's
-    port changes every run: the sample corpus itself stays as built. The server is always stopped.
+    A copy is published because publish records the bucket in the corpus's mirrors.json, and the local
+    server's port changes every run: the sample corpus itself stays as built. The server is always stopped.
     """
     from marin_data.testing.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server
 
@@ -74,8 +74,8 @@ def publish_and_download(corpus: Path) -> None:
         print(f"   {endpoint}", flush=True)
         step("Publish it: one PUT per file with its SHA-256, manifest last", "publish", str(copy), "--to", url,
              "--endpoint-url", endpoint)
-        step("Publishing recorded the bucket in the manifest's mirrors: restate the new digest in the datasheet",
-             "datasheet", str(copy), "--meta", "datasheets/sample-meta.yaml")
+        step("Publishing recorded the bucket in mirrors.json (the manifest and its digest are unchanged): list it "
+             "in the datasheet", "datasheet", str(copy), "--meta", "datasheets/sample-meta.yaml")
         step("Publish again: only the datasheet changed, everything else is skipped", "publish", str(copy), "--to",
              url, "--endpoint-url", endpoint)
         step("Download one subset, verified as it streams", "download", url, "--subset", subset, "--to",

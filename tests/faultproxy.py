@@ -190,9 +190,10 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             for k, v in resp.getheaders():
                 if k.lower() not in _HOP and k.lower() != "content-length":
                     self.send_header(k, v)
-            self.send_header("Content-Length", str(len(out)))
+            head = self.command == "HEAD"  # no body: pass the object's length through
+            self.send_header("Content-Length", resp.getheader("Content-Length", "0") if head else str(len(out)))
             self.end_headers()
-            if self.command == "HEAD":
+            if head:
                 return
             stop = int(len(out) * fault.fraction) if kind == "drop" else len(out)
             for i in range(0, stop, _CHUNK):

@@ -22,6 +22,7 @@ import yaml
 
 from marin_data.cli import main
 from marin_data.corpus.manifest import commit_corpus, load_corpus
+from marin_data.corpus.mirrors import record_mirrors
 from marin_data.corpus.shard import read_shard, write_shard
 from marin_data.docs.questions import QUESTIONS, SUBSET_QUESTIONS, not_answered
 from marin_data.docs.stats import PERCENTILES, nearest_rank
@@ -324,7 +325,7 @@ def test_the_printed_download_and_verify_commands_work(documented, tmp_path, cap
     downloads = [shlex.split(line) for b in blocks for line in b.splitlines() if line.startswith("marin-data download")]
     assert [d[d.index("--subset") + 1] for d in downloads] == sorted(SUBSETS)
     argv = downloads[1][1:]  # b/c, from "SOURCE": no mirror is recorded
-    assert argv[1] == "SOURCE" and "No mirror is recorded in the manifest" in text
+    assert argv[1] == "SOURCE" and "No mirror is recorded yet" in text
     dest = tmp_path / "copy"
     argv[1], argv[argv.index("--to") + 1] = str(corpus.root), str(dest)
     with pytest.raises(SystemExit) as e:
@@ -337,19 +338,20 @@ def test_the_printed_download_and_verify_commands_work(documented, tmp_path, cap
     assert e.value.code == 0, capsys.readouterr()
 
 
-def test_mirrors_from_the_manifest_are_shown_with_their_commands(make_corpus, tmp_path):
+def test_recorded_mirrors_are_shown_with_their_commands(make_corpus, tmp_path):
     corpus = make_corpus(SUBSETS)
-    mirrored = replace(corpus.manifest, mirrors=[
+    record_mirrors(corpus.root, [
         {"url": "s3://bucket/marin", "endpoint_url": "http://127.0.0.1:9000", "subsets": ["a", "web/en"]},
         {"url": "s3://other/marin"},  # no subsets list: holds every subset
         {"url": "hf://datasets/team/marin", "endpoint": "http://127.0.0.1:8080", "subsets": ["b/c"]},
     ])
-    digest = commit_corpus(corpus.root, mirrored, corpus.shards)
+    digest = corpus.manifest_sha256  # recording mirrors leaves the manifest alone
+    assert load_corpus(corpus.root).manifest_sha256 == digest
     write_datasheet(corpus.root, out=tmp_path / "out")
     text = (tmp_path / "out" / DATASHEET).read_text()
     assert md_tables(text)[("URL", "Endpoint", "Subsets")] == [
-        ["`s3://bucket/marin`", "`http://127.0.0.1:9000`", "`a`, `web/en`"], ["`s3://other/marin`", "default", "all"],
-        ["`hf://datasets/team/marin`", "`http://127.0.0.1:8080`", "`b/c`"]]
+        ["`hf://datasets/team/marin`", "`http://127.0.0.1:8080`", "`b/c`"],
+        ["`s3://bucket/marin`", "`http://127.0.0.1:9000`", "`a`, `web/en`"], ["`s3://other/marin`", "default", "all"]]
     assert (f"marin-data download s3://bucket/marin --endpoint-url http://127.0.0.1:9000 --subset a "
             f"--to ./synthetic --manifest-sha256 {digest}") in text
     assert f"marin-data download s3://other/marin --subset b/c --to ./synthetic --manifest-sha256 {digest}" in text

@@ -84,7 +84,9 @@ def test_a_manifest_not_matching_the_pin_is_refused_before_anything_is_written(m
 
 def test_a_pinned_manifest_falls_back_to_a_mirror_whose_copy_matches(moto, published, fault_corpus, tmp_path):
     url, src, digest = published
-    tampered = copy_corpus(fault_corpus, tmp_path / "tampered")  # lacks the mirrors entry: another digest
+    tampered = copy_corpus(fault_corpus, tmp_path / "tampered")
+    manifest = json.loads((tampered / MANIFEST).read_text())
+    (tampered / MANIFEST).write_text(json.dumps({**manifest, "version": "tampered"}))  # another digest
     report = download(tampered, subsets=["a"], dest=tmp_path / "dest", mirrors=[url], manifest_sha256=digest,
                       endpoint_url=moto, policy=FAST)
     assert report.ok and report.plan.manifest_sha256 == digest

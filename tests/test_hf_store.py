@@ -38,9 +38,9 @@ def mirror(tmp_path):
 @pytest.fixture
 def split(mirror, tmp_path):
     """A corpus published across three repos (team/c, team/c-part2, team/c-part3)."""
-    corpus = build_corpus(tmp_path / "src", SUBSETS)
-    report = publish_hf(corpus.root, to="hf://datasets/team/c", endpoint=mirror.url, token=TOKEN,
-                        max_files_per_repo=5, progress=False)
+    corpus = build_corpus(tmp_path / "src", SUBSETS, max_files_per_repo=5)
+    assert corpus.manifest.repos == {"a": 2, "b/c": 2, "d": 3}
+    report = publish_hf(corpus.root, to="hf://datasets/team/c", endpoint=mirror.url, token=TOKEN, progress=False)
     assert len(report.repos) == 3
     return load_corpus(corpus.root)
 

@@ -9,7 +9,7 @@ import subprocess
 import pyarrow.parquet as pq
 import pytest
 
-from marin_data.corpus.manifest import load_corpus, safe_relpath, select_subsets
+from marin_data.corpus.manifest import ShardRecord, assign_repos, load_corpus, safe_relpath, select_subsets
 from marin_data.corpus.shard import TOKENS_VALUES, inspect_shard, read_shard
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnsafePathError
 from marin_data.layout import MANIFEST, SHARDS_INDEX
@@ -91,3 +91,15 @@ def test_manifest_bytes_are_deterministic(make_corpus):
     b = make_corpus({"a": [5, 6]}, seed=3)
     assert (a.root / MANIFEST).read_bytes() == (b.root / MANIFEST).read_bytes()
     assert (a.root / SHARDS_INDEX).read_bytes() == (b.root / SHARDS_INDEX).read_bytes()
+
+
+def test_hub_repos_are_assigned_first_fit_and_a_subset_keeps_its_repo():
+    def rows(counts):
+        return [ShardRecord(f"data/{s}/part-{i:05d}.parquet", s, 1, "0" * 64, 1, 1, 1)
+                for s, n in counts.items() for i in range(n)]
+
+    first = assign_repos(rows({"b": 3, "c": 4}), meta_files=4, previous={}, max_files_per_repo=8)
+    assert first == {"b": 1, "c": 2}
+    # "a" sorts first but is new: published subsets stay where they are, the newcomer goes where it fits
+    assert assign_repos(rows({"a": 1, "b": 3, "c": 4}), meta_files=4, previous=first, max_files_per_repo=8) == {
+        "a": 1, "b": 1, "c": 2}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import filecmp
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +13,10 @@ from huggingface_hub import HfApi, snapshot_download
 from test_mirror import corpus_files
 
 from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.mirrors import read_mirrors
 from marin_data.corpus.verify import verify_corpus
 from marin_data.errors import ObjectTooLargeError, ShardChecksumError
-from marin_data.layout import MANIFEST
+from marin_data.layout import MANIFEST, MIRRORS
 from marin_data.testing.mirror import running_mirror
 from marin_data.transfer.publish_hf import plan_repos, publish_hf
 
@@ -42,11 +42,12 @@ def test_publish_then_download_is_identical_and_a_rerun_sends_nothing(mirror, tm
                         commit_files=3, progress=False)
     assert report.repos == ("hf://datasets/team/c",) and report.skipped == ()
     assert report.commits == 5 and report.uploaded[-1] == MANIFEST  # 6 shards + 4 metadata files by 3, manifest
-    mirrors = json.loads((corpus.root / MANIFEST).read_text())["mirrors"]
-    assert mirrors == [{"url": "hf://datasets/team/c", "subsets": sorted(SUBSETS), "endpoint": mirror.url}]
+    assert report.manifest_sha256 == corpus.manifest_sha256 == load_corpus(corpus.root).manifest_sha256
+    assert read_mirrors(corpus.root) == [{"url": "hf://datasets/team/c", "subsets": sorted(SUBSETS),
+                                          "endpoint": mirror.url}]
 
     local = download(mirror, "team/c", tmp_path / "dl")
-    assert corpus_files(local) == corpus_files(corpus.root)
+    assert corpus_files(local) == [f for f in corpus_files(corpus.root) if f != MIRRORS]  # that stays local
     assert all(filecmp.cmp(corpus.root / f, local / f, shallow=False) for f in corpus_files(local))
     assert load_corpus(local).manifest_sha256 == report.manifest_sha256
 
@@ -74,27 +75,34 @@ def test_an_interrupted_publish_resumes_without_resending(mirror, tmp_path):
     assert verify_corpus(download(mirror, "team/r", tmp_path / "dl")).ok
 
 
-def test_subsets_are_split_across_repos_and_the_manifest_says_where(mirror, tmp_path):
-    corpus = build_corpus(tmp_path / "src", SUBSETS)
+def test_subsets_are_split_across_repos_as_the_pinned_manifest_says(mirror, tmp_path):
+    corpus = build_corpus(tmp_path / "src", SUBSETS, max_files_per_repo=10)  # room for 9 metadata files first
+    assert corpus.manifest.repos == {"a": 2, "b/c": 1, "d": 2}
     report = publish_hf(corpus.root, to="hf://datasets/team/s", endpoint=mirror.url, token=TOKEN,
-                        max_files_per_repo=5, progress=False)
-    assert report.repos == ("hf://datasets/team/s", "hf://datasets/team/s-part2", "hf://datasets/team/s-part3")
-    mirrors = {m["url"]: m["subsets"] for m in json.loads((corpus.root / MANIFEST).read_text())["mirrors"]}
-    assert sorted(s for subs in mirrors.values() for s in subs) == sorted(SUBSETS)  # each subset in one repo
+                        max_files_per_repo=10, progress=False)
+    assert report.repos == ("hf://datasets/team/s", "hf://datasets/team/s-part2")
+    assert report.manifest_sha256 == corpus.manifest_sha256  # the split is in the manifest, decided before
+    mirrors = {m["url"]: m["subsets"] for m in read_mirrors(corpus.root)}
+    assert mirrors == {"hf://datasets/team/s": ["b/c"], "hf://datasets/team/s-part2": ["a", "d"]}
     api = HfApi(endpoint=mirror.url)
     for url, subsets in mirrors.items():
         repo = url.removeprefix("hf://datasets/")
         files = [e.path for e in api.list_repo_tree(repo, repo_type="dataset", recursive=True) if hasattr(e, "size")]
-        assert len(files) <= 5
+        assert len(files) <= 10
         shards = {f for f in files if f.startswith("data/")}
         assert shards == {s.path for s in corpus.shards if s.subset in subsets}
         assert (MANIFEST in files) == (repo == "team/s")
+    from marin_data.transfer.download import download as fetch
+
+    got = fetch("hf://datasets/team/s", subsets=["d"], dest=tmp_path / "dl", endpoint=mirror.url,
+                manifest_sha256=corpus.manifest_sha256)  # found in the part repo through the pinned manifest
+    assert got.ok and verify_corpus(tmp_path / "dl").ok
 
 
-def test_limits_that_no_split_can_meet_are_refused_before_any_upload(mirror, tmp_path):
+def test_limits_the_manifest_split_does_not_meet_are_refused_before_any_upload(mirror, tmp_path):
     corpus = build_corpus(tmp_path / "src", SUBSETS)
-    with pytest.raises(ObjectTooLargeError, match="subset 'd' has 3 files"):
-        plan_repos(corpus, "team/x", max_files_per_repo=3)
+    with pytest.raises(ObjectTooLargeError, match="repo team/x would hold 10 files"):
+        plan_repos(corpus, "team/x", max_files_per_repo=9)
     with pytest.raises(ObjectTooLargeError, match="fewer than 3 per folder"):
         plan_repos(corpus, "team/x", max_files_per_folder=3)
 
@@ -122,6 +130,7 @@ def test_cli_publish_to_hf_and_flag_checks(mirror, tmp_path):
     wrong = subprocess.run([*cli, "--to", "hf://datasets/team/cli2", "--endpoint", mirror.url, "--token", "nope"],
                            capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 8 and "401" in wrong.stderr  # RemoteError: check the credentials
+    assert [m["url"] for m in read_mirrors(corpus.root)] == ["hf://datasets/team/cli"]  # not the refused one
     mixed = subprocess.run([*cli, "--to", "hf://datasets/team/cli", "--profile", "p"], capture_output=True,
                            text=True, timeout=60)
     assert mixed.returncode == 2 and "--profile" in mixed.stderr

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 
 import pytest
 from conftest import build_corpus
 from s3_env import bucket_url, copy_corpus, fault_corpus, moto, proxy, run_cli, s3_client  # noqa: F401
 
 from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.mirrors import read_mirrors
 from marin_data.corpus.verify import ProblemKind
-from marin_data.errors import ObjectTooLargeError, TransferFailedError
-from marin_data.layout import MANIFEST
+from marin_data.errors import ObjectTooLargeError, StaleDatasheetError, TransferFailedError
+from marin_data.layout import MANIFEST, MIRRORS
 from marin_data.stores.s3 import parse_s3_url
 from marin_data.transfer.publish_s3 import publish
 from marin_data.transfer.remote_verify import verify_remote
@@ -50,8 +50,9 @@ def test_big_shard_gets_a_full_object_sha256_checksum_and_metadata(moto, bucket_
     remote_manifest = s3_client(moto).get_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST}")["Body"].read()
     assert remote_manifest == (root / MANIFEST).read_bytes()
     assert hashlib.sha256(remote_manifest).hexdigest() == report.manifest_sha256
-    assert load_corpus(root, manifest_sha256=report.manifest_sha256).manifest.mirrors == [
-        {"url": bucket_url, "endpoint_url": moto, "subsets": ["big", "small/x"]}]
+    assert report.manifest_sha256 == big_corpus.manifest_sha256  # publishing never changes the root of trust
+    assert read_mirrors(root) == [{"url": bucket_url, "endpoint_url": moto, "subsets": ["big", "small/x"]}]
+    assert MIRRORS not in expected  # kept local: the record of where it went is not part of the corpus
 
 
 def test_republishing_skips_every_file_and_keeps_the_manifest_digest(moto, bucket_url, fault_corpus, tmp_path):
@@ -136,25 +137,37 @@ def test_cli_publish_prints_the_manifest_sha256_and_refuses_bad_urls(moto, bucke
     assert done.returncode == 0, done.stderr
     digest = hashlib.sha256((root / MANIFEST).read_bytes()).hexdigest()
     assert f"manifest sha256: {digest}" in done.stdout
-    assert json.loads((root / MANIFEST).read_bytes())["mirrors"][0]["url"] == bucket_url
+    assert read_mirrors(root)[0]["url"] == bucket_url
     bad = run_cli("publish", str(root), "--to", "s3://Not_A_Bucket/x", "--endpoint-url", moto)
     assert bad.returncode == 8 and "not an S3 URL" in bad.stderr
 
 
+def test_a_failed_publish_records_no_mirror_and_a_missing_bucket_is_one_refusal(moto, bucket_url, fault_corpus,
+                                                                                tmp_path):
+    root = copy_corpus(fault_corpus, tmp_path / "c")
+    before = (root / MANIFEST).read_bytes()
+    missing = run_cli("publish", str(root), "--to", "s3://no-such-bucket-here/x", "--endpoint-url", moto)
+    assert missing.returncode == 8, missing.stderr
+    assert missing.stderr.count("NoSuchBucket") == 1 and "--mirror" not in missing.stderr
+    assert (root / MANIFEST).read_bytes() == before and read_mirrors(root) == []
+    publish(root, to=bucket_url, endpoint_url=moto)
+    assert [m["url"] for m in read_mirrors(root)] == [bucket_url]  # the failed target never shows up
+    assert (root / MANIFEST).read_bytes() == before
 
-def test_the_unlisted_datasheet_is_published_and_a_stale_digest_in_it_is_flagged(moto, bucket_url, fault_corpus,
-                                                                                 tmp_path):
+
+
+def test_the_unlisted_datasheet_is_published_and_one_stating_another_digest_is_refused(moto, bucket_url,
+                                                                                       fault_corpus, tmp_path):
     from marin_data.layout import UNLISTED
 
     (datasheet,) = UNLISTED
     root = copy_corpus(fault_corpus, tmp_path / "c")
     (root / datasheet).parent.mkdir(parents=True, exist_ok=True)
-    (root / datasheet).write_text(f"manifest sha256 {fault_corpus.manifest_sha256}\n")  # before the mirror
+    (root / datasheet).write_text(f"manifest sha256 {'0' * 64}\n")  # written for another manifest
+    with pytest.raises(StaleDatasheetError):
+        publish(root, to=bucket_url, endpoint_url=moto)
+    assert _objects(moto, bucket_url) == {} and read_mirrors(root) == []
+    (root / datasheet).write_text(f"manifest sha256 {fault_corpus.manifest_sha256}\n")  # `marin-data datasheet`
     first = publish(root, to=bucket_url, endpoint_url=moto)
-    assert datasheet in first.uploaded and first.manifest_sha256 != fault_corpus.manifest_sha256
-    assert len(first.warnings) == 1 and datasheet in first.warnings[0]
-    (root / datasheet).write_text(f"manifest sha256 {first.manifest_sha256}\n")  # `marin-data datasheet` again
-    second = publish(root, to=bucket_url, endpoint_url=moto)
-    assert second.uploaded == (datasheet,) and second.warnings == ()
-    assert second.manifest_sha256 == first.manifest_sha256
+    assert datasheet in first.uploaded and first.manifest_sha256 == fault_corpus.manifest_sha256
     assert _objects(moto, bucket_url)[datasheet] == (root / datasheet).stat().st_size

@@ -43,6 +43,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                        "datasheets/sample-meta.yaml for its shape"), EXIT_USAGE),
     (E.DatasheetIncompleteError, _with_fix("answer them in the --meta file, or drop --strict to mark them "
                                            "'Not answered.'"), 11),
+    (E.StaleDatasheetError, _with_fix("run `marin-data datasheet CORPUS` (it states the current digest), then "
+                                      "publish; nothing was uploaded"), 15),
     (E.LoaderConfigError, _with_fix("fix the loader settings (mixture weights, --subset, seq_len)"), EXIT_USAGE),
     (E.LoaderStateMismatchError, _with_fix("resume with the data, mixture, seed and seq_len the checkpoint was "
                                            "written with, or load it with strict=False to continue anyway"), 12),
@@ -53,8 +55,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                    "re-fetch it"), 6),
     (E.ObjectTooLargeError, _with_fix("re-shard with smaller shards (production shards are 256 MiB-2 GiB); "
                                       "nothing was uploaded"), 10),
-    (E.TransferFailedError, _with_fix("finished files are kept: run the same command again to resume, or add "
-                                      "--mirror"), EXIT_PROBLEMS),
+    (E.TransferFailedError, _with_fix("finished files are kept: run the same command again to resume (a "
+                                      "download also takes --mirror URL)"), EXIT_PROBLEMS),
     (E.RetryableRemoteError, _with_fix("a transient network failure outlasted the retries: run the same "
                                        "command again to resume"), 7),
     (E.RemoteError, _with_fix("check the URL, credentials and endpoint"), 8),

@@ -21,23 +21,22 @@ __all__ = ["command"]
               help="Where to publish: s3://bucket/prefix or hf://datasets/org/name.")
 @store_options
 @hf_options
-@click.option("--max-files-per-repo", type=click.IntRange(min=2), default=100_000, show_default=True,
-              help="hf:// only: split subsets across repos org/name, org/name-part2... above this many files.")
 @click.option("--s3-compat", is_flag=True,
               help="For S3-compatible stores that reject the newer checksum headers: send none and keep "
                    "each file's SHA-256 in its 'sha256' user metadata only.")
 @click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True,
               help="Files uploaded in parallel.")
 def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None, anonymous: bool,
-            requester_pays: bool, endpoint: str | None, token: str | None, max_files_per_repo: int,
-            s3_compat: bool, workers: int) -> None:
+            requester_pays: bool, endpoint: str | None, token: str | None, s3_compat: bool, workers: int) -> None:
     """Upload CORPUS to a bucket, each file in one PUT carrying its SHA-256, manifest.json last.
 
     The store then keeps a full-object SHA-256 of every file, so `marin-data verify --remote` and
     downloads can check it without trusting anyone's word. Files already there with the same size and
     SHA-256 are skipped (re-running resumes). Files over 5 GiB are refused before anything is sent.
-    CORPUS's manifest.json records the bucket in its mirrors (which changes its sha256 the first time).
-    Prints the published manifest's sha256: the root of trust users pin with --manifest-sha256.
+    Once the store's own checksums match, the place is recorded in CORPUS/mirrors.json (the datasheet
+    lists it); manifest.json never changes, so its sha256, printed at the end, is the root of trust users
+    pin with --manifest-sha256 on every mirror. A corpus too big for one Hub repo goes to org/name,
+    org/name-part2... as its manifest assigns the subsets.
 
     \b
     EXAMPLES
@@ -52,8 +51,7 @@ def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None
                                                "--s3-compat": s3_compat}):
         from marin_data.transfer.publish_hf import publish_hf
 
-        report = publish_hf(corpus, to=to, endpoint=endpoint, token=token, max_files_per_repo=max_files_per_repo,
-                            workers=workers)
+        report = publish_hf(corpus, to=to, endpoint=endpoint, token=token, workers=workers)
         click.echo(f"Published {corpus} to {', '.join(report.repos)}: {len(report.uploaded)} files uploaded "
                    f"({human_bytes(report.bytes_uploaded)} in {report.seconds:.1f}s, {report.commits} commits), "
                    f"{len(report.skipped)} already there.")
@@ -68,6 +66,4 @@ def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None
     click.echo(f"Published {corpus} to {report.url}: {len(report.uploaded)} files uploaded "
                f"({human_bytes(report.bytes_uploaded)} in {report.seconds:.1f}s, {human_bytes(rate)}/s), "
                f"{len(report.skipped)} already there.")
-    for warning in report.warnings:
-        click.secho(f"warning: {warning}", err=True, fg="yellow")
     click.echo(f"manifest sha256: {report.manifest_sha256}")

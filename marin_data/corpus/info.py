@@ -10,6 +10,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from marin_data.corpus.manifest import SubsetInfo, load_corpus
+from marin_data.corpus.mirrors import read_mirrors
 from marin_data.raw.tokenizer import TokenizerInfo
 from marin_data.ui import format_table, human_bytes
 
@@ -58,7 +59,7 @@ def corpus_info(root: str | os.PathLike) -> CorpusInfo:
     corpus = load_corpus(root)
     m = corpus.manifest
     return CorpusInfo(root=str(root), name=m.name, version=m.version, manifest_sha256=corpus.manifest_sha256,
-                      tokenizer=m.tokenizer, subsets=dict(sorted(m.subsets.items())), mirrors=list(m.mirrors))
+                      tokenizer=m.tokenizer, subsets=dict(sorted(m.subsets.items())), mirrors=read_mirrors(root))
 
 
 def total_of(subsets: dict[str, SubsetInfo]) -> SubsetInfo:

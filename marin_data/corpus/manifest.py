@@ -10,7 +10,10 @@ A corpus is a directory tree (docs/design.md, "The corpus format")::
 
 The chain of trust: the sha256 of ``manifest.json`` (printed by publish, shown in the datasheet, pinned
 with ``--manifest-sha256``) vouches for ``shards.parquet`` through ``manifest["files"]``, which vouches for
-every shard. The manifest is written last, so it never names a file that is not there.
+every shard. The manifest is written last, so it never names a file that is not there. It also fixes
+which Hugging Face repo of the corpus holds each subset (``manifest["repos"]``), so a download finds the
+part repos through the pinned digest; where the corpus was published is recorded outside it
+(`marin_data.corpus.mirrors`), so publishing never changes the digest.
 
 Why the per-shard list lives in Parquet and not in the JSON: at 23T tokens there are ~100,000 shards; a
 Parquet index reads in milliseconds with bounded memory and any tool opens it, while the manifest stays a
@@ -30,11 +33,13 @@ from pathlib import Path
 
 from marin_data.atomic import atomic_path, atomic_write_bytes, sha256_file
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnsafePathError
-from marin_data.layout import LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
+from marin_data.layout import LISTED, LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER, UNLISTED
 from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = [
     "SCHEMA_VERSION",
+    "MAX_FILES_PER_FOLDER",
+    "MAX_FILES_PER_REPO",
     "SubsetInfo",
     "FileRecord",
     "ShardRecord",
@@ -50,10 +55,14 @@ __all__ = [
     "commit_corpus",
     "shards_fingerprint",
     "summarize_subsets",
+    "assign_repos",
 ]
 
 SCHEMA_VERSION = 1
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# The Hub's limits (docs/design.md, "The corpus format"): about 100,000 files per repo, fewer than 10,000 per folder.
+MAX_FILES_PER_FOLDER = 10_000
+MAX_FILES_PER_REPO = 100_000
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,8 @@ class Manifest:
     tokenizer: TokenizerInfo
     subsets: dict[str, SubsetInfo] = field(default_factory=dict)
     files: dict[str, FileRecord] = field(default_factory=dict)
-    mirrors: list[dict] = field(default_factory=list)  # {"url": "s3://..."|"hf://...", "subsets": [...]}
+    # subset -> the Hub repo that holds its shards: 1 the main repo org/name, n > 1 org/name-partN
+    repos: dict[str, int] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
@@ -103,7 +113,7 @@ class Manifest:
             "tokenizer": asdict(self.tokenizer),
             "subsets": {k: asdict(v) for k, v in sorted(self.subsets.items())},
             "files": {k: asdict(v) for k, v in sorted(self.files.items())},
-            "mirrors": self.mirrors,
+            "repos": dict(sorted(self.repos.items())),
         }
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
@@ -126,7 +136,7 @@ class Manifest:
                 tokenizer=TokenizerInfo(**doc["tokenizer"]),
                 subsets={str(k): SubsetInfo(**v) for k, v in doc["subsets"].items()},
                 files={safe_relpath(k, where=path): FileRecord(**v) for k, v in doc["files"].items()},
-                mirrors=list(doc.get("mirrors", [])),
+                repos={str(k): int(v) for k, v in doc.get("repos", {}).items()},
             )
         except InvalidManifestError:
             raise
@@ -136,6 +146,9 @@ class Manifest:
             check_subset_name(name, path)
         for fname, rec in manifest.files.items():
             _check_digest(rec.sha256, f"{path} files[{fname}]")
+        for name, part in manifest.repos.items():
+            if name not in manifest.subsets or not 1 <= part <= len(manifest.subsets):  # each repo holds one
+                raise InvalidManifestError(f"repos[{name!r}] = {part} names no subset or no repo", path=path)
         return manifest
 
 
@@ -370,15 +383,40 @@ def _check_totals(manifest: Manifest, shards: list[ShardRecord], where: str) -> 
                                    path=where)
 
 
+def assign_repos(shards: Iterable[ShardRecord], *, meta_files: int, previous: dict[str, int],
+                 max_files_per_repo: int = MAX_FILES_PER_REPO) -> dict[str, int]:
+    """Which Hub repo holds each subset: the main repo (1, which also holds ``meta_files`` metadata files)
+    first, then part repos (2, 3...: each also holds its own card), packed first-fit in name order.
+
+    A subset keeps the repo ``previous`` gave it, so adding a subset never moves published shards. A subset
+    too big for any repo still gets one of its own; publishing to the Hub refuses it with the numbers.
+    """
+    counts: dict[str, int] = {}
+    for s in shards:
+        counts[s.subset] = counts.get(s.subset, 0) + 1
+    used = {1: meta_files}
+    repos = {name: previous[name] for name in sorted(counts) if previous.get(name, 0) >= 1}
+    for name, part in repos.items():
+        used[part] = used.get(part, 1) + counts[name]
+    for name in sorted(set(counts) - set(repos)):
+        part = next((p for p in sorted(used) if used[p] + counts[name] <= max_files_per_repo), max(used) + 1)
+        used[part] = used.get(part, 1) + counts[name]
+        repos[name] = part
+    return dict(sorted(repos.items()))
+
+
 def commit_corpus(
-    root: str | os.PathLike, manifest: Manifest, shards: Sequence[ShardRecord], extra_files: Sequence[str] = ()
+    root: str | os.PathLike, manifest: Manifest, shards: Sequence[ShardRecord], extra_files: Sequence[str] = (),
+    *, max_files_per_repo: int = MAX_FILES_PER_REPO,
 ) -> str:
     """Write the shard index, ``SHA256SUMS`` and finally ``manifest.json``; return the manifest's sha256.
 
     ``manifest.subsets`` is recomputed from ``shards``, keeping each subset's license (a subset being
     added may carry a placeholder `SubsetInfo` just for its license), and ``manifest.files`` is rebuilt
     from what is on disk: ``tokenizer.json``, the index, ``SHA256SUMS`` and ``extra_files`` (dataset card,
-    Croissant, datasheets...). Every shard must already be in place under its final name.
+    Croissant, datasheets...), and ``manifest.repos`` is extended to new subsets (`assign_repos`, with room
+    kept in the main repo for the generated documentation). Every shard must already be in place under its
+    final name.
     """
     root = Path(root)
     shards = sorted(shards, key=lambda s: (s.subset, s.path))
@@ -392,7 +430,9 @@ def commit_corpus(
     atomic_write_bytes(root / SUMS, sums.encode())
     files[SUMS] = FileRecord(*reversed(sha256_file(root / SUMS)))
     licenses = {k: v.license for k, v in manifest.subsets.items()}
-    final = replace(manifest, subsets=summarize_subsets(shards, licenses), files=files)
+    meta = len({MANIFEST, *files, *LISTED, *UNLISTED})
+    repos = assign_repos(shards, meta_files=meta, previous=manifest.repos, max_files_per_repo=max_files_per_repo)
+    final = replace(manifest, subsets=summarize_subsets(shards, licenses), files=files, repos=repos)
     data = final.to_json()
     atomic_write_bytes(root / MANIFEST, data)
     return hashlib.sha256(data).hexdigest()

@@ -29,7 +29,7 @@ from marin_data.corpus.shard import inspect_shard
 from marin_data.engines import Engine, make_engine
 from marin_data.engines.local import default_workers
 from marin_data.errors import InvalidManifestError, ShardFormatError
-from marin_data.layout import DATA, LOCK_NAME, MANIFEST, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
+from marin_data.layout import DATA, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.ui import progress as progress_bar
 
 __all__ = ["IGNORED_NAMES", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind", "Problem", "VerifyReport",
@@ -308,7 +308,7 @@ def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], lis
     ``chosen=None`` walks the whole corpus; otherwise only ``data/<subset>/`` of the chosen subsets,
     without descending into the folders of subsets that were not chosen (``data/a/b`` inside ``data/a``).
     """
-    known = {MANIFEST, RECORD, *UNLISTED_ON_PURPOSE, *corpus.manifest.files, *(s.path for s in corpus.shards)}
+    known = {MANIFEST, MIRRORS, RECORD, *UNLISTED_ON_PURPOSE, *corpus.manifest.files, *(s.path for s in corpus.shards)}
     if chosen is None:
         tops, skip = [""], set(IGNORED_NAMES)
     else:

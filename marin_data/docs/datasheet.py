@@ -8,6 +8,8 @@ The text holds no timestamp and no tool version, so the same corpus and metadata
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from marin_data.corpus.manifest import Manifest
 from marin_data.docs import markdown as md
 from marin_data.docs.distribution import SOURCE_PLACEHOLDER, download_command, mirrors, mirrors_of, verify_commands
@@ -131,9 +133,9 @@ def _preprocessing(manifest: Manifest, meta: Metadata) -> list[str]:
 
 
 def _distribution(manifest: Manifest, stats: CorpusStats, meta: Metadata, manifest_sha256: str,
-                  listed: bool) -> list[str]:
+                  listed: bool, published: Sequence[dict]) -> list[str]:
     dest = f"./{manifest.name}"
-    recorded = mirrors(manifest)
+    recorded = mirrors(published)
     out = ["### Licenses (computed)", "",
            md.table(("Subset", "License (SPDX)"), [(f"`{s.name}`", s.license) for s in stats.subsets], "ll"),
            "",
@@ -152,18 +154,20 @@ def _distribution(manifest: Manifest, stats: CorpusStats, meta: Metadata, manife
     else:
         out += ["This datasheet and the files beside it were generated outside the corpus (`--out`): the "
                 "manifest does not list them.", ""]
-    out += ["### Mirrors (from the manifest)", ""]
+    out += ["### Mirrors", ""]
     if recorded:
         rows = [(f"`{m.url}`", f"`{m.endpoint[1]}`" if m.endpoint else "default",
                  "all" if m.subsets is None else ", ".join(f"`{s}`" for s in m.subsets)) for m in recorded]
-        out += [md.table(("URL", "Endpoint", "Subsets"), rows, "lll"), ""]
+        out += [md.table(("URL", "Endpoint", "Subsets"), rows, "lll"), "",
+                "Where the corpus was published does not change the digest above: any mirror serves the same "
+                "`manifest.json`.", ""]
     else:
-        out += [f"No mirror is recorded in the manifest (`marin-data publish` records them). The commands "
+        out += [f"No mirror is recorded yet (`marin-data publish` records each one it completes). The commands "
                 f"below show the form, with `{SOURCE_PLACEHOLDER}` standing for an `s3://bucket/prefix` URL, an "
                 "`hf://datasets/org/name` repo or a local copy of the corpus.", ""]
     out += ["### Download one subset", ""]
     for s in stats.subsets:
-        found = mirrors_of(manifest, s.name)
+        found = mirrors_of(published, s.name)
         lines = [download_command(m, s.name, dest, manifest_sha256) for m in found] or [
             download_command(None, s.name, dest, manifest_sha256)]
         out += [f"`{s.name}`" + ("" if found or not recorded else " (no recorded mirror holds it)") + ":", "",
@@ -172,7 +176,7 @@ def _distribution(manifest: Manifest, stats: CorpusStats, meta: Metadata, manife
 
 
 def render_datasheet(manifest: Manifest, stats: CorpusStats, meta: Metadata, *, manifest_sha256: str,
-                     listed: bool) -> str:
+                     listed: bool, published: Sequence[dict] = ()) -> str:
     """The datasheet's Markdown.
 
     Args:
@@ -181,6 +185,7 @@ def render_datasheet(manifest: Manifest, stats: CorpusStats, meta: Metadata, *, 
         meta: curated answers.
         manifest_sha256: sha256 of that manifest's bytes.
         listed: whether the card, Croissant file and figures are listed in the manifest (False with --out).
+        published: the places the corpus was published (`marin_data.corpus.mirrors.read_mirrors`).
     """
     title = meta.pretty_name or manifest.name
     unanswered = meta.unanswered(s.name for s in stats.subsets)
@@ -203,7 +208,7 @@ def render_datasheet(manifest: Manifest, stats: CorpusStats, meta: Metadata, *, 
         elif key == "preprocessing":
             out += _preprocessing(manifest, meta)
         elif key == "distribution":
-            out += _distribution(manifest, stats, meta, manifest_sha256, listed)
+            out += _distribution(manifest, stats, meta, manifest_sha256, listed, published)
         else:
             out += _questions(meta, key)
     out += ["## Unanswered questions", ""]

@@ -1,8 +1,8 @@
 """How to get and check the corpus: mirrors, ``marin-data download`` and verification commands.
 
-Every command is built from the manifest (mirror URLs, subset names) and the manifest's sha256, so a reader
-can paste it. The mirrors are those recorded by publish in ``manifest["mirrors"]``: S3 stores as
-``{"url": "s3://bucket/prefix", "endpoint_url": ...}``, Hugging Face repos as
+Every command is built from the recorded mirrors, the subset names and the manifest's sha256, so a reader
+can paste it. The mirrors are those publish recorded in ``mirrors.json`` (`marin_data.corpus.mirrors`): S3
+stores as ``{"url": "s3://bucket/prefix", "endpoint_url": ...}``, Hugging Face repos as
 ``{"url": "hf://datasets/org/name", "endpoint": ...}``, each with the ``subsets`` it holds (none listed:
 every subset). A recorded endpoint becomes the download flag that store takes (`ENDPOINT_FLAGS`). When
 no mirror is recorded the commands show a placeholder source, and the documents say so.
@@ -11,9 +11,8 @@ no mirror is recorded the commands show a placeholder source, and the documents 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-from marin_data.corpus.manifest import Manifest
 
 __all__ = ["SOURCE_PLACEHOLDER", "ENDPOINT_FLAGS", "Mirror", "mirrors", "mirrors_of", "download_command",
            "verify_commands"]
@@ -32,10 +31,10 @@ class Mirror:
         return self.subsets is None or subset in self.subsets
 
 
-def mirrors(manifest: Manifest) -> list[Mirror]:
-    """The manifest's mirrors, in the order recorded."""
+def mirrors(records: Sequence[dict]) -> list[Mirror]:
+    """The recorded mirrors, in the order recorded."""
     out = []
-    for entry in manifest.mirrors:
+    for entry in records:
         if not isinstance(entry, dict) or not isinstance(entry.get("url"), str):
             continue  # an unknown mirror kind: nothing trustworthy to show
         endpoint = next(((flag, str(entry[key])) for key, flag in ENDPOINT_FLAGS.items() if entry.get(key)), None)
@@ -44,8 +43,8 @@ def mirrors(manifest: Manifest) -> list[Mirror]:
     return out
 
 
-def mirrors_of(manifest: Manifest, subset: str) -> list[Mirror]:
-    return [m for m in mirrors(manifest) if m.holds(subset)]
+def mirrors_of(records: Sequence[dict], subset: str) -> list[Mirror]:
+    return [m for m in mirrors(records) if m.holds(subset)]
 
 
 def download_command(mirror: Mirror | None, subset: str, dest: str, manifest_sha256: str) -> str:

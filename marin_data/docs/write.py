@@ -20,8 +20,8 @@ Where they go, and the one circularity, resolved deliberately:
 
 Re-running on an unchanged corpus rewrites nothing: outputs are byte-deterministic, a file whose bytes are
 already right is not rewritten, and the manifest is re-committed only when the listed files changed — so
-the stated digest stays the same. Publishing records a mirror in the manifest, which changes its digest:
-regenerate the datasheet after publishing (the card, Croissant file and figures do not change).
+the stated digest stays the same. Publishing never changes the manifest: it records the mirror in
+``mirrors.json``, which the datasheet lists, so regenerating after a publish changes the datasheet alone.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pathlib import Path
 
 from marin_data.atomic import atomic_write_bytes, sha256_file
 from marin_data.corpus.manifest import Corpus, commit_corpus, load_corpus
+from marin_data.corpus.mirrors import read_mirrors
 from marin_data.docs.card import render_card
 from marin_data.docs.croissant import render_croissant
 from marin_data.docs.datasheet import render_datasheet
@@ -104,7 +105,8 @@ def _generate(corpus: Corpus, out: Path | None, meta_path, strict: bool, scan_to
         corpus = load_corpus(corpus.root, manifest_sha256=digest)
     else:
         digest = corpus.manifest_sha256
-    text = render_datasheet(corpus.manifest, stats, meta, manifest_sha256=digest, listed=in_corpus)
+    text = render_datasheet(corpus.manifest, stats, meta, manifest_sha256=digest, listed=in_corpus,
+                            published=read_mirrors(corpus.root))
     changed[DATASHEET] = _write_if_changed(dest, DATASHEET, text.encode())
     return DatasheetResult(
         dest=dest, in_corpus=in_corpus, manifest_sha256=digest,

@@ -75,8 +75,9 @@ class LoadedTokenizer:
         """
         encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)  # no offsets: faster
         encodings = encode(list(texts), add_special_tokens=False)
-        content = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
-        flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.uint32, int(content.sum()))
+        ids = [e.ids for e in encodings]  # each `.ids` builds a new Python list: once per document, not twice
+        content = np.fromiter(map(len, ids), np.int64, len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), np.uint32, int(content.sum()))
         bos = self.info.bos_id if self.info.add_bos else None
         keep = content > 0
         lengths = np.where(keep, content + 1 + (bos is not None), 0)

@@ -109,7 +109,7 @@ class Store(abc.ABC):
         """Store the file ``src`` (whose SHA-256 and size the caller has checked) at ``path``, whole."""
 
     def mirror_record(self) -> dict:
-        """How the manifest's ``mirrors`` list names this store."""
+        """How ``mirrors.json`` (`marin_data.corpus.mirrors`) names this store."""
         return {"url": self.url}
 
     def read_bytes(self, path: str, *, limit: int) -> bytes:

@@ -14,7 +14,7 @@ fallbacks of each other.
   commit: a download reads one consistent version even if the repo is updated meanwhile. ``@revision``
   names the main repo's; part repos are read at their ``main``.
 - A corpus split across repos (`marin_data.transfer.publish_hf`: ``org/name``, ``org/name-part2``...) is one store:
-  the part repos are the ``hf://datasets/org/name-partN`` records of the main repo's manifest ``mirrors``,
+  the part repos are those the main repo's manifest assigns subsets to (``repos``, n > 1 is ``org/name-partN``),
   and each path is read from the repo whose listing holds it.
 
 Requests go through one ``httpx2`` client (huggingface_hub's HTTP library) with no retries of its own:
@@ -150,15 +150,15 @@ class HfStore(Store):
             return self._commits.setdefault(repo, sha)
 
     def _repos(self) -> list[str]:
-        """The main repo, then the part repos its manifest's mirrors name."""
+        """The main repo, then the part repos its manifest assigns subsets to (``repos``: n > 1 is -partN)."""
         parts: list[str] = []
         try:
             with self.read(MANIFEST) as stream:
                 data = b"".join(stream)
             if len(data) <= _MANIFEST_LIMIT:
-                family = re.compile(re.escape(f"hf://datasets/{self.hf.repo_id}") + r"-part\d+$")
-                parts = sorted({m["url"].removeprefix("hf://datasets/") for m in json.loads(data).get("mirrors", [])
-                                if isinstance(m, dict) and family.match(str(m.get("url", "")))})
+                repos = json.loads(data).get("repos", {})
+                numbers = {n for n in repos.values() if isinstance(n, int)} if isinstance(repos, dict) else set()
+                parts = [f"{self.hf.repo_id}-part{n}" for n in sorted(numbers) if 1 < n <= len(repos)]
         except RemoteError as e:
             if e.status != 404:
                 raise

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from marin_data.corpus.manifest import MAX_FILES_PER_FOLDER, MAX_FILES_PER_REPO  # the Hub's limits, re-exported
+
 __all__ = [
     "LFS_SAMPLE_BYTES",
     "REGULAR_MAX_BYTES",
@@ -36,9 +38,6 @@ __all__ = [
 
 LFS_SAMPLE_BYTES = 512  # what `huggingface_hub` sends to `preupload` as a file's sample
 REGULAR_MAX_BYTES = 10 << 20  # the Hub stores text files above 10 MiB in LFS too
-# Hub limits (docs/design.md, "The corpus format"): fewer than 10,000 entries per folder, ~100,000 files per repo.
-MAX_FILES_PER_FOLDER = 10_000
-MAX_FILES_PER_REPO = 100_000
 
 # Binary formats that never belong in a git blob, whatever their size (the Hub's default .gitattributes).
 _LFS_SUFFIXES = frozenset(

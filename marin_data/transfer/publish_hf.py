@@ -5,12 +5,12 @@ What it does, and why:
 
 - **Layout**: files keep their corpus paths, so a repo *is* the corpus layout (docs/design.md) and
   ``snapshot_download``, ``datasets`` and ``marin-data download`` all see the same tree.
-- **Split across repos** when one would pass the Hub's file-count limits (docs/design.md: ~100,000 files per repo,
-  fewer than 10,000 per folder). Subsets are never split: they are packed, in name order, into the main repo
-  ``org/name`` (which also holds the manifest, the shard index, the card, the tokenizer, the datasheet) and
-  then into ``org/name-part2``, ``org/name-part3``... The manifest's ``mirrors`` list one record per repo
-  with the subsets it holds, which is how a download finds each subset. The limits are parameters so tests
-  can use tiny ones.
+- **Split across repos** as the manifest says (``Manifest.repos``, decided when the corpus was committed so
+  that the pinned digest vouches for it): subset by subset into the main repo ``org/name`` (which also holds
+  the manifest, the shard index, the card, the tokenizer, the datasheet) and ``org/name-part2``,
+  ``org/name-part3``... A download finds each subset's repo through the manifest. The Hub's file-count
+  limits (docs/design.md: ~100,000 files per repo, fewer than 10,000 per folder) are checked before
+  anything is sent; they are parameters so tests can use tiny ones.
 - **Batched commits** of at most ``commit_files`` files / ``commit_bytes`` bytes: one commit per file would
   flood the Hub, one commit for 100,000 files would be lost whole by one failure. Data files go first,
   the part repos before the main one, and ``manifest.json`` alone in the very last commit, so a reader who
@@ -18,8 +18,9 @@ What it does, and why:
 - **Resumable**: each repo is listed once (``list_repo_tree``); a file already there with the same content
   (LFS sha256 and size, or git blob SHA-1 for a regular file) is skipped without being read. A file about to
   be sent is hashed first and refused if it no longer matches the manifest.
-- **Mirrors recorded first** (as the S3 publish does): the local manifest gains the repos' records before
-  any upload, so the published manifest names where it lives and is byte-identical to the local one.
+- **Mirrors recorded last** (as the S3 publish does): the manifest is published byte for byte, and the repos
+  go into the local ``mirrors.json`` only once their listings match the manifest; a datasheet that states
+  another digest is refused before anything is sent.
 - **Xet**: ``huggingface_hub`` uploads through Xet whenever ``hf_xet`` is installed, and does not fall back.
   An endpoint that has no Xet token endpoint (``marin-data serve``, most self-hosted mirrors) gets the Git
   LFS protocol instead: ``HF_HUB_DISABLE_XET`` is switched on for the duration of the publish.
@@ -31,14 +32,13 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from marin_data.atomic import atomic_write_bytes, sha256_file
+from marin_data.atomic import sha256_file
 from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.errors import ObjectTooLargeError, RemoteError, ShardChecksumError
-from marin_data.layout import MANIFEST
-from marin_data.layout import CARD
+from marin_data.layout import CARD, MANIFEST, UNLISTED
 from marin_data.lock import corpus_lock
 from marin_data.stores.hub_ids import (
     MAX_FILES_PER_FOLDER,
@@ -47,7 +47,7 @@ from marin_data.stores.hub_ids import (
     git_blob_sha1_file,
     parse_hf_url,
 )
-from marin_data.transfer.publish_s3 import PublishReport
+from marin_data.transfer.publish_s3 import PublishReport, check_datasheet, check_published
 from marin_data.ui import human_bytes, progress as progress_bar
 
 __all__ = ["HfPublishReport", "RepoPlan", "plan_repos", "publish_hf"]
@@ -79,33 +79,24 @@ class RepoPlan:
 
 def plan_repos(corpus: Corpus, repo_id: str, *, max_files_per_repo: int = MAX_FILES_PER_REPO,
                max_files_per_folder: int = MAX_FILES_PER_FOLDER) -> list[RepoPlan]:
-    """Pack the corpus's subsets into as few repos as the limits allow, the main repo ``repo_id`` first.
+    """The repos of the corpus as its manifest assigns subsets to them, the main repo ``repo_id`` first.
 
     Raises:
-        ObjectTooLargeError: one subset alone has more files than a repo or a folder may hold.
+        ObjectTooLargeError: a repo or a folder would hold more files than the limits allow.
     """
     meta = [_File(p, r.bytes, r.sha256) for p, r in sorted(corpus.manifest.files.items())]
-    if CARD not in corpus.manifest.files and (corpus.root / CARD).is_file():
-        meta.append(_File(CARD, (corpus.root / CARD).stat().st_size, None))  # the card, even when unlisted
+    unlisted = [*UNLISTED, *([CARD] if CARD not in corpus.manifest.files else [])]  # the card, even when unlisted
+    meta += [_File(p, (corpus.root / p).stat().st_size, None) for p in unlisted if (corpus.root / p).is_file()]
     meta.append(_File(MANIFEST, (corpus.root / MANIFEST).stat().st_size, None))
     by_subset: dict[str, list[_File]] = {}
     for s in corpus.shards:
         by_subset.setdefault(s.subset, []).append(_File(s.path, s.bytes, s.sha256))
     _check_folders([*meta, *(f for fs in by_subset.values() for f in fs)], max_files_per_folder)
 
-    groups: list[list[str]] = [[]]
-    used = len(meta)
+    parts = {subset: corpus.manifest.repos.get(subset, 1) for subset in by_subset}
+    groups: list[list[str]] = [[] for _ in range(max(parts.values(), default=1))]
     for subset in sorted(by_subset):
-        n = len(by_subset[subset])
-        if used + n > max_files_per_repo:
-            if 1 + n > max_files_per_repo:  # not even a part repo of its own (its card + its shards)
-                raise ObjectTooLargeError(
-                    f"subset {subset!r} has {n} files, more than one repo may hold ({max_files_per_repo} with "
-                    "its card): split it into child subsets", path=subset, expected=max_files_per_repo, actual=n)
-            groups.append([])
-            used = 1  # a part repo's card
-        groups[-1].append(subset)
-        used += n
+        groups[parts[subset] - 1].append(subset)
     plans = []
     for i, subsets in enumerate(groups):
         rid = repo_id if i == 0 else f"{repo_id}-part{i + 1}"
@@ -115,6 +106,11 @@ def plan_repos(corpus: Corpus, repo_id: str, *, max_files_per_repo: int = MAX_FI
         else:
             card = _part_card(corpus, repo_id, subsets, i + 1).encode()
             files.append(_File(CARD, len(card), None, card))
+        if len(files) > max_files_per_repo:
+            raise ObjectTooLargeError(
+                f"repo {rid} would hold {len(files)} files (subsets {', '.join(subsets)}), more than "
+                f"{max_files_per_repo}: split its subsets into child subsets", path=rid,
+                expected=max_files_per_repo, actual=len(files))
         plans.append(RepoPlan(rid, tuple(subsets), tuple(files)))
     return plans
 
@@ -152,14 +148,15 @@ def publish_hf(
     private: bool = False,
     progress: bool | None = None,
 ) -> HfPublishReport:
-    """Publish the corpus at ``root`` to the dataset repo(s) named by ``to`` and record them as mirrors.
+    """Publish the corpus at ``root`` to the dataset repo(s) named by ``to``, check them, and record them as
+    mirrors.
 
     Args:
         root: a local corpus directory.
         to: ``hf://datasets/org/name`` (the main repo; part repos get ``-part2``... suffixes).
         endpoint: the Hub endpoint (a mirror's URL); default ``HF_ENDPOINT`` or huggingface.co.
         token: a write token; default the one ``huggingface_hub`` finds (``HF_TOKEN``, ``hf auth login``).
-        max_files_per_repo: split subsets across repos above this many files per repo.
+        max_files_per_repo: refuse a repo with more files than this.
         max_files_per_folder: refuse a folder with this many files or more.
         commit_files: most files in one commit.
         commit_bytes: most bytes in one commit.
@@ -170,6 +167,8 @@ def publish_hf(
     Raises:
         ObjectTooLargeError: a subset cannot fit the limits; nothing was uploaded.
         ShardChecksumError: a local file no longer matches the manifest; it was not uploaded, nor the manifest.
+        StaleDatasheetError: the datasheet states another manifest digest; nothing was uploaded.
+        TransferFailedError: the repos do not hold what was sent; not recorded as mirrors.
         RemoteError: a malformed URL, or the endpoint refused a request (credentials, permissions).
     """
     from huggingface_hub import HfApi
@@ -184,12 +183,13 @@ def publish_hf(
         raise ValueError("commit_files and commit_bytes must be >= 1")
     api = HfApi(endpoint=endpoint, token=token)
     corpus = load_corpus(root)
+    check_datasheet(corpus.root, corpus.manifest_sha256)
     plans = plan_repos(corpus, url.repo_id, max_files_per_repo=max_files_per_repo,
                        max_files_per_folder=max_files_per_folder)
     t0 = time.perf_counter()
     totals = _Totals()
     with corpus_lock(corpus.root):
-        corpus = _record_mirrors(corpus, plans, endpoint)
+        corpus = load_corpus(corpus.root, manifest_sha256=corpus.manifest_sha256)  # unchanged since planned
         bar = progress_bar(sum(f.bytes for p in plans for f in p.files), "publish", unit="B", unit_scale=True,
                            disable=None if progress is None else not progress)
         try:
@@ -200,8 +200,11 @@ def publish_hf(
                                   commit_bytes=commit_bytes, workers=workers, main=plan is plans[0])
         finally:
             bar.close()
+        extra = {"endpoint": endpoint.rstrip("/")} if endpoint else {}
+        check_published(corpus.root, str(url), [{"url": f"hf://datasets/{p.repo_id}", "subsets": list(p.subsets),
+                                                 **extra} for p in plans], endpoint=endpoint, token=token)
     return HfPublishReport(
-        url=str(url), manifest_sha256=sha256_file(corpus.root / MANIFEST)[0], uploaded=tuple(totals.uploaded),
+        url=str(url), manifest_sha256=corpus.manifest_sha256, uploaded=tuple(totals.uploaded),
         skipped=tuple(totals.skipped), bytes_uploaded=totals.bytes, seconds=time.perf_counter() - t0,
         repos=tuple(f"hf://datasets/{p.repo_id}" for p in plans), commits=totals.commits)
 
@@ -235,19 +238,6 @@ def _publish_repo(api, plan: RepoPlan, root: Path, totals: _Totals, bar, *, comm
                 totals.uploaded.extend(label(f.path) for f in batch)
                 totals.bytes += sum(f.bytes for f in batch)
                 bar.update(sum(f.bytes for f in batch))
-
-
-def _record_mirrors(corpus: Corpus, plans: Sequence[RepoPlan], endpoint: str | None) -> Corpus:
-    """Put one ``mirrors`` record per repo in the local manifest (rewritten only if that changes it)."""
-    extra = {"endpoint": endpoint.rstrip("/")} if endpoint else {}
-    records = [{"url": f"hf://datasets/{p.repo_id}", "subsets": list(p.subsets), **extra} for p in plans]
-    mine = {r["url"] for r in records}
-    mirrors = sorted([m for m in corpus.manifest.mirrors if m.get("url") not in mine] + records,
-                     key=lambda m: str(m.get("url")))
-    if mirrors == corpus.manifest.mirrors:
-        return corpus
-    atomic_write_bytes(corpus.root / MANIFEST, replace(corpus.manifest, mirrors=mirrors).to_json())
-    return load_corpus(corpus.root)
 
 
 def _remote_ids(api, repo_id: str) -> dict[str, tuple[int, str | None, str]]:

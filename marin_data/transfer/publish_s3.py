@@ -7,22 +7,20 @@ which makes an interrupted publish resumable and a repeated one free.
 
 Order, and why:
 
-1. The local ``manifest.json`` gains (or refreshes) this store in its ``mirrors`` list, under the corpus
-   lock — before any upload, so the published manifest names the mirror it lives in and the local and
-   remote manifests are byte-identical (one digest, one root of trust). This changes the manifest's
-   sha256 the first time a corpus is published to a given URL; publishing again to the same URL leaves
-   it unchanged.
-2. Every shard and metadata file, in parallel. Each local file is hashed first: a file that no longer
+1. Every shard and metadata file, in parallel. Each local file is hashed first: a file that no longer
    matches the manifest is refused rather than published (moto and some S3-compatible stores accept a
-   wrong ``ChecksumSHA256`` silently).
-3. ``manifest.json`` last, only when everything else is up: a reader that finds the manifest finds every
-   file it names. The returned report carries its sha256, the value users pin with ``--manifest-sha256``.
+   wrong ``ChecksumSHA256`` silently). A store that refuses us (no such bucket, no permission) stops the
+   publish at the first refusal, reported once.
+2. ``manifest.json`` last, only when everything else is up: a reader that finds the manifest finds every
+   file it names. It is published byte for byte: publishing never changes it, so the sha256 users pin
+   with ``--manifest-sha256`` is the same on every mirror and before and after any publish.
+3. The store's own sizes and SHA-256s are checked against the manifest (`verify_remote`, no data read);
+   only then is the store added to the local ``mirrors.json`` (`marin_data.corpus.mirrors`), which the
+   datasheet lists. A failed publish records nothing.
 
 The datasheet states the manifest's digest, so the manifest cannot list it (`marin_data.docs.write`); it is
-uploaded too when present, hashed locally. Because step 1 changes the digest the first time a corpus goes
-to a URL, the order that publishes a datasheet stating the right digest is: publish, ``marin-data
-datasheet``, publish again (which skips every other file). The report warns when the datasheet does not
-state the published digest.
+uploaded too when present, and refused when it states another digest (it would tell readers to pin a
+value that does not verify): run ``marin-data datasheet`` first.
 """
 
 from __future__ import annotations
@@ -31,20 +29,30 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from marin_data.atomic import atomic_write_bytes, sha256_file
-from marin_data.corpus.manifest import Corpus, load_corpus
-from marin_data.errors import MarinDataError, ObjectTooLargeError, ShardChecksumError, TransferFailedError
-from marin_data.layout import MANIFEST
+from marin_data.atomic import sha256_file
+from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.mirrors import record_mirrors
+from marin_data.errors import (
+    MarinDataError,
+    ObjectTooLargeError,
+    RemoteError,
+    RetryableRemoteError,
+    ShardChecksumError,
+    StaleDatasheetError,
+    TransferFailedError,
+)
+from marin_data.layout import MANIFEST, UNLISTED
 from marin_data.lock import corpus_lock
 from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
+from marin_data.transfer.remote_verify import verify_remote
 from marin_data.ui import human_bytes, progress as progress_bar
 
-__all__ = ["PublishReport", "publish"]
+__all__ = ["PublishReport", "publish", "check_datasheet", "check_published"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,6 @@ class PublishReport:
     skipped: tuple[str, ...]  # already in the store with the same size and SHA-256
     bytes_uploaded: int
     seconds: float
-    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ def publish(
     progress: bool | None = None,
     **store_options,
 ) -> PublishReport:
-    """Upload the corpus at ``root`` to the store at ``to`` and record it as a mirror.
+    """Upload the corpus at ``root`` to the store at ``to``, check it there, and record it as a mirror.
 
     Args:
         root: a local corpus directory.
@@ -92,10 +99,13 @@ def publish(
     Raises:
         ObjectTooLargeError: some file exceeds the single-upload limit; nothing was uploaded or changed.
         ShardChecksumError: a local file no longer matches the manifest (re-create it); not uploaded.
-        TransferFailedError: some uploads failed after every retry; the manifest was not uploaded.
+        StaleDatasheetError: the datasheet states another manifest digest; nothing was uploaded.
+        TransferFailedError: some uploads failed after every retry (the manifest was not uploaded), or the
+            store does not hold what was sent.
         RemoteError: the store cannot be reached or refuses us.
     """
     corpus = load_corpus(root)
+    check_datasheet(corpus.root, corpus.manifest_sha256)
     store = open_store(to, max_connections=workers + 2, **store_options)
     files = [_Upload(s.path, s.bytes, s.sha256) for s in corpus.shards]
     files += [_Upload(p, r.bytes, r.sha256) for p, r in sorted(corpus.manifest.files.items())]
@@ -104,7 +114,7 @@ def publish(
 
     t0 = time.perf_counter()
     with corpus_lock(corpus.root):
-        corpus = _record_mirror(corpus, store)
+        corpus = load_corpus(corpus.root, manifest_sha256=corpus.manifest_sha256)  # unchanged since checked
         uploaded, skipped, failed, nbytes = _upload_all(corpus.root, files, store, workers, policy, progress)
         if failed:
             lines = "".join(f"\n  {p}: {why}" for p, why in failed)
@@ -115,19 +125,36 @@ def publish(
             uploaded, nbytes = (*uploaded, MANIFEST), nbytes + manifest.bytes
         else:
             skipped = (*skipped, MANIFEST)
-    stale = [f.path for f in _unlisted_documents(corpus.root)
-             if manifest.sha256 not in (corpus.root / f.path).read_text(errors="replace")]
-    warnings = tuple(f"{p} does not state the published manifest sha256: run `marin-data datasheet` and publish "
-                     "again" for p in stale)
+        check_published(corpus.root, to, [{**store.mirror_record(), "subsets": sorted(corpus.manifest.subsets)}],
+                        workers=workers, policy=policy, **store_options)
     return PublishReport(url=store.url, manifest_sha256=manifest.sha256, uploaded=tuple(uploaded),
-                         skipped=tuple(skipped), bytes_uploaded=nbytes, seconds=time.perf_counter() - t0,
-                         warnings=warnings)
+                         skipped=tuple(skipped), bytes_uploaded=nbytes, seconds=time.perf_counter() - t0)
+
+
+def check_datasheet(root: Path, manifest_sha256: str) -> None:
+    """Refuse to publish a datasheet that states another manifest digest than the one being published."""
+    for rel in UNLISTED:
+        path = root / rel
+        if path.is_file() and manifest_sha256 not in path.read_text(errors="replace"):
+            raise StaleDatasheetError(f"{rel} does not state the manifest's sha256 {manifest_sha256}: readers "
+                                      "would pin a value that does not verify", path=str(path),
+                                      expected=manifest_sha256)
+
+
+def check_published(root: Path, url: str, records: list[dict], **verify_options) -> None:
+    """Compare what the store at ``url`` holds with the manifest (no data read); record ``records`` in
+    ``mirrors.json`` only when it holds every file, byte for byte."""
+    report = verify_remote(root, url, **verify_options)
+    if not report.ok:
+        lines = "".join(f"\n  {p.path}: {p.message}" for p in report.problems[:10])
+        raise TransferFailedError(f"{url} does not hold what was published ({len(report.problems)} problems); "
+                                  f"not recorded as a mirror:{lines}", path=url,
+                                  failures=[(p.path, p.message) for p in report.problems])
+    record_mirrors(root, records)
 
 
 def _unlisted_documents(root: Path) -> list[_Upload]:
     """The corpus files the manifest cannot list (the datasheet), as present on disk."""
-    from marin_data.layout import UNLISTED
-
     return [_Upload(p, *reversed(sha256_file(root / p))) for p in UNLISTED if (root / p).is_file()]
 
 
@@ -142,27 +169,22 @@ def _check_sizes(files: list[_Upload], limit: int | None, store: Store) -> None:
             path=too_big[0].path, expected=limit, actual=too_big[0].bytes)
 
 
-def _record_mirror(corpus: Corpus, store: Store) -> Corpus:
-    """Add (or refresh) ``store`` in the local manifest's mirrors; rewrite the manifest only if that
-    changes it. Returns the corpus as reloaded from disk."""
-    record = {**store.mirror_record(), "subsets": sorted(corpus.manifest.subsets)}
-    mirrors = [m for m in corpus.manifest.mirrors if m.get("url") != record["url"]] + [record]
-    mirrors.sort(key=lambda m: str(m.get("url")))
-    if mirrors == corpus.manifest.mirrors:
-        return corpus
-    atomic_write_bytes(corpus.root / MANIFEST, replace(corpus.manifest, mirrors=mirrors).to_json())
-    return load_corpus(corpus.root)
-
-
 def _upload_all(root: Path, files: list[_Upload], store: Store, workers: int, policy: RetryPolicy,
                 progress: bool | None):
     bar = progress_bar(sum(f.bytes for f in files), "publish", unit="B", unit_scale=True,
                        disable=None if progress is None else not progress)
     lock = threading.Lock()
+    refusals: list[RemoteError] = []
 
     def one(f: _Upload) -> tuple[bool, str | None]:
+        if refusals:
+            return False, "not sent: the store refused an earlier upload"
         try:
             sent = _put_if_changed(root, f, store, policy)
+        except RemoteError as e:
+            if not isinstance(e, RetryableRemoteError):  # no bucket, no permission: every file would fail alike
+                refusals.append(e)
+            return False, str(e.message)
         except MarinDataError as e:
             return False, str(e.message)
         finally:
@@ -175,6 +197,8 @@ def _upload_all(root: Path, files: list[_Upload], store: Store, workers: int, po
             results = list(pool.map(one, files))
     finally:
         bar.close()
+    if refusals:
+        raise refusals[0]
     failed = [(f.path, why) for f, (_, why) in zip(files, results) if why is not None]
     uploaded = [f.path for f, (sent, why) in zip(files, results) if sent and why is None]
     skipped = [f.path for f, (sent, why) in zip(files, results) if not sent and why is None]
