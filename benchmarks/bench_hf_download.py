@@ -1,8 +1,10 @@
 """Download a subset from `marin-data serve`: `marin-data download hf://...` vs `huggingface_hub.snapshot_download`.
 
 Both fetch the same subset (``allow_patterns`` for snapshot_download) from the same mirror on 127.0.0.1,
-which runs in its own process; each client runs as a fresh process into an empty directory, alternating
-within each run, and the figure is the median wall time of ``--runs`` runs. Both use ``--workers``
+which runs in its own process; each client runs as a fresh process into an empty directory, interleaved
+within each run and each run starting with the next client (as in ``bench_s3_download.py``: freeing and
+rewriting a GB of page cache costs the client that follows, so a fixed order would favour one), and the
+figure is the median wall time of ``--runs`` runs. Both use ``--workers``
 parallel files. marin-data's time includes reading and checking the manifest and shard index, SHA-256 of
 every byte checked against the manifest, fsync and the atomic rename; snapshot_download checks each file's
 size only (huggingface_hub 2.x hashes nothing on the plain-HTTP path). Goal: no slower,
@@ -66,8 +68,8 @@ def main() -> None:
         nbytes = make_corpus(tmp / "hub" / REPO, args.size_mb, args.shard_mb)
         env["HF_HOME"] = str(tmp / "hf_home")  # no user cache or token involved
         with mirror_process(tmp / "hub") as url:
-            for _ in range(args.runs):
-                for tool in tools:  # alternate, so drift on a shared machine hits both alike
+            for run in range(args.runs):
+                for tool in tools[run % len(tools):] + tools[:run % len(tools)]:  # each client goes first in turn
                     dest = tmp / "dest"
                     shutil.rmtree(dest, ignore_errors=True)
                     t0 = time.perf_counter()
