@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 #include <math.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define MARIN_HD __host__ __device__ __forceinline__
@@ -34,6 +35,16 @@ MARIN_HD int popcount32(uint32_t mask) {
 }
 
 MARIN_HD bool is_nan(float v) { return v != v; }
+
+MARIN_HD uint32_t float_bits(float v) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(v);
+#else
+  uint32_t bits;
+  memcpy(&bits, &v, sizeof(bits));
+  return bits;
+#endif
+}
 
 // max that propagates NaN (fmaxf ignores it), as torch's max and logsumexp do.
 MARIN_HD float max_or_nan(float a, float b) { return (a > b || is_nan(a)) ? a : b; }

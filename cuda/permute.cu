@@ -99,6 +99,10 @@ permute_scatter_kernel(const V* __restrict__ x, int64_t row_vecs, const int* __r
   }
   __shared__ int dest[kMaxTopK];
   const int64_t t = blockIdx.x;
+  const V* src = x + t * row_vecs;
+  int64_t i = threadIdx.x;  // two loads in flight per thread; the first two are issued before the barrier
+  V a = i < row_vecs ? src[i] : V{};
+  V b = i + kRowThreads < row_vecs ? src[i + kRowThreads] : V{};
   if (threadIdx.x < top_k) {
     const int64_t flat = t * top_k + threadIdx.x;
     const int e = routed_expert(expert_ids[flat], num_experts);
@@ -112,11 +116,12 @@ permute_scatter_kernel(const V* __restrict__ x, int64_t row_vecs, const int* __r
     dest[threadIdx.x] = row;
   }
   __syncthreads();
-  const V* src = x + t * row_vecs;
-  for (int64_t i = threadIdx.x; i < row_vecs; i += 2 * kRowThreads) {  // two loads in flight per thread
+  for (; i < row_vecs; i += 2 * kRowThreads) {
     const int64_t i2 = i + kRowThreads;
-    const V a = src[i];
-    const V b = i2 < row_vecs ? src[i2] : V{};
+    if (i != threadIdx.x) {
+      a = src[i];
+      b = i2 < row_vecs ? src[i2] : V{};
+    }
     for (int k = 0; k < top_k; ++k) {
       const int64_t row = dest[k];
       if (row < 0) continue;

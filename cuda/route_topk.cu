@@ -12,16 +12,6 @@ constexpr int kRouteWarps = 4;
 constexpr int kRouteThreads = kRouteWarps * kWarpSize;
 constexpr int kRouteBlocksPerSM = 8;  // a persistent grid: fewer blocks, fewer count flushes
 
-__device__ __forceinline__ Candidate warp_pick(Candidate c) {
-  MARIN_UNROLL
-  for (int m = kWarpSize / 2; m > 0; m /= 2) {
-    const Candidate other{__shfl_xor_sync(kFullMask, c.score, m), __shfl_xor_sync(kFullMask, c.id, m),
-                          __shfl_xor_sync(kFullMask, c.basis, m)};
-    c = pick(c, other);
-  }
-  return c;
-}
-
 // Device-limited routing: experts outside the topk_group best groups get score -inf. `row` and `groups` are
 // this warp's shared scratch of kMaxExperts floats each.
 template <int VPT>
@@ -36,10 +26,11 @@ __device__ __forceinline__ void limit_groups(float (&score)[VPT], float* row, fl
   __syncwarp();
   for (int g = lane; g < n_group; g += kWarpSize) row[g] = rank_among(groups, n_group, g) < topk_group ? 1.f : 0.f;
   __syncwarp();
+  const float inv_size = 1.f / static_cast<float>(size);
   MARIN_UNROLL
   for (int j = 0; j < VPT; ++j) {
     const int e = j * kWarpSize + lane;
-    if (e < num_experts && row[e / size] == 0.f) score[j] = -INFINITY;
+    if (e < num_experts && row[group_of(e, inv_size)] == 0.f) score[j] = -INFINITY;
   }
   __syncwarp();  // the next token rewrites row
 }
@@ -86,9 +77,9 @@ route_topk_kernel(const In* __restrict__ logits, const float* __restrict__ bias,
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp; t < tokens;
        t += static_cast<int64_t>(gridDim.x) * kRouteWarps) {
     float basis[VPT], score[VPT];
-    uint32_t taken;
+    uint32_t invalid;
     float row_max, sum_exp;
-    load_row<VPT>(logits + t * num_experts, num_experts, lane, basis, taken, row_max, sum_exp);
+    load_row<VPT>(logits + t * num_experts, num_experts, lane, basis, invalid, row_max, sum_exp);
     const float inv_sum = 1.f / sum_exp;
     MARIN_UNROLL
     for (int j = 0; j < VPT; ++j) {
@@ -98,14 +89,32 @@ route_topk_kernel(const In* __restrict__ logits, const float* __restrict__ bias,
     }
     if (n_group > 1) limit_groups<VPT>(score, rows[warp], groups[warp], num_experts, n_group, topk_group, lane);
 
+    uint32_t key[VPT];
+    MARIN_UNROLL
+    for (int j = 0; j < VPT; ++j) key[j] = ((invalid >> j) & 1u) ? kNoKey : select_key(score[j]);
+    uint32_t best_key;
+    int best_slot;
+    lane_best<VPT>(key, best_key, best_slot);
     int my_id = 0;
     float my_basis = 0.f;
     for (int r = 0; r < k; ++r) {  // lane r keeps the r-th choice
-      const Candidate best = warp_pick(lane_best<VPT>(score, basis, taken, lane));
-      if (best.id % kWarpSize == lane) taken |= 1u << (best.id / kWarpSize);
+      const uint32_t top = __reduce_max_sync(kFullMask, best_key);
+      const unsigned id = __reduce_min_sync(kFullMask, best_key == top ? best_slot * kWarpSize + lane : 0xffffffffu);
+      const int owner = static_cast<int>(id % kWarpSize);
+      float lane_basis = 0.f;
+      MARIN_UNROLL
+      for (int j = 0; j < VPT; ++j)
+        if (j == best_slot) lane_basis = basis[j];
+      const float chosen_basis = __shfl_sync(kFullMask, lane_basis, owner);
       if (lane == r) {
-        my_id = best.id;
-        my_basis = best.basis;
+        my_id = static_cast<int>(id);
+        my_basis = chosen_basis;
+      }
+      if (lane == owner) {  // the winner's slot leaves; only this lane's best changes
+        MARIN_UNROLL
+        for (int j = 0; j < VPT; ++j)
+          if (j == best_slot) key[j] = kNoKey;
+        lane_best<VPT>(key, best_key, best_slot);
       }
     }
     const bool chosen = lane < k;
@@ -187,6 +196,7 @@ cudaError_t with_vpt(int num_experts, Launch launch) {
     case 2: launch(std::integral_constant<int, 2>{}); break;
     case 4: launch(std::integral_constant<int, 4>{}); break;
     case 8: launch(std::integral_constant<int, 8>{}); break;
+    case 12: launch(std::integral_constant<int, 12>{}); break;
     case 16: launch(std::integral_constant<int, 16>{}); break;
     default: return cudaErrorInvalidValue;
   }
@@ -203,10 +213,10 @@ bool route_args_ok(int64_t tokens, int num_experts, int k, int mode, int n_group
 
 }  // namespace
 
-int route_topk_occupancy(Occupancy* out) {  // E = 384 (16 scores per lane), bf16 and fp32 logits
-  out[0] = occupancy_of("route_topk_kernel<16, bf16>", route_topk_kernel<16, __nv_bfloat16>, kRouteThreads);
-  out[1] = occupancy_of("route_topk_kernel<16, fp32>", route_topk_kernel<16, float>, kRouteThreads);
-  out[2] = occupancy_of("route_topk_backward_kernel<16, fp32>", route_topk_backward_kernel<16, float>, kRouteThreads);
+int route_topk_occupancy(Occupancy* out) {  // E = 384 (12 scores per lane), bf16 and fp32 logits
+  out[0] = occupancy_of("route_topk_kernel<12, bf16>", route_topk_kernel<12, __nv_bfloat16>, kRouteThreads);
+  out[1] = occupancy_of("route_topk_kernel<12, fp32>", route_topk_kernel<12, float>, kRouteThreads);
+  out[2] = occupancy_of("route_topk_backward_kernel<12, fp32>", route_topk_backward_kernel<12, float>, kRouteThreads);
   return 3;
 }
 

@@ -11,14 +11,6 @@ namespace marin {
 
 enum RouteMode : int { kSigmoid = 0, kSoftmaxTopk = 1, kTopkSoftmax = 2 };
 
-// A routing candidate: its selection score, expert id, and the value its weight comes from ("basis": the
-// logit for sigmoid and topk_softmax, the softmax probability for softmax_topk).
-struct Candidate {
-  float score;
-  int id;
-  float basis;
-};
-
 // The tie rule. The reference sorts -score ascending with a stable sort, so: larger score first; equal
 // scores -> lower expert id; NaN after everything, -inf included (torch sorts NaN last); NaNs by id.
 MARIN_HD bool better(float score_a, int id_a, float score_b, int id_b) {
@@ -27,29 +19,43 @@ MARIN_HD bool better(float score_a, int id_a, float score_b, int id_b) {
   return score_a > score_b || (score_a == score_b && id_a < id_b);
 }
 
-// Worse than every real candidate, NaN ones included: the identity of `pick`.
-MARIN_HD Candidate no_candidate() { return Candidate{NAN, 0x7fffffff, 0.0f}; }
+// The selection key of a score: an unsigned integer in the tie rule's order, so a warp picks the best with
+// one __reduce_max_sync (and the lowest id among equal keys with one __reduce_min_sync). -0 and +0 get the
+// same key; every NaN gets 1, below every number; 0 (kNoKey) marks a slot that is taken or past E.
+constexpr uint32_t kNoKey = 0;
 
-// The better of two candidates. A strict total order, so a warp's butterfly reduction gives every lane the
-// same winner whatever the order of combination.
-MARIN_HD Candidate pick(Candidate a, Candidate b) { return better(b.score, b.id, a.score, a.id) ? b : a; }
+MARIN_HD uint32_t select_key(float score) {
+  if (is_nan(score)) return 1u;
+  const uint32_t bits = float_bits(score == 0.f ? 0.f : score);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
 
-// Scores per lane for E experts: the smallest of 1, 2, 4, 8, 16 with 32*VPT >= E (0 when E > 512).
+// Scores per lane for E experts: the smallest of 1, 2, 4, 8, 12, 16 with 32*VPT >= E (0 when E > 512).
+// 12 for E = 257..384 (Marin's 384 experts), where 16 would leave a quarter of the registers idle.
 MARIN_HD int vpt_for(int num_experts) {
-  for (int vpt = 1; vpt <= kMaxExperts / kWarpSize; vpt *= 2)
+  const int choices[] = {1, 2, 4, 8, 12, 16};
+  for (int vpt : choices)
     if (vpt * kWarpSize >= num_experts) return vpt;
   return 0;
 }
 
-// The best candidate among one lane's slots that are not yet taken (bit j of `taken` = slot j).
+// A lane's best slot: the largest key, the lowest slot (so the lowest expert id) among equal keys.
 template <int VPT>
-MARIN_HD Candidate lane_best(const float (&score)[VPT], const float (&basis)[VPT], uint32_t taken, int lane) {
-  Candidate best = no_candidate();
+MARIN_HD void lane_best(const uint32_t (&key)[VPT], uint32_t& best_key, int& best_slot) {
+  best_key = kNoKey;
+  best_slot = 0;
   MARIN_UNROLL
-  for (int j = 0; j < VPT; ++j)
-    if (!((taken >> j) & 1u)) best = pick(best, Candidate{score[j], j * kWarpSize + lane, basis[j]});
-  return best;
+  for (int j = 0; j < VPT; ++j) {
+    if (key[j] > best_key) {
+      best_key = key[j];
+      best_slot = j;
+    }
+  }
 }
+
+// The group of expert e for groups of `size` experts, from 1/size: (e + 0.5) / size is at least 1/(2*size)
+// away from an integer, far more than fp32's error for e < 512, so the floor is exact (no integer division).
+MARIN_HD int group_of(int e, float inv_size) { return static_cast<int>((static_cast<float>(e) + 0.5f) * inv_size); }
 
 // Group score of device-limited routing: the sum of the group's two largest selection scores (the single
 // score for a group of one). NaN if the group holds a NaN: the reference takes torch.topk, which ranks

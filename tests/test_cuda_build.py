@@ -24,7 +24,7 @@ needs_nvcc = pytest.mark.skipif(build.find_nvcc() is None,
                                 reason="nvcc not found (set MARIN_NVCC or CUDA_HOME): cannot build cuda/")
 
 # Kernel families and how many instantiations each must have (dtypes x scores-per-lane, vector widths).
-KERNELS = {"route_topk_kernel": 15, "route_topk_backward_kernel": 15, "permute_rank_kernel": 1,
+KERNELS = {"route_topk_kernel": 18, "route_topk_backward_kernel": 18, "permute_rank_kernel": 1,
            "permute_scan_kernel": 1, "permute_scatter_kernel": 5, "unpermute_kernel": 11,
            "unpermute_backward_kernel": 17}
 
