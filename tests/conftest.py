@@ -10,7 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marin_data.corpus.manifest import Corpus, Manifest, ShardRecord, SubsetInfo, commit_corpus, load_corpus
+from marin_data.corpus.manifest import (
+    MAX_FILES_PER_REPO,
+    Corpus,
+    Manifest,
+    ShardRecord,
+    SubsetInfo,
+    commit_corpus,
+    load_corpus,
+)
 from marin_data.corpus.shard import shard_path, write_shard
 from marin_data.layout import TOKENIZER
 from marin_data.raw.tokenizer import TokenizerInfo
@@ -26,11 +34,13 @@ def build_corpus(
     seed: int = 0,
     doc_tokens: tuple[int, int] = (1, 400),
     row_group_tokens: int = 1 << 20,
+    max_files_per_repo: int = MAX_FILES_PER_REPO,
 ) -> Corpus:
     """Write a corpus whose subset ``name`` has shards with the given document counts.
 
     Documents have random lengths in ``doc_tokens`` and random token ids in [1, VOCAB), each followed by
-    EOS (id 0), so tests can find document boundaries. Deterministic in ``seed``.
+    EOS (id 0), so tests can find document boundaries. Deterministic in ``seed``. ``max_files_per_repo``
+    spreads the subsets over Hub repos as `marin_data.corpus.manifest.assign_repos` packs them.
     """
     root = Path(root)
     rng = np.random.default_rng(seed)
@@ -53,8 +63,22 @@ def build_corpus(
                                        tokens=st.tokens, row_groups=st.row_groups))
     manifest = Manifest(name="synthetic", version="0", tokenizer=tokenizer,
                         subsets={s: SubsetInfo(0, 0, 0, 0, license="CC0-1.0") for s in subsets})
-    commit_corpus(root, manifest, records)
+    commit_corpus(root, manifest, records, max_files_per_repo=max_files_per_repo)
     return load_corpus(root)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    """Decoded shards go to a temporary folder, never the user's ``~/.cache/marin`` (subprocesses inherit it)."""
+    import os
+
+    before = os.environ.get("MARIN_CACHE_DIR")
+    os.environ["MARIN_CACHE_DIR"] = str(tmp_path_factory.mktemp("marin-cache"))
+    yield
+    if before is None:
+        os.environ.pop("MARIN_CACHE_DIR", None)
+    else:
+        os.environ["MARIN_CACHE_DIR"] = before
 
 
 @pytest.fixture
