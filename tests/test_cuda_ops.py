@@ -189,6 +189,32 @@ def test_unpermute_and_backward_equal_the_reference(T, K, E, H, weighted, dtype)
     torch.testing.assert_close(grad_w, want_w, rtol=GRAD_WEIGHTS_TOL[0], atol=GRAD_WEIGHTS_TOL[1])
 
 
+def test_nan_and_infinite_logits_lse_and_unpermute_edge_cases():
+    """What the emulated suite checks on the CPU, once on the device: NaN lse, fp32 gradients of bf16 rows,
+    row_of outside [0, R) dropped, NaN outputs compared as NaN."""
+    logits = torch.randn(8, 300, generator=gen(31))
+    logits[0, 3], logits[1, :], logits[2, 0], logits[2, 1:] = float("nan"), float("nan"), float("nan"), -math.inf
+    logits[3, 5] = math.inf
+    for mode in MODES:
+        got, want = both(ops.route_topk, logits, None, 4, mode, 1.0, True, 1, 1)
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[3], want[3], rtol=2e-6, atol=1e-6, equal_nan=True)
+    ids = torch.randint(0, 9, (64, 4), generator=gen(32), dtype=torch.int32)
+    _, row_of, src_of, _ = ops.permute(torch.zeros(64, 1), ids, 9, 4, 0)
+    routed, weights = torch.randn(src_of.shape[0], 24, generator=gen(33)).bfloat16(), torch.rand(64, 4, generator=gen(34))
+    grad = torch.randn(64, 24, generator=gen(35))  # fp32 gradient, bf16 rows: rounded once
+    got, want = both(ops.unpermute_backward, grad, routed, row_of, src_of, weights)
+    assert torch.equal(got[0], want[0])
+    garbage = row_of.clone()
+    garbage[::3, 1] = 10**6
+    clean = torch.where(garbage < src_of.shape[0], garbage, -1)
+    got = ops.unpermute(routed.cuda(), garbage.cuda(), src_of.cuda(), weights.cuda()).cpu()
+    assert torch.equal(got, ops.unpermute(routed, clean, src_of, weights))
+    routed[0, :3] = float("nan")
+    got, want = both(ops.unpermute, routed, row_of, src_of, weights)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
 def test_opcheck_on_cuda_tensors():
     """torch.library.opcheck with the kernels: schema, autograd registration, fake-tensor agreement (and the
     compiled path where outputs allow: route_topk's first output is integer, see tests/test_ops.py)."""
