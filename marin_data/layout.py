@@ -33,6 +33,7 @@ __all__ = [
     "MIRRORS",
     "LOCK_NAME",
     "STAGING",
+    "COMMIT",
     "RECORD",
     "PARTIAL_SUFFIX",
     "RANGES_SUFFIX",
@@ -61,6 +62,7 @@ MIRRORS = "mirrors.json"  # the places publish has put the corpus; outside the c
 # Present only while the corpus is being written or fetched.
 LOCK_NAME = ".marin.lock"  # one writer per corpus
 STAGING = ".staging"  # `marin-data shard`'s work in progress
+COMMIT = f"{STAGING}/commit"  # a commit's index, SHA256SUMS and manifest before they move into place
 RECORD = ".marin-download.json"  # which subsets a partial download holds
 PARTIAL_SUFFIX = ".marin-download.part"  # data/x/part-00000.parquet.marin-download.part
 RANGES_SUFFIX = ".marin-download.ranges.part"  # beside a partial fetched in ranges: what each range holds

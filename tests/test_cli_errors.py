@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +42,27 @@ def test_invalid_manifest_family_exits_with_usage_code_and_others_are_distinct()
              describe(E.ShardChecksumError("x"))[1], describe(E.RetryableRemoteError("x"))[1],
              describe(E.RemoteError("x"))[1], EXIT_USAGE}
     assert len(codes) == 6
+
+
+def _documented_codes() -> dict[int, str]:
+    """The README's exit-code paragraph, as code -> what it says."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    paragraph = " ".join(text[text.index("Exit codes:"):].split("\n\n")[0].split())
+    return {int(code): what for code, what in re.findall(r"(?:^|[:;] )(\d+) ([^;]+)", paragraph)}
+
+
+def test_every_error_type_maps_to_a_documented_exit_code_and_none_to_the_internal_error_code():
+    documented = _documented_codes()
+    assert "internal error" in documented[70]
+    subclasses = [getattr(E, name) for name in E.__all__]
+    assert set(subclasses) == {t for t in vars(E).values() if isinstance(t, type) and issubclass(t, E.MarinDataError)}
+    for etype in subclasses:
+        exc = etype.__new__(etype)  # every type, whatever its own keyword arguments
+        exc.__dict__.update(message="x", path=None, expected=None, actual=None, line=1, reason="x", problems=[],
+                            missing=[], failures=[], status=None, retry_after=None)
+        code = describe(exc)[1]
+        assert code in documented and code != 70, f"{etype.__name__} exits {code}, which the README does not list"
+    assert set(code for _, _, code in ERROR_TABLE) <= set(documented)
 
 
 def test_errors_are_also_stdlib_errors_and_keep_their_fields():

@@ -4,7 +4,9 @@ removed. Also: sizes the destination cannot hold."""
 
 from __future__ import annotations
 
+import http.server
 import os
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,9 +17,10 @@ from shard_env import make_texts, run_cli, tiny_tokenizer, write_jsonl  # noqa: 
 from marin_data.atomic import atomic_write_bytes
 from marin_data.corpus.manifest import commit_corpus, load_corpus
 from marin_data.cli._errors import EXIT_USAGE, describe
-from marin_data.errors import InvalidManifestError, UnsafeDestinationError
+from marin_data.errors import InvalidManifestError, RemoteError, UnsafeDestinationError
 from marin_data.layout import LOCK_NAME, PARTIAL_SUFFIX, RANGES_SUFFIX, RECORD
 from marin_data.lock import corpus_lock
+from marin_data.stores import open_store
 from marin_data.transfer.download import download
 
 PRECIOUS = b"the user's own file\n"
@@ -202,3 +205,30 @@ def test_a_self_contradicting_shard_index_is_refused_before_anything_is_written(
     assert not dest.exists()
     with pytest.raises(InvalidManifestError):
         load_corpus(corpus.root)
+
+
+@pytest.mark.parametrize("size", ['"12"', "1.5", "null", "-1"])
+def test_a_tree_listing_with_a_size_that_is_no_byte_count_is_a_remote_error(tmp_path, size):
+    listing = f'[{{"type": "file", "path": "manifest.json", "size": {size}, "oid": "{"0" * 40}"}}]'.encode()
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server hook
+            body = b'{"sha": "%s"}' % (b"1" * 40) if "/revision/" in self.path else listing
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store = open_store("hf://datasets/o/n", endpoint=f"http://127.0.0.1:{server.server_port}")
+        with pytest.raises(RemoteError, match="malformed tree listing"):
+            store.head("data/a/part-00000.parquet")  # what `verify --remote` and a split corpus's reads ask
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -11,6 +11,7 @@ from marin_data.cli._engine_options import engine_kwargs, engine_options
 from marin_data.corpus.build import DEFAULT_SHARD_TOKENS, ShardReport, shard_subset
 from marin_data.corpus.manifest import check_subset_name
 from marin_data.errors import InvalidManifestError
+from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES
 from marin_data.ui import format_table, human_bytes
 
 __all__ = ["command"]
@@ -58,7 +59,12 @@ def _subset_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--eos-token", metavar="TEXT", help="The EOS token, if the tokenizer marks none special.")
 @click.option("--bos-token", metavar="TEXT", help="The BOS token for --bos, if the tokenizer marks none special.")
 @click.option("--skip-bad", is_flag=True,
-              help="Skip malformed records (bad JSON, no text, not UTF-8) and report counts, instead of stopping.")
+              help="Skip malformed records (bad JSON, no text, not UTF-8, over --max-doc-bytes) and report counts, "
+                   "instead of stopping.")
+@click.option("--max-doc-bytes", type=TokenCount(), default=DEFAULT_MAX_DOC_BYTES, show_default=True,
+              help="Longest document in bytes (its JSON line or Parquet text; suffixes K, M, Ki, Mi); a longer one "
+                   "is a bad record. Tokenizing a document takes many times its size: this bounds a worker's "
+                   "memory (docs/security.md).")
 @click.option("--license", "license_", default="unknown", show_default=True, metavar="SPDX",
               help="The subset's license, an SPDX id such as CC-BY-4.0.")
 @click.option("--shard-tokens", type=TokenCount(), default=DEFAULT_SHARD_TOKENS, show_default=True,
@@ -67,7 +73,7 @@ def _subset_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--corpus-version", help="Version of a new corpus (default: 0.1.0).")
 def command(inputs: tuple[str, ...], subset: str, tokenizer: str, out: Path, workers: int | None, engine: str,
             ray_address: str | None, text_field: str, id_field: str, add_bos: bool, eos_token: str | None,
-            bos_token: str | None, skip_bad: bool, license_: str, shard_tokens: int, corpus_name: str | None,
+            bos_token: str | None, skip_bad: bool, max_doc_bytes: int, license_: str, shard_tokens: int, corpus_name: str | None,
             corpus_version: str | None) -> None:
     """Tokenize INPUT files into subset --subset of the corpus --out.
 
@@ -92,7 +98,7 @@ def command(inputs: tuple[str, ...], subset: str, tokenizer: str, out: Path, wor
     """
     report = shard_subset(inputs, subset=subset, tokenizer=tokenizer, out=out, workers=workers,
                           text_field=text_field, id_field=id_field, add_bos=add_bos, eos_token=eos_token,
-                          bos_token=bos_token, skip_bad=skip_bad, license=license_, shard_tokens=shard_tokens,
+                          bos_token=bos_token, skip_bad=skip_bad, max_doc_bytes=max_doc_bytes, license=license_, shard_tokens=shard_tokens,
                           name=corpus_name, version=corpus_version, **engine_kwargs(engine, ray_address))
     click.echo(summary(report))
 

@@ -36,6 +36,7 @@ from marin_data.corpus.manifest import (
     SubsetInfo,
     check_subset_name,
     commit_corpus,
+    finish_commit,
     load_corpus,
 )
 from marin_data.corpus.shard import TOKENS_VALUES, ShardStats, shard_path, shard_schema, write_shard
@@ -43,7 +44,7 @@ from marin_data.engines import Engine, make_engine
 from marin_data.errors import CorpusConflictError, ShardFormatError, TokenizerMismatchError, UnreadableInputError
 from marin_data.layout import DATA, LOCK_NAME, MANIFEST, SHARDS_INDEX, SOURCES, STAGING, SUMS, TOKENIZER
 from marin_data.lock import corpus_lock
-from marin_data.raw.documents import Document, expand_inputs, read_documents, source_names
+from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES, Document, expand_inputs, read_documents, source_names
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer, tokenizer_from_bytes
 from marin_data.ui import progress
 
@@ -90,6 +91,7 @@ class UnitJob:
     text_field: str
     id_field: str
     skip_bad: bool
+    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,8 @@ def tokenize_unit(job: UnitJob) -> UnitResult:
         examples.setdefault(reason, example)
 
     docs = read_documents(job.input.path, source=job.input.name, text_field=job.text_field,
-                          id_field=job.id_field, on_bad=(lambda e: skip(e.reason, str(e))) if job.skip_bad else None)
+                          id_field=job.id_field, on_bad=(lambda e: skip(e.reason, str(e))) if job.skip_bad else None,
+                          max_doc_bytes=job.max_doc_bytes)
     all_lengths = []
     schema = shard_schema(job.tokenizer)
     with atomic_path(parquet) as tmp:
@@ -262,6 +265,7 @@ def shard_subset(
     eos_token: str | None = None,
     bos_token: str | None = None,
     skip_bad: bool = False,
+    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES,
     license: str = "unknown",
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     name: str | None = None,
@@ -283,6 +287,8 @@ def shard_subset(
         text_field, id_field: the record fields (Parquet columns) holding text and id.
         add_bos, eos_token, bos_token: framing, see `marin_data.raw.tokenizer.load_tokenizer`.
         skip_bad: skip malformed records and count them by reason instead of stopping.
+        max_doc_bytes: the longest document (its JSON line, or Parquet text) in bytes; a longer one is a bad
+            record. It bounds a worker's memory: tokenizing takes many times a document's size.
         license: the subset's SPDX license id, recorded in the manifest.
         shard_tokens: the most tokens a shard holds (a longer document gets a shard of its own).
         name, version: the corpus's name and version when it is created (default: the directory's name
@@ -305,6 +311,7 @@ def shard_subset(
         tokenizer, eos_token=eos_token, bos_token=bos_token, add_bos=add_bos)
     root = Path(out)
     with corpus_lock(root):
+        finish_commit(root)  # a commit a crash interrupted is finished first
         existing = load_corpus(root) if (root / MANIFEST).exists() else None
         info = _check_corpus(root, existing, loaded, name=name, version=version, extra_files=extra_files)
         files = _hash_inputs(paths)
@@ -323,7 +330,8 @@ def shard_subset(
         pool = make_engine(engine, workers, address=engine_address) if owned else engine
         with contextlib.closing(pool) if owned else contextlib.nullcontext(pool):
             units, reused = _tokenize(pool, files, staging / "units", root / TOKENIZER, info,
-                                      text_field=text_field, id_field=id_field, skip_bad=skip_bad)
+                                      text_field=text_field, id_field=id_field, skip_bad=skip_bad,
+                                      max_doc_bytes=max_doc_bytes)
             skipped, examples = _merge_skips(units)
             if not any(result.docs for _, result in units):
                 raise UnreadableInputError(f"the inputs hold no documents to shard (skipped: {skipped or 'none'})",
@@ -438,12 +446,13 @@ def _unit_key(f: InputFile, info: TokenizerInfo, text_field: str, id_field: str)
 
 
 def _tokenize(pool: Engine, files: Sequence[InputFile], staging: Path, tokenizer_path: Path, info: TokenizerInfo,
-              *, text_field: str, id_field: str, skip_bad: bool) -> tuple[list[tuple[UnitJob, UnitResult]], int]:
+              *, text_field: str, id_field: str, skip_bad: bool,
+              max_doc_bytes: int) -> tuple[list[tuple[UnitJob, UnitResult]], int]:
     """Run the units not finished before; return every unit with its result (in input order)."""
     staging.mkdir(parents=True, exist_ok=True)
     jobs = [UnitJob(input=f, key=_unit_key(f, info, text_field, id_field), staging=str(staging),
                     tokenizer_path=str(tokenizer_path), tokenizer=info, text_field=text_field, id_field=id_field,
-                    skip_bad=skip_bad) for f in files]
+                    skip_bad=skip_bad, max_doc_bytes=max_doc_bytes) for f in files]
     results: dict[int, UnitResult] = {}
     for i, job in enumerate(jobs):
         done = _read_marker(_unit_paths(job)[2])

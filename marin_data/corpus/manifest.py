@@ -22,18 +22,21 @@ small, human-readable file.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from marin_data.atomic import atomic_path, atomic_write_bytes, sha256_file
+from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnsafePathError
-from marin_data.layout import LISTED, LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER, UNLISTED
+from marin_data.layout import (COMMIT, LISTED, LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER,
+                               UNLISTED)
 from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "sums_text",
     "load_corpus",
     "commit_corpus",
+    "finish_commit",
     "shards_fingerprint",
     "summarize_subsets",
     "assign_repos",
@@ -234,14 +238,15 @@ def _index_schema():
     ])
 
 
-def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord]) -> None:
+def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord], *,
+                      root: str | os.PathLike | None = None) -> None:
     """Write ``shards.parquet`` atomically, rows sorted by (subset, path) so the bytes are deterministic."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rows = sorted(shards, key=lambda s: (s.subset, s.path))
     table = pa.table({c: [getattr(s, c) for s in rows] for c in _INDEX_COLUMNS}, schema=_index_schema())
-    with atomic_path(path) as tmp:
+    with atomic_path(path, root=root) as tmp:
         pq.write_table(table, tmp, compression="zstd")
 
 
@@ -342,12 +347,11 @@ def load_corpus(root: str | os.PathLike, *, manifest_sha256: str | None = None) 
         ManifestHashMismatchError: the manifest differs from the pinned digest.
     """
     root = Path(root)
-    mpath = root / MANIFEST
-    try:
-        data = mpath.read_bytes()
+    try:  # a commit moving into place (`finish_commit`): its manifest, index and sums are the corpus's
+        mpath, data = _read_first(root / COMMIT / MANIFEST, root / MANIFEST)
     except FileNotFoundError as e:
         raise InvalidManifestError("no manifest.json: not a marin corpus (or an unfinished one)",
-                                   path=str(mpath)) from e
+                                   path=str(root / MANIFEST)) from e
     digest = hashlib.sha256(data).hexdigest()
     if manifest_sha256 is not None and digest != manifest_sha256.strip().lower():
         raise ManifestHashMismatchError(
@@ -358,10 +362,11 @@ def load_corpus(root: str | os.PathLike, *, manifest_sha256: str | None = None) 
     index = manifest.files.get(SHARDS_INDEX)
     if index is None:
         raise InvalidManifestError(f"manifest does not list {SHARDS_INDEX}", path=str(mpath))
-    ipath = root / SHARDS_INDEX
-    if not ipath.exists():
-        raise InvalidManifestError(f"{SHARDS_INDEX} is missing", path=str(ipath))
-    actual = sha256_file(ipath)
+    try:
+        ipath, index_bytes = _read_first(mpath.parent / SHARDS_INDEX, root / SHARDS_INDEX)
+    except FileNotFoundError as e:
+        raise InvalidManifestError(f"{SHARDS_INDEX} is missing", path=str(root / SHARDS_INDEX)) from e
+    actual = hashlib.sha256(index_bytes).hexdigest(), len(index_bytes)
     if actual != (index.sha256, index.bytes):
         raise InvalidManifestError(
             f"{SHARDS_INDEX} does not match the manifest (sha256/size {actual[0][:12]}…/{actual[1]} "
@@ -419,20 +424,57 @@ def commit_corpus(
     final name.
     """
     root = Path(root)
+    journal = root / COMMIT
+    shutil.rmtree(journal, ignore_errors=True)  # an unfinished journal: the corpus is still as before it
     shards = sorted(shards, key=lambda s: (s.subset, s.path))
-    write_shard_index(root / SHARDS_INDEX, shards)
+    write_shard_index(journal / SHARDS_INDEX, shards, root=root)
     files: dict[str, FileRecord] = {}
     for rel in [TOKENIZER, SHARDS_INDEX, *extra_files]:
         rel = safe_relpath(rel)
-        if (root / rel).exists():
-            files[rel] = FileRecord(*reversed(sha256_file(root / rel)))
+        path = journal / rel if rel == SHARDS_INDEX else root / rel
+        if path.exists():
+            files[rel] = FileRecord(*reversed(sha256_file(path)))
     sums = sums_text([(s.path, s.sha256) for s in shards] + [(p, r.sha256) for p, r in files.items()])
-    atomic_write_bytes(root / SUMS, sums.encode())
-    files[SUMS] = FileRecord(*reversed(sha256_file(root / SUMS)))
+    atomic_write_bytes(journal / SUMS, sums.encode(), root=root)
+    files[SUMS] = FileRecord(*reversed(sha256_file(journal / SUMS)))
     licenses = {k: v.license for k, v in manifest.subsets.items()}
     meta = len({MANIFEST, *files, *LISTED, *UNLISTED})
     repos = assign_repos(shards, meta_files=meta, previous=manifest.repos, max_files_per_repo=max_files_per_repo)
     final = replace(manifest, subsets=summarize_subsets(shards, licenses), files=files, repos=repos)
     data = final.to_json()
-    atomic_write_bytes(root / MANIFEST, data)
+    atomic_write_bytes(journal / MANIFEST, data, root=root)  # the commit point: the journal is complete
+    finish_commit(root)
     return hashlib.sha256(data).hexdigest()
+
+
+def finish_commit(root: str | os.PathLike) -> None:
+    """Move a complete commit journal (`COMMIT`, its manifest written) into place, or discard one a crash
+    left incomplete (the corpus is then still as before it).
+
+    The index and ``SHA256SUMS`` move first and the manifest last, each rename persisted before the next, so
+    a crash at any point leaves a journal that the next writer finishes; a writer calls this under the corpus
+    lock before it reads the corpus, and `load_corpus` reads through a journal still moving in.
+    """
+    root = Path(root)
+    journal = root / COMMIT
+    if (journal / MANIFEST).exists():
+        with SafeDir(root) as top, SafeDir(root, COMMIT, create=False) as moving:
+            for name in (SHARDS_INDEX, SUMS, MANIFEST):
+                if moving.lstat(name) is not None:
+                    top.regular(name)
+                    os.replace(name, name, src_dir_fd=moving.fd, dst_dir_fd=top.fd)
+                    os.fsync(top.fd)
+    shutil.rmtree(journal, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (root / STAGING).rmdir()  # only when no subset's staging is left
+
+
+def _read_first(*paths: Path) -> tuple[Path, bytes]:
+    """The first of ``paths`` that exists, and its bytes, read at once (a journal moving into place may take
+    a file between a check and a read); FileNotFoundError when none does."""
+    for path in paths:
+        try:
+            return path, path.read_bytes()
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(paths[-1])

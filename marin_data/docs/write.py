@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marin_data.atomic import atomic_write_bytes, sha256_file
-from marin_data.corpus.manifest import Corpus, commit_corpus, load_corpus
+from marin_data.corpus.manifest import Corpus, commit_corpus, finish_commit, load_corpus
 from marin_data.corpus.mirrors import read_mirrors
 from marin_data.docs.card import render_card
 from marin_data.docs.croissant import render_croissant
@@ -147,4 +147,5 @@ def write_datasheet(
     if out is not None and Path(out).resolve() != loaded.root.resolve():
         return _generate(loaded, Path(out), meta, strict, scan_tokens)
     with corpus_lock(root):  # the manifest is re-committed: no other writer may change the corpus meanwhile
+        finish_commit(root)
         return _generate(load_corpus(root), None, meta, strict, scan_tokens)

@@ -6,12 +6,17 @@ carrying where it came from, so every error can name the file and the line (for 
 
 Two kinds of failure, as `marin_data.errors` names them:
 
-- a bad *record* (malformed JSON, a missing or non-string text field, bytes that are not UTF-8) raises
+- a bad *record* (malformed JSON, a missing or non-string text field, bytes that are not UTF-8, a document
+  over ``max_doc_bytes``) raises
   `BadRecordError` with a ``reason`` key — or, when the caller passes ``on_bad``, is handed to it and
   skipped, which is how ``--skip-bad`` counts skips by reason;
 - a bad *file* (missing, unreadable, a truncated or corrupt gzip/zstd/Parquet stream) raises
   `UnreadableInputError` naming the file and the last good line. ``--skip-bad`` does not skip these: a
   truncated archive loses an unknown number of documents, which no count of skipped records can report.
+
+Memory is bounded whatever the file holds: decompression yields at most 1 MiB per step (a 180 KB zstd file
+can expand to GiBs), and a line longer than ``max_doc_bytes`` is refused (or skipped) as soon as it passes
+the limit, never buffered whole: tokenizing a document takes many times its size (docs/security.md).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ __all__ = [
     "BAD_JSON",
     "MISSING_TEXT",
     "UNDECODABLE",
+    "TOO_LONG",
+    "DEFAULT_MAX_DOC_BYTES",
     "input_format",
     "expand_inputs",
     "source_names",
@@ -43,11 +50,16 @@ __all__ = [
 BAD_JSON = "bad_json"
 MISSING_TEXT = "missing_text"
 UNDECODABLE = "undecodable"
+TOO_LONG = "too_long"
+
+DEFAULT_MAX_DOC_BYTES = 8 << 20  # one document's JSON line or text; tokenizing it peaks at many times this
 
 _JSONL = (".jsonl", ".ndjson", ".json")
 _COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _PARQUET_BATCH = 1024
-_READ = 1 << 20
+_READ = 1 << 20  # input read and decompressed output per step
+_ZSTD_MAX_WINDOW = 1 << 27  # zstd's own default cap (what `zstd --long` writes); a larger window is refused
+_ZSTD_MAGIC = 0xFD2FB528
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +144,7 @@ def read_documents(
     text_field: str = "text",
     id_field: str = "id",
     on_bad: OnBad | None = None,
+    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES,
 ) -> Iterator[Document]:
     """Yield the documents of one input file in file order.
 
@@ -142,6 +155,8 @@ def read_documents(
         text_field: the field (JSON) or column (Parquet) holding the text.
         id_field: the field or column holding the id; records without one get a default id.
         on_bad: called with each `BadRecordError` instead of raising it; the record is then skipped.
+        max_doc_bytes: the longest record (a JSON line, a Parquet text value) in bytes; a longer one is a bad
+            record (reason `TOO_LONG`).
 
     Raises:
         BadRecordError: a malformed record, when ``on_bad`` is None.
@@ -151,9 +166,9 @@ def read_documents(
     fmt = input_format(path)
     source = path.name if source is None else source
     if fmt == "parquet":
-        yield from _read_parquet(path, source, text_field, id_field, on_bad)
+        yield from _read_parquet(path, source, text_field, id_field, on_bad, max_doc_bytes)
     else:
-        yield from _read_jsonl(path, fmt, source, text_field, id_field, on_bad)
+        yield from _read_jsonl(path, fmt, source, text_field, id_field, on_bad, max_doc_bytes)
 
 
 def _reject(on_bad: OnBad | None, path: Path, line: int, reason: str, message: str) -> None:
@@ -178,25 +193,52 @@ def _chunks(path: Path, fmt: str) -> Iterator[bytes]:
 
 
 def _zstd_chunks(raw: io.BufferedIOBase) -> Iterator[bytes]:
-    """Decompress concatenated zstd frames, raising `EOFError` if the file ends inside a frame.
+    """Decompress concatenated zstd frames at most 1 MiB at a time, raising `EOFError` if the file ends
+    inside a frame.
 
-    zstandard's ``stream_reader`` treats a truncated file as a clean end of stream, which would silently
-    drop the documents after the cut; this loop notices the unfinished frame.
+    ``decompressobj().decompress`` has no output limit (1 MiB of input can expand to GiBs), so the bounded
+    ``stream_reader`` decompresses; it treats a truncated file as a clean end of stream, which would silently
+    drop the documents after the cut, so the frame headers are then walked to notice an unfinished frame.
     """
     import zstandard
 
-    dctx = zstandard.ZstdDecompressor()
-    dobj, inside = dctx.decompressobj(), False
-    while chunk := raw.read(_READ):
-        while chunk:
-            yield dobj.decompress(chunk)
-            inside = True
-            chunk = b""
-            if dobj.eof:  # a frame ended: the rest of this read starts the next one
-                chunk = dobj.unused_data
-                dobj, inside = dctx.decompressobj(), False
-    if inside:
+    dctx = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
+    with dctx.stream_reader(raw, read_size=_READ, read_across_frames=True, closefd=False) as reader:
+        while chunk := reader.read(_READ):
+            yield chunk
+    if not _zstd_frames_complete(raw):
         raise EOFError("the file ends inside a zstd frame (truncated)")
+
+
+def _zstd_frames_complete(f: io.BufferedIOBase) -> bool:
+    """True when the file is whole zstd frames (and skippable frames), from their headers alone (RFC 8878)."""
+    end = f.seek(0, os.SEEK_END)
+    pos = 0
+    while pos < end:
+        f.seek(pos)
+        head = f.read(8)
+        if len(head) < 5:
+            return False
+        magic = int.from_bytes(head[:4], "little")
+        if magic & 0xFFFFFFF0 == 0x184D2A50:  # a skippable frame: its size follows the magic
+            pos += 8 + int.from_bytes(head[4:8], "little")
+            continue
+        if magic != _ZSTD_MAGIC:
+            return False
+        desc = head[4]
+        single = desc >> 5 & 1
+        pos += 5 + (not single) + (0, 1, 2, 4)[desc & 3] + (single, 2, 4, 8)[desc >> 6]
+        last = 0
+        while not last:  # blocks: a 3-byte header (last flag, type, size); an RLE block holds one byte
+            f.seek(pos)
+            block = f.read(3)
+            if len(block) < 3:
+                return False
+            h = int.from_bytes(block, "little")
+            last, kind = h & 1, h >> 1 & 3
+            pos += 3 + (1 if kind == 1 else h >> 3)
+        pos += 4 * (desc >> 2 & 1)  # the content checksum
+    return pos == end
 
 
 def _stream_errors() -> tuple[type[BaseException], ...]:
@@ -206,9 +248,10 @@ def _stream_errors() -> tuple[type[BaseException], ...]:
 
 
 def _read_jsonl(path: Path, fmt: str, source: str, text_field: str, id_field: str,
-                on_bad: OnBad | None) -> Iterator[Document]:
+                on_bad: OnBad | None, max_doc_bytes: int) -> Iterator[Document]:
     line = 0
-    tail = b""
+    tail = b""  # the start of the next line
+    dropping = False  # inside a line refused as too long: its bytes are dropped up to its end
     chunks = _chunks(path, fmt)
     while True:
         try:
@@ -219,18 +262,31 @@ def _read_jsonl(path: Path, fmt: str, source: str, text_field: str, id_field: st
             raise UnreadableInputError(f"corrupt or truncated {fmt} data after line {line}: {e}",
                                        path=str(path)) from e
         if chunk is None:
-            lines = [tail] if tail else []
+            lines = [tail] if tail or dropping else []
         else:
             lines = (tail + chunk).split(b"\n")
             tail = lines.pop()
         for raw in lines:
             line += 1
-            if raw.strip():  # blank lines (a trailing newline, hand-edited files) are not records
+            if dropping:  # the end of a line already refused
+                dropping = False
+            elif len(raw) > max_doc_bytes:
+                _too_long(on_bad, path, line, max_doc_bytes)
+            elif raw.strip():  # blank lines (a trailing newline, hand-edited files) are not records
                 doc = _parse_json_record(raw, path, line, source, text_field, id_field, on_bad)
                 if doc is not None:
                     yield doc
         if chunk is None:
             return
+        if len(tail) > max_doc_bytes or dropping:
+            if not dropping:
+                _too_long(on_bad, path, line + 1, max_doc_bytes)
+            tail, dropping = b"", True
+
+
+def _too_long(on_bad: OnBad | None, path: Path, line: int, max_doc_bytes: int) -> None:
+    _reject(on_bad, path, line, TOO_LONG, f"document over {max_doc_bytes:,} bytes: raise --max-doc-bytes to "
+                                          "keep it (tokenizing takes many times its size), or --skip-bad")
 
 
 def _parse_json_record(raw: bytes, path: Path, line: int, source: str, text_field: str, id_field: str,
@@ -270,7 +326,7 @@ def _is_unicode(text: str) -> bool:
 
 
 def _read_parquet(path: Path, source: str, text_field: str, id_field: str,
-                  on_bad: OnBad | None) -> Iterator[Document]:
+                  on_bad: OnBad | None, max_doc_bytes: int) -> Iterator[Document]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -304,6 +360,9 @@ def _read_parquet(path: Path, source: str, text_field: str, id_field: str,
             if raw is None:
                 what = "null" if textual else f"of type {text_type}, not text"
                 _reject(on_bad, path, row, MISSING_TEXT, f"column {text_field!r} is {what}")
+                continue
+            if len(raw) > max_doc_bytes:
+                _too_long(on_bad, path, row, max_doc_bytes)
                 continue
             try:
                 text = raw.decode("utf-8")

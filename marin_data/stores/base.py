@@ -20,11 +20,14 @@ from pathlib import Path
 
 from marin_data.errors import RemoteError, RetryableRemoteError
 
-__all__ = ["ObjectInfo", "ReadStream", "Store", "READ_CHUNK", "body_start", "range_header"]
+__all__ = ["ObjectInfo", "ReadStream", "Store", "READ_CHUNK", "METADATA_LIMIT", "body_start", "range_header"]
 
 # Bytes per chunk of a streaming read: large enough that per-chunk Python overhead is noise at GB/s, small
 # enough that a dropped connection loses little and memory stays bounded (one chunk per worker).
 READ_CHUNK = 1 << 20
+# The most bytes of remote metadata (a manifest, a JSON answer of an API) buffered to parse it; more is refused
+# as it arrives. A manifest lists subsets and metadata files, not shards: real ones are kilobytes.
+METADATA_LIMIT = 64 << 20
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,10 @@ from urllib.parse import quote
 from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
 from marin_data.layout import MANIFEST
 from marin_data.retry import parse_retry_after, status_error
-from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header
+from marin_data.stores.base import METADATA_LIMIT, READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header
 from marin_data.stores.hub_ids import parse_hf_url
 
 __all__ = ["HfStore"]
-
-_MANIFEST_LIMIT = 64 << 20
 
 
 class HfStore(Store):
@@ -128,9 +126,19 @@ class HfStore(Store):
         return response
 
     def _json(self, url: str, where: str):
-        response = self._send("GET", url, where)
+        """The JSON answer at ``url``, refused past `METADATA_LIMIT` bytes as they arrive."""
+        response = self._send("GET", url, where, stream=True)
+        body = bytearray()
         try:
-            return response.json(), response
+            with _mapped_errors(where):
+                for chunk in response.iter_bytes(READ_CHUNK):
+                    body += chunk
+                    if len(body) > METADATA_LIMIT:
+                        raise RemoteError(f"answer larger than the {METADATA_LIMIT} bytes expected of it", path=where)
+        finally:
+            response.close()
+        try:
+            return json.loads(body), response
         except ValueError as e:
             raise RetryableRemoteError(f"not JSON from {url}: {e}", path=where) from e
 
@@ -153,9 +161,8 @@ class HfStore(Store):
         """The main repo, then the part repos its manifest assigns subsets to (``repos``: n > 1 is -partN)."""
         parts: list[str] = []
         try:
-            with self.read(MANIFEST) as stream:
-                data = b"".join(stream)
-            if len(data) <= _MANIFEST_LIMIT:
+            data = self.read_bytes(MANIFEST, limit=METADATA_LIMIT)  # bounded before it is buffered
+            if data:
                 repos = json.loads(data).get("repos", {})
                 numbers = {n for n in repos.values() if isinstance(n, int)} if isinstance(repos, dict) else set()
                 parts = [f"{self.hf.repo_id}-part{n}" for n in sorted(numbers) if 1 < n <= len(repos)]

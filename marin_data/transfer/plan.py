@@ -21,11 +21,10 @@ from marin_data.errors import (
 )
 from marin_data.layout import MANIFEST, SHARDS_INDEX
 from marin_data.retry import RetryPolicy, retry_call
-from marin_data.stores.base import Store
+from marin_data.stores.base import METADATA_LIMIT, Store
 
 __all__ = ["DOWNLOAD_POLICY", "METADATA_LIMIT", "FileTask", "DownloadPlan", "plan_download"]
 
-METADATA_LIMIT = 1 << 30  # manifest.json and shards.parquet are read into memory; refuse absurd ones
 # A checksum mismatch is worth a retry too: the bytes may have been damaged in flight.
 DOWNLOAD_POLICY = RetryPolicy(retry_on=(RetryableRemoteError, ShardChecksumError))
 
