@@ -7,9 +7,13 @@ files — ``tokens`` (``[N]`` uint32) and ``offsets`` (``[docs + 1]`` int64, doc
 served by the page cache.
 
 Files are named by the shard's sha256 (content addressing): two corpora holding the same shard share one
-decode, and a re-sharded file can never be served from a stale decode. Both files are written atomically
-(`marin_data.atomic`), offsets first, so the presence of ``tokens.npy`` means both are complete; a file
-lock makes ranks and DataLoader workers on one host decode each shard once instead of racing.
+decode, and a re-sharded file can never be served from a stale decode. Before its first decode a shard's
+SHA-256 and size are checked against the manifest, local or remote (``verify=False`` skips it; the hash
+reads the file once more, from the page cache the decode then reads). Both files are written atomically
+(`marin_data.atomic`), then a seal (``decoded.json``: the shard, its counts, each file's size and mtime),
+and only a sealed decode whose files are still the ones the seal describes is ever mapped: a partial,
+foreign or edited entry is decoded again. A file lock makes ranks and DataLoader workers on one host
+decode each shard once instead of racing.
 
 The first read does not wait for the disk: the shard is decoded straight into the temporary files (only
 the ``tokens`` column; document ids are not needed), served at once from memory maps of those files, and
@@ -23,6 +27,7 @@ shard cache (`marin_data.loader.remote.cache`) is a bounded LRU store behind the
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -34,13 +39,15 @@ from typing import Protocol
 
 import numpy as np
 
-from marin_data.atomic import SafeDir, atomic_path
+from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
 from marin_data.corpus.manifest import ShardRecord
-from marin_data.errors import ShardFormatError, ShardMissingError
+from marin_data.errors import ShardChecksumError, ShardFormatError, ShardMissingError
 
-__all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "default_cache_dir"]
+__all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "default_cache_dir", "SEAL", "sealed"]
 
 log = logging.getLogger(__name__)
+SEAL = "decoded.json"  # written last, by the loader only: the decode beside it is whole and unchanged
+_SEAL_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -68,13 +75,16 @@ class DecodedShardCache:
         corpus_root: the corpus directory (shard paths are relative to it).
         cache_dir: where decoded shards live; see `default_cache_dir`.
         max_open: shards kept memory-mapped at once (two maps each; Linux allows ~65,000 maps a process).
+        verify: check each shard's SHA-256 and size against the index before decoding it.
     """
 
     def __init__(self, corpus_root: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
-                 *, max_open: int = 256) -> None:
+                 *, max_open: int = 256, verify: bool = True) -> None:
         self.corpus_root = Path(corpus_root)
+        self._default_dir = cache_dir is None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.max_open = max_open
+        self.verify = verify
         self._open: OrderedDict[str, DecodedShard] = OrderedDict()
         self._publisher: ThreadPoolExecutor | None = None
 
@@ -88,7 +98,7 @@ class DecodedShardCache:
 
     def ensure(self, shard: ShardRecord) -> None:
         """Decode ``shard`` unless its decode is already there, and wait until it is on disk."""
-        if not self.paths(shard)[0].exists():
+        if not sealed(self.paths(shard)[0].parent, shard):
             self._decode(shard, wait=True)
 
     def open(self, shard: ShardRecord) -> DecodedShard:
@@ -98,7 +108,7 @@ class DecodedShardCache:
             self._open.move_to_end(shard.sha256)
             return hit
         tokens_path, offsets_path = self.paths(shard)
-        if tokens_path.exists():
+        if sealed(tokens_path.parent, shard):
             decoded = _map(tokens_path, offsets_path)
         else:
             with _pending_lock:
@@ -121,20 +131,23 @@ class DecodedShardCache:
         from filelock import FileLock
 
         tokens_path, offsets_path = self.paths(shard)
+        if self._default_dir:
+            _say_where(self.cache_dir)
         with SafeDir.of(tokens_path, self.cache_dir) as folder:  # no link below the cache folder is followed
             folder.regular("decode.lock")
         # thread_local=False: the publishing thread releases it, so other processes wait for the final files.
         lock = FileLock(str(tokens_path.parent / "decode.lock"), thread_local=False)
         lock.acquire()
         try:
-            if tokens_path.exists():  # another process decoded it while we waited
+            if sealed(tokens_path.parent, shard):  # another process decoded it while we waited
                 lock.release()
                 return _map(tokens_path, offsets_path)
+            (tokens_path.parent / SEAL).unlink(missing_ok=True)  # a stale seal must not outlive its files
             with contextlib.ExitStack() as files:
                 # Entered tokens first: the stack closes in reverse, publishing offsets before the tokens marker.
                 tokens_tmp = files.enter_context(atomic_path(tokens_path, root=self.cache_dir))
                 offsets_tmp = files.enter_context(atomic_path(offsets_path, root=self.cache_dir))
-                _decode_into(self.corpus_root / shard.path, shard, tokens_tmp, offsets_tmp)
+                _decode_into(self.corpus_root / shard.path, shard, tokens_tmp, offsets_tmp, verify=self.verify)
                 decoded = _map(tokens_tmp, offsets_tmp)
                 publish = files.pop_all()
         except BaseException:
@@ -156,12 +169,26 @@ class DecodedShardCache:
 # the storing thread holds (filelock refuses a second acquisition from one thread as a deadlock).
 _pending: dict[str, DecodedShard] = {}
 _pending_lock = threading.Lock()
+_said: set[Path] = set()
+
+
+def _say_where(folder: Path) -> None:
+    """Name the default cache folder once per process: it grows to about 3x the Parquet bytes read."""
+    if folder not in _said:
+        _said.add(folder)
+        log.warning("decoding shards into %s (about 3x their Parquet size; cache_dir= or MARIN_CACHE_DIR moves it)",
+                    folder)
 
 
 def _publish(files: contextlib.ExitStack, lock, shard: ShardRecord, key: str) -> None:
-    """fsync and rename the decoded files into place (offsets, then tokens), then let other processes in."""
+    """fsync and rename the decoded files into place (offsets, then tokens), seal them, then let other
+    processes in."""
     try:
         files.close()
+        folder = Path(key).parent
+        stat = {name: _stat(folder / name) for name in ("tokens.npy", "offsets.npy")}
+        seal = {"sha256": shard.sha256, "docs": shard.docs, "tokens": shard.tokens, "files": stat}
+        atomic_write_bytes(folder / SEAL, json.dumps(seal, sort_keys=True).encode())
     except OSError as e:  # the maps stay valid; the next process to need the shard decodes it again
         log.warning("could not store the decode of %s: %s", shard.path, e)
     finally:
@@ -170,22 +197,48 @@ def _publish(files: contextlib.ExitStack, lock, shard: ShardRecord, key: str) ->
         lock.release()
 
 
+def _stat(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def sealed(folder: Path, shard: ShardRecord | None = None) -> bool:
+    """Whether ``folder`` holds a decode the loader wrote whole (of ``shard``, when given) and nobody changed
+    since: its seal names the shard and counts, and each file still has the size and mtime sealed."""
+    try:
+        if (folder / SEAL).stat().st_size > _SEAL_LIMIT:
+            return False
+        seal = json.loads((folder / SEAL).read_bytes())
+        files = seal["files"]
+        if any(_stat(folder / name) != files[name] for name in ("tokens.npy", "offsets.npy")):
+            return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return shard is None or (seal.get("sha256"), seal.get("docs"), seal.get("tokens")) == (
+        shard.sha256, shard.docs, shard.tokens)
+
+
 def _map(tokens_path: Path, offsets_path: Path) -> DecodedShard:
     return DecodedShard(np.asarray(np.load(tokens_path, mmap_mode="r")),
                         np.asarray(np.load(offsets_path, mmap_mode="r")))
 
 
-def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_path: Path) -> None:
+def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *, verify: bool) -> None:
     """Decode a shard's ``tokens`` column straight into ``.npy`` files (one copy, no ids).
 
     Raises:
         ShardMissingError: the shard file is not there (a partial download).
+        ShardChecksumError: ``verify`` and its SHA-256 or size differ from the index's.
         ShardFormatError: unreadable, or its document/token counts differ from the index's.
     """
     import pyarrow.parquet as pq
 
     if not source.exists():
         raise ShardMissingError(f"shard of subset {shard.subset!r} is not on local disk", path=str(source))
+    if verify and (actual := sha256_file(source)) != (shard.sha256, shard.bytes):
+        raise ShardChecksumError(f"sha256/size {actual[0][:12]}…/{actual[1]} != {shard.sha256[:12]}…/{shard.bytes} "
+                                 "listed in the shard index: the file was modified", path=str(source),
+                                 expected=shard.sha256, actual=actual[0])
     try:
         column = pq.read_table(source, columns=["tokens"]).column("tokens")
     except (OSError, ValueError, KeyError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage

@@ -23,7 +23,7 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
                 rank: int | None = None, world_size: int | None = None, split: str = "train",
                 num_workers: int = 0, pin_memory: bool = False, prefetch: int = 2,
                 cache_dir: str | os.PathLike | None = None, state: dict[str, Any] | None = None,
-                strict: bool = True, **remote_options: Any) -> TokenLoader:
+                strict: bool = True, verify_shards: bool = True, **remote_options: Any) -> TokenLoader:
     """A ready loader over a local or remote corpus: the one call a training loop needs (a `TokenLoader`:
     it iterates like a DataLoader and knows what the trainer took; ``.dataset`` is the IterableDataset).
 
@@ -41,6 +41,8 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
             takes batches runs fastest with 0 (docs/benchmarks.md: 477M vs 164M tokens/s at 8 x 4096).
         cache_dir: where decoded shards are kept (`cache.default_cache_dir`).
         state: a `state_dict()` to resume from; ``strict=False`` accepts one of another stream.
+        verify_shards: check each local shard's SHA-256 against the index before its first use (remote shards
+            are always checked as they arrive).
         **remote_options: for a remote corpus only: ``mirrors``, ``manifest_sha256``, ``cache_bytes``,
             store options (``endpoint_url``, ``endpoint``...); see `make_remote_loader`.
 
@@ -61,7 +63,7 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
                                   **remote_options)
     if remote_options:
         raise LoaderConfigError(f"options for a remote corpus given for a local one: {sorted(remote_options)}")
-    stream = TokenStream(corpus, config, cache_dir=cache_dir)
+    stream = TokenStream(corpus, config, cache_dir=cache_dir, verify_shards=verify_shards)
     dataset = TokenDataset(stream, rank=rank, world_size=world_size, split=split,
                            prefetch=prefetch if num_workers == 0 else 0)
     if state is not None:

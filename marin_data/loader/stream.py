@@ -166,6 +166,7 @@ class TokenStream:
         config: what to serve.
         source: decoded shards; by default a `DecodedShardCache` under ``cache_dir``.
         cache_dir: where the default source keeps decoded shards (`cache.default_cache_dir`).
+        verify_shards: the default source checks each shard's SHA-256 against the index before its first use.
 
     Raises:
         InvalidManifestError: a subset pattern matches nothing.
@@ -175,8 +176,14 @@ class TokenStream:
     default_rank_rows = "position"  # a local corpus costs nothing to read from many ranks (`ranks`)
 
     def __init__(self, corpus: Corpus | str | os.PathLike, config: LoaderConfig = LoaderConfig(), *,
-                 source: ShardSource | None = None, cache_dir: str | os.PathLike | None = None) -> None:
+                 source: ShardSource | None = None, cache_dir: str | os.PathLike | None = None,
+                 verify_shards: bool = True) -> None:
         corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
+        counts = {"seq_len": config.seq_len, "batch_size": config.batch_size, "shuffle_window": config.shuffle_window}
+        wrong = {k: v for k, v in counts.items() if not isinstance(v, (int, np.integer)) or isinstance(v, bool)}
+        if wrong:
+            raise LoaderConfigError(f"{', '.join(f'{k}={v!r}' for k, v in wrong.items())}: must be whole numbers",
+                                    actual=wrong)
         if config.seq_len < 1 or config.batch_size < 1 or config.shuffle_window < 1:
             raise LoaderConfigError(f"seq_len, batch_size and shuffle_window must be >= 1: {config}")
         if config.shuffle not in SHUFFLES:
@@ -185,7 +192,8 @@ class TokenStream:
             raise LoaderConfigError(f"unknown rank_rows {config.rank_rows!r}; choose auto, {', '.join(RANK_ROWS)}")
         self.config = config
         self.corpus = corpus
-        self.source = source if source is not None else DecodedShardCache(corpus.root, cache_dir)
+        self.source = source if source is not None else DecodedShardCache(corpus.root, cache_dir,
+                                                                           verify=verify_shards)
         try:
             self.every = holdout_every(config.val_fraction)
         except ValueError as e:

@@ -27,7 +27,7 @@ import numpy as np
 from marin_data.corpus.manifest import ShardRecord
 from marin_data.errors import CorpusLockedError, LoaderConfigError, ShardFormatError
 from marin_data.layout import PARTIAL_SUFFIX
-from marin_data.loader.cache import DecodedShard, DecodedShardCache
+from marin_data.loader.cache import SEAL, DecodedShard, DecodedShardCache, sealed
 from marin_data.retry import RetryPolicy
 from marin_data.stores.base import Store
 from marin_data.transfer.fetch import fetch_file
@@ -113,7 +113,7 @@ class RemoteShardCache:
             with contextlib.suppress(OSError):  # registered already; or no symlinks here: peers cannot link from us
                 (self._peers / self.root.name).symlink_to(self.root.resolve(), target_is_directory=True)
         self._fetch_root = self.root / "fetch"  # verified Parquet, deleted once decoded
-        self._decoder = DecodedShardCache(self._fetch_root, self.root / "decoded")
+        self._decoder = DecodedShardCache(self._fetch_root, self.root / "decoded", verify=False)  # fetch verifies
         self._cond = threading.Condition(threading.RLock())  # re-entrant: map finalizers may run under it
         self._entries: dict[str, _Entry] = {}
         self._failed: dict[str, BaseException] = {}  # prefetches that failed; `open` tries once more
@@ -323,11 +323,11 @@ class RemoteShardCache:
         own = self._decoded_dir(sha256)
         for peer in sorted(p for p in self._peers.iterdir() if p.is_symlink() and p.name != self.root.name):
             src = peer / "decoded" / sha256[:2] / sha256
-            if not ((src / "tokens.npy").is_file() and (src / "offsets.npy").is_file()):
+            if not sealed(src):
                 continue
             own.mkdir(parents=True, exist_ok=True)
             try:
-                for name in ("offsets.npy", "tokens.npy"):  # tokens last: its presence means a complete decode
+                for name in ("offsets.npy", "tokens.npy", SEAL):  # the seal last: it means a complete decode
                     os.link(src / name, own / name)
                 return True
             except OSError:  # the peer evicted it meanwhile, or another file system: try the next, then fetch
@@ -396,8 +396,7 @@ class RemoteShardCache:
         shutil.rmtree(self._fetch_root, ignore_errors=True)
         found = []
         for d in sorted((self.root / "decoded").glob("??/*")):
-            complete = (d / "tokens.npy").is_file() and (d / "offsets.npy").is_file()
-            if not complete or any(p.name.endswith(".part") for p in d.iterdir()):
+            if not sealed(d) or any(p.name.endswith(".part") for p in d.iterdir()):
                 shutil.rmtree(d, ignore_errors=True)
                 continue
             found.append((d.stat().st_mtime, d.name, _dir_bytes(d)))
