@@ -6,7 +6,9 @@ the Ray engine (`marin_data.engines.ray`) too.
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import TypeVar
@@ -39,6 +41,25 @@ def configure_worker() -> None:
     pyarrow.set_cpu_count(1)
 
 
+def _pool_worker() -> None:
+    """`configure_worker`, and an exit that skips the interpreter's teardown once the pool lets the worker go.
+
+    By then every result has been handed back (the pool's queues are flushed before ``atexit`` runs), and
+    tearing down numpy, pyarrow and a loaded tokenizer only delays ``close``, which waits for the workers:
+    0.15-0.4 s per worker on 2 busy cores against 0.01-0.06 s for ``os._exit`` (*measured*), paid once per
+    run and so a larger share of a run the more workers share it. The pool watches its workers' sentinels,
+    not their exit codes.
+    """
+    configure_worker()
+    atexit.register(_exit_now)
+
+
+def _exit_now() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 class LocalEngine:
     """A pool of ``workers`` processes on this machine, started on first use.
 
@@ -61,7 +82,7 @@ class LocalEngine:
             import multiprocessing
 
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=configure_worker)
+                                             initializer=_pool_worker)
         futures = {self._pool.submit(fn, job): i for i, job in enumerate(jobs)}
         try:
             for future in as_completed(futures):
