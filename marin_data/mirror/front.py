@@ -157,6 +157,8 @@ class HttpFront:
                 pass
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
             pass  # the client went away or stalled: nothing to answer
+        except asyncio.CancelledError:
+            pass  # the server is stopping
         except Exception:  # noqa: BLE001 - one connection's bug never stops the server
             log.exception("error on a connection from %s", peer[0])
         finally:
