@@ -114,15 +114,19 @@ def make_plan(cfg: ModelConfig, *, gpus: int, gpu_memory_gb: float, ep: int, seq
     block_numel = sum(p.numel() for n, p in block.named_parameters() if ".experts." not in n)
     expert_numel = sum(p.numel() for n, p in block.named_parameters() if ".experts." in n) // ep
     states["gathered bf16 blocks (2, prefetch)"] = 2 * 2 * (block_numel + expert_numel)
-    fits = [mb for mb in range(per_rank, 0, -1) if per_rank % mb == 0
-            and sum(states.values()) + mb * seq_len * activation_bytes_per_token(cfg, recompute) <= gpu_memory_gb * 1e9]
-    micro = fits[0] if fits else 1
-    memory = {**states, "activations, no recompute": micro * seq_len * activation_bytes_per_token(cfg, False),
-              "activations, recompute": micro * seq_len * activation_bytes_per_token(cfg, True)}
+    micro = {mode: _largest_micro_batch(per_rank, sum(states.values()), seq_len * activation_bytes_per_token(cfg, mode),
+                                        gpu_memory_gb * 1e9) for mode in (False, True)}
+    memory = {**states, **{f"activations, {'' if mode else 'no '}recompute (micro-batch {micro[mode]})":
+                           micro[mode] * seq_len * activation_bytes_per_token(cfg, mode) for mode in (False, True)}}
     matmul, attention = flops_per_token(cfg, seq_len)
     total = (matmul + attention) * tokens
-    return Plan(world, ep, micro, per_rank // micro, numel, memory, matmul + attention, total,
+    return Plan(world, ep, micro[recompute], per_rank // micro[recompute], numel, memory, matmul + attention, total,
                 total / (gpus * peak * days * 86400))
+
+
+def _largest_micro_batch(per_rank: int, fixed: float, per_sequence: float, capacity: float) -> int:
+    """The largest divisor of ``per_rank`` whose activations fit beside ``fixed`` bytes (1 if none does)."""
+    return next((mb for mb in range(per_rank, 0, -1) if per_rank % mb == 0 and fixed + mb * per_sequence <= capacity), 1)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,13 +149,14 @@ def main(argv: list[str] | None = None) -> None:
           f"({args.gpus - plan.world} spare): FSDP over {plan.world}, EP {plan.ep} x {plan.world // plan.ep} "
           f"shards per expert")
     print(f"batch: {args.global_batch} sequences = {plan.world} ranks x {plan.micro_batch} x {plan.accumulation} "
-          f"micro-batches of {args.seq_len} tokens")
+          f"micro-batches of {args.seq_len} tokens (with recompute)")
     print(f"per GPU ({args.gpu_memory_gb:g} GB): {plan.param_numel:,} parameters")
     for kind, size in plan.memory.items():
-        print(f"  {kind:<36} {size / 1e9:9.2f} GB")
+        print(f"  {kind:<40} {size / 1e9:9.2f} GB")
     fixed = sum(v for k, v in plan.memory.items() if not k.startswith("activations"))
-    for label in ("no recompute", "recompute"):
-        print(f"  total, {label:<29} {(fixed + plan.memory['activations, ' + label]) / 1e9:9.2f} GB")
+    for kind, size in plan.memory.items():
+        if kind.startswith("activations"):
+            print(f"  total with {kind[len('activations, '):]:<29} {(fixed + size) / 1e9:9.2f} GB")
     matmul, attention = flops_per_token(cfg, args.seq_len)
     print(f"FLOPs per token: {plan.flops_per_token:.4g} ({matmul:.4g} matmuls + {attention:.4g} attention)")
     print(f"total for {args.tokens:.4g} tokens: {plan.total_flops:.4g} FLOPs", end="")

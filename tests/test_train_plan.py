@@ -45,5 +45,5 @@ def test_marin_plan_fits_and_matches_the_published_compute():
                      global_batch=11264, tokens=18.75e12, days=90)
     assert plan.world == 704 and plan.micro_batch * plan.accumulation * plan.world == 11264
     fixed = sum(v for k, v in plan.memory.items() if not k.startswith("activations"))
-    assert fixed + plan.memory["activations, recompute"] <= 186e9
+    assert fixed + plan.memory[f"activations, recompute (micro-batch {plan.micro_batch})"] <= 186e9
     assert 0.95 < plan.total_flops / PUBLISHED_FLOPS["marin-535b-a23b"] < 1.1
