@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import tracemalloc
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq

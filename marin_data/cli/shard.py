@@ -73,8 +73,8 @@ def _subset_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--corpus-version", help="Version of a new corpus (default: 0.1.0).")
 def command(inputs: tuple[str, ...], subset: str, tokenizer: str, out: Path, workers: int | None, engine: str,
             ray_address: str | None, text_field: str, id_field: str, add_bos: bool, eos_token: str | None,
-            bos_token: str | None, skip_bad: bool, max_doc_bytes: int, license_: str, shard_tokens: int, corpus_name: str | None,
-            corpus_version: str | None) -> None:
+            bos_token: str | None, skip_bad: bool, max_doc_bytes: int, license_: str, shard_tokens: int,
+            corpus_name: str | None, corpus_version: str | None) -> None:
     """Tokenize INPUT files into subset --subset of the corpus --out.
 
     INPUT is a file, a directory or a glob of .jsonl / .ndjson / .json (JSON Lines, optionally .gz,
@@ -98,8 +98,8 @@ def command(inputs: tuple[str, ...], subset: str, tokenizer: str, out: Path, wor
     """
     report = shard_subset(inputs, subset=subset, tokenizer=tokenizer, out=out, workers=workers,
                           text_field=text_field, id_field=id_field, add_bos=add_bos, eos_token=eos_token,
-                          bos_token=bos_token, skip_bad=skip_bad, max_doc_bytes=max_doc_bytes, license=license_, shard_tokens=shard_tokens,
-                          name=corpus_name, version=corpus_version, **engine_kwargs(engine, ray_address))
+                          bos_token=bos_token, skip_bad=skip_bad, max_doc_bytes=max_doc_bytes, license=license_,
+                          shard_tokens=shard_tokens, name=corpus_name, version=corpus_version, **engine_kwargs(engine, ray_address))
     click.echo(summary(report))
 
 
