@@ -99,7 +99,8 @@ def command(inputs: tuple[str, ...], subset: str, tokenizer: str, out: Path, wor
     report = shard_subset(inputs, subset=subset, tokenizer=tokenizer, out=out, workers=workers,
                           text_field=text_field, id_field=id_field, add_bos=add_bos, eos_token=eos_token,
                           bos_token=bos_token, skip_bad=skip_bad, max_doc_bytes=max_doc_bytes, license=license_,
-                          shard_tokens=shard_tokens, name=corpus_name, version=corpus_version, **engine_kwargs(engine, ray_address))
+                          shard_tokens=shard_tokens, name=corpus_name, version=corpus_version,
+                          **engine_kwargs(engine, ray_address))
     click.echo(summary(report))
 
 
