@@ -68,6 +68,11 @@ def reference_tokens(stream: TokenStream) -> dict[int, np.ndarray]:
     return out
 
 
+def window_of(batch) -> np.ndarray:
+    """``[B, L + 1]``: each row's input tokens and its last label, the window the row was cut from."""
+    return np.concatenate([batch.input_ids, batch.labels[:, -1:]], axis=1)
+
+
 def check_batch(window: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray) -> None:
     """Segment ids and positions agree with the EOS tokens of each row (labels are the window shifted by one)."""
     seq_len = segment_ids.shape[1]
@@ -118,6 +123,6 @@ def check_global_stream(per_rank: list[list[dict]], start: int, reference, *, st
             assert np.all(np.diff(rank[place]) >= 0), (step, rank[place])  # ...are rank 0's, then rank 1's...
         window = np.concatenate([np.concatenate([b[step]["input_ids"], b[step]["labels"][:, -1:]], axis=1)
                                  for b in per_rank])
-        assert np.array_equal(window, reference.window[index - start])
+        assert np.array_equal(window, window_of(reference)[index - start])
         assert np.array_equal(np.concatenate([b[step]["subset"] for b in per_rank]), reference.subset[index - start])
         at += len(index)

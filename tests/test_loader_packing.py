@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from loader_checks import check_batch, check_permutation, reference_tokens, window_ids
+from loader_checks import check_batch, check_permutation, reference_tokens, window_ids, window_of
 
 from marin_data.errors import LoaderConfigError, ShardFormatError, ShardMissingError
 from marin_data.loader import DecodedShardCache, LoaderConfig, TokenStream
@@ -27,7 +27,7 @@ def test_windows_are_seq_len_plus_one_tokens_of_the_concatenated_documents_withi
     subset, start = stream.locate(positions)
     for r in range(len(positions)):
         expected = reference[subset[r]][start[r] : start[r] + 33]
-        assert np.array_equal(batch.window[r], expected)
+        assert np.array_equal(window_of(batch)[r], expected)
     window_ids(stream, subset, start)  # each on its shard's grid, inside the shard
 
 
@@ -45,8 +45,17 @@ def test_labels_are_inputs_shifted_by_one_and_segments_follow_eos(stream):
     batch = stream.read(np.arange(200))
     tensors = to_tensors(batch)
     assert np.array_equal(tensors["labels"][:, :-1].numpy(), tensors["input_ids"][:, 1:].numpy())
-    check_batch(batch.window, batch.segment_ids, batch.positions)
+    check_batch(window_of(batch), batch.segment_ids, batch.positions)
     assert batch.segment_ids.max() > 0, "the corpus should put several documents in a window"
+
+
+def test_input_ids_and_labels_are_contiguous_in_both_tensor_forms(stream):
+    from marin_data.loader import to_tensors
+
+    batch = stream.read(np.arange(8))
+    for tensors in (to_tensors(batch), to_tensors(batch, one_storage=True)):
+        assert all(tensors[k].is_contiguous() for k in tensors)
+        assert tensors["labels"].view(-1)[0] == tensors["input_ids"][0, 1]  # flattening for a loss works
 
 
 def test_a_window_that_starts_at_a_document_start_has_no_carried_over_segment(make_corpus, tmp_path):
@@ -55,7 +64,7 @@ def test_a_window_that_starts_at_a_document_start_has_no_carried_over_segment(ma
                          cache_dir=tmp_path / "c")
     batch = stream.read(np.arange(5))
     assert np.all(batch.segment_ids == 0) and np.array_equal(batch.positions[0], np.arange(8))
-    assert np.all(batch.window[:, 7] == 0) and np.all(batch.window[:, 8] != 0)
+    assert np.all(batch.input_ids[:, 7] == 0) and np.all(batch.labels[:, 7] != 0)
 
 
 def test_every_training_window_of_a_subset_is_served_once_per_epoch_in_a_new_order(stream):

@@ -100,7 +100,7 @@ def stream_and_compare(loader, local: TokenStream, stop: int) -> int:
         if first >= stop:
             break
         ref = local.read(range(first, first + CONFIG.batch_size))
-        np.testing.assert_array_equal(batch["input_ids"].numpy(), ref.window[:, :-1])
+        np.testing.assert_array_equal(batch["input_ids"].numpy(), ref.input_ids)
         np.testing.assert_array_equal(batch["segment_ids"].numpy(), ref.segment_ids)
         rows += CONFIG.batch_size
     return rows

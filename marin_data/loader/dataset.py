@@ -70,15 +70,13 @@ def to_tensors(batch: Batch, *, one_storage: bool = False) -> dict[str, torch.Te
     made worker batches ~2.5x faster (*measured*); in-process, separate ``from_numpy`` views are cheaper.
     """
     if not one_storage:  # numpy slices wrapped one by one: slicing a torch tensor costs ~2 us per view
-        return {"input_ids": torch.from_numpy(batch.window[:, :-1]), "labels": torch.from_numpy(batch.window[:, 1:]),
+        return {"input_ids": torch.from_numpy(batch.input_ids), "labels": torch.from_numpy(batch.labels),
                 "segment_ids": torch.from_numpy(batch.segment_ids), "positions": torch.from_numpy(batch.positions),
                 "subset": torch.from_numpy(batch.subset), "index": torch.from_numpy(batch.index)}
     buffer = torch.from_numpy(batch.buffer)
     rows, seq_len = batch.segment_ids.shape
-    views = {name: buffer[offset : offset + size].view(_TORCH[dtype]).view(shape)
-             for name, offset, size, shape, dtype in batch_layout(rows, seq_len)}
-    window = views.pop("window")
-    return {"input_ids": window[:, :-1], "labels": window[:, 1:], **views}
+    return {name: buffer[offset : offset + size].view(_TORCH[dtype]).view(shape)
+            for name, offset, size, shape, dtype in batch_layout(rows, seq_len)}
 
 
 class TokenDataset(IterableDataset):

@@ -9,7 +9,8 @@ shard (`SubsetTokens.window_starts`), on the same grid every epoch. Why: docs/da
 
 - ``input_ids``: ``[B, L]`` int64, tokens ``0..L-1`` of each window.
 - ``labels``: ``[B, L]`` int64, tokens ``1..L`` of each window: ``labels[:, p]`` is the token after
-  ``input_ids[:, p]``, so ``labels[:, :-1] == input_ids[:, 1:]``. Both are views of one ``[B, L+1]`` buffer.
+  ``input_ids[:, p]``, so ``labels[:, :-1] == input_ids[:, 1:]``. Each is contiguous (``labels.view(-1)``
+  works), written directly by the batch kernel.
   At a document's last input position (its EOS) the label is the first token of the next document.
 - ``segment_ids``: ``[B, L]`` int32. ``segment_ids[b, p]`` numbers the document that ``input_ids[b, p]``
   belongs to, counting from 0 at the first position of the row, +1 at every document start. A document
@@ -72,21 +73,22 @@ class Batch:
     """
 
     buffer: np.ndarray  # [bytes] uint8: everything below
-    window: np.ndarray  # [B, L + 1] int64: input_ids = window[:, :-1], labels = window[:, 1:]
+    input_ids: np.ndarray  # [B, L] int64: tokens 0..L-1 of each window
+    labels: np.ndarray  # [B, L] int64: tokens 1..L of each window
     subset: np.ndarray  # [B] int64
     index: np.ndarray  # [B] int64
     segment_ids: np.ndarray  # [B, L] int32
     positions: np.ndarray  # [B, L] int32
 
 
-_FIELDS = ("window", "subset", "index", "segment_ids", "positions")  # 8-byte types first: all aligned
+_FIELDS = ("input_ids", "labels", "subset", "index", "segment_ids", "positions")  # 8-byte types first: aligned
 
 
 @functools.lru_cache(maxsize=16)
 def batch_layout(rows: int, seq_len: int) -> tuple[tuple[str, int, int, tuple[int, ...], np.dtype], ...]:
     """``(field, byte offset, bytes, shape, dtype)`` of each array of a `Batch` in its buffer."""
-    shapes = ((rows, seq_len + 1), (rows,), (rows,), (rows, seq_len), (rows, seq_len))
-    dtypes = (np.int64, np.int64, np.int64, np.int32, np.int32)
+    shapes = ((rows, seq_len), (rows, seq_len), (rows,), (rows,), (rows, seq_len), (rows, seq_len))
+    dtypes = (np.int64, np.int64, np.int64, np.int64, np.int32, np.int32)
     layout, offset = [], 0
     for name, shape, dtype in zip(_FIELDS, shapes, map(np.dtype, dtypes)):
         size = int(np.prod(shape)) * dtype.itemsize
@@ -123,14 +125,16 @@ def shard_rows(subset, start, cum_flat, cum_offsets):
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill(tokens, offsets, lo, window, segment_ids, positions, ramp):
-    """Copy shard tokens ``[lo, lo + L + 1)`` into ``window`` and label their documents.
+def _fill(tokens, offsets, lo, input_ids, labels, segment_ids, positions, ramp):
+    """Copy shard tokens ``[lo, lo + L)`` into ``input_ids``, ``[lo + 1, lo + L + 1)`` into ``labels``, and
+    label their documents.
 
     ``ramp`` is ``arange`` (int32, longer than a row): positions are slices of it, which compile to plain
     copies.
     """
-    window[:] = tokens[lo : lo + window.shape[0]]
     length = segment_ids.shape[0]
+    input_ids[:] = tokens[lo : lo + length]
+    labels[:] = tokens[lo + 1 : lo + length + 1]
     j = np.searchsorted(offsets, lo, side="right")  # the first document start after the row start
     segment, begin = 0, 0
     while True:
@@ -147,9 +151,10 @@ def _fill(tokens, offsets, lo, window, segment_ids, positions, ramp):
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill_batch(tokens, offsets, slots, lo, window, segment_ids, positions, ramp):
+def _fill_batch(tokens, offsets, slots, lo, input_ids, labels, segment_ids, positions, ramp):
     for r in range(slots.shape[0]):
-        _fill(tokens[slots[r]], offsets[slots[r]], lo[r], window[r], segment_ids[r], positions[r], ramp)
+        _fill(tokens[slots[r]], offsets[slots[r]], lo[r], input_ids[r], labels[r], segment_ids[r], positions[r],
+              ramp)
 
 
 def _readonly(dtype) -> np.ndarray:
@@ -224,7 +229,8 @@ def pack_rows(table: ShardTable, subset: np.ndarray, start: np.ndarray, seq_len:
     out.subset[:] = subset
     shard, lo = shard_rows(subset, start, table.cum_flat, table.cum_offsets)
     slots = table.slots(shard)
-    _fill_batch(table.tokens, table.offsets, slots, lo, out.window, out.segment_ids, out.positions, _ramp(seq_len))
+    _fill_batch(table.tokens, table.offsets, slots, lo, out.input_ids, out.labels, out.segment_ids, out.positions,
+                _ramp(seq_len))
 
 
 @functools.lru_cache(maxsize=8)

@@ -72,10 +72,11 @@ def demo(corpus: str | Path, *, seq_len: int = 256, steps: int = 3, cache_dir: s
         other.load_state_dict(state)
         resumed.append([b for _, b in zip(range(steps), other)])
     index = np.concatenate([b["index"].numpy() for step in zip(*resumed) for b in step])
-    window = np.concatenate([np.concatenate([b["input_ids"].numpy(), b["labels"][:, -1:].numpy()], axis=1)
-                             for step in zip(*resumed) for b in step])
+    inputs, labels = ([np.concatenate([b[k].numpy() for step in zip(*resumed) for b in step]) for k in
+                       ("input_ids", "labels")])
     reference = stream.read(range(state["position"], state["position"] + len(index)))
-    same = bool(np.array_equal(index, reference.index) and np.array_equal(window, reference.window))
+    same = bool(np.array_equal(index, reference.index) and np.array_equal(inputs, reference.input_ids)
+                and np.array_equal(labels, reference.labels))
     print(f"positions {index.tolist()}")
     print(f"identical to the uninterrupted stream: {same}")
     far = 1_000_000 * 4
