@@ -73,6 +73,26 @@ def test_idle_and_slow_connections_do_not_block_other_clients(served):
             s.close()
 
 
+def test_clients_that_never_read_a_large_file_do_not_hold_the_workers(tmp_path):
+    (tmp_path / "root/team/big").mkdir(parents=True)
+    (tmp_path / "root/team/big/big.bin").write_bytes(b"\0" * (16 << 20))
+    with running_mirror(tmp_path / "root", threads=2, limits=SHORT) as mirror:
+        stalled = []
+        try:
+            for _ in range(6):  # three times the workers
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.settimeout(10)
+                s.connect((urlsplit(mirror.url).hostname, urlsplit(mirror.url).port))
+                s.sendall(b"GET /datasets/team/big/resolve/main/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+                stalled.append(s)
+            with urllib.request.urlopen(f"{mirror.url}/api/datasets/team/big", timeout=10) as r:
+                assert json.loads(r.read())["id"] == "team/big"
+        finally:
+            for s in stalled:
+                s.close()
+
+
 def test_a_slow_head_is_cut_at_the_head_time_limit(served):
     with connect(served.url) as s:
         s.sendall(b"GET /api/datasets HTTP/1.1\r\n")
