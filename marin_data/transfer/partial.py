@@ -38,6 +38,7 @@ __all__ = ["Meter", "StreamPartial", "RangedPartial", "open_partial", "partial_p
 
 WRITEBACK_CHUNK = 32 << 20  # bytes written between two `_start_writeback` calls
 RECORD_EVERY = 8 << 20  # bytes a range receives between two rewrites of its `RangedPartial` record
+_RECORD_LIMIT = 1 << 20  # a longer ranges record is damaged (or hostile): it counts nothing
 
 
 class Meter(Protocol):
@@ -65,13 +66,16 @@ def ranges_path(partial: Path) -> Path:
 
 
 def resumed_bytes(partial: Path) -> int:
-    """Bytes a partial file already holds: its size, or for one fetched in ranges what its record says."""
+    """Bytes a partial file already holds: its size, or for one fetched in ranges what its record says (read
+    without following a link, and bounded: only for the progress bar)."""
     try:
-        return sum(json.loads(ranges_path(partial).read_bytes())["done"])
+        fd = os.open(ranges_path(partial), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            return sum(json.loads(f.read(_RECORD_LIMIT))["done"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
-        return partial.stat().st_size
+        return partial.lstat().st_size
     except FileNotFoundError:
         return 0
 
@@ -182,7 +186,7 @@ class RangedPartial:
         try:
             fd = self.folder.open(self.record.name, os.O_RDONLY)
             with open(fd, "rb") as f:
-                record = json.loads(f.read(1 << 20))
+                record = json.loads(f.read(_RECORD_LIMIT))
         except FileNotFoundError:
             size = os.fstat(self.fd).st_size
             prefix = size if size <= self.task.bytes else 0
