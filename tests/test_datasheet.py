@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -411,6 +412,8 @@ def test_card_parses_and_has_one_config_per_subset(documented):
     assert data["license"] == "cc0-1.0" and data["pretty_name"] == "Test corpus"
     assert data["size_categories"] == ["n<1K"]
     configs = {c["config_name"]: c["data_files"] for c in data["configs"]}
+    assert configs.pop("all") == [{"split": "train", "path": [f"data/{n}/*.parquet" for n in sorted(SUBSETS)]}]
+    assert [c["config_name"] for c in data["configs"] if c.get("default")] == ["all"]
     assert configs == {n.replace("/", "--"): [{"split": "train", "path": f"data/{n}/*.parquet"}] for n in SUBSETS}
     for name, files in configs.items():  # each glob selects exactly that subset's shards
         subset = name.replace("--", "/")
@@ -431,6 +434,28 @@ def test_datasets_reads_a_subset_through_the_card(documented, tmp_path):
     assert ds["id"] == ids and np.concatenate([np.asarray(t) for t in ds["tokens"]]).tolist() == tokens.tolist()
     builder = datasets.load_dataset_builder(str(corpus.root), "web--en", cache_dir=str(tmp_path / "hf"))
     assert builder.info.splits["train"].num_examples == corpus.manifest.subsets["web/en"].docs
+
+
+def test_datasets_loads_every_subset_by_repo_name_through_the_mirror(documented, tmp_path):
+    import shutil
+
+    from huggingface_hub import HfApi
+
+    from marin_data.testing.mirror import running_mirror
+
+    corpus, _, _ = documented
+    shutil.copytree(corpus.root, tmp_path / "hub/team/doc")
+    code = ("import datasets\n"
+            f"ds = datasets.load_dataset('team/doc', split='train', cache_dir={str(tmp_path / 'ds')!r})\n"
+            "print(ds.num_rows)\n")
+    with running_mirror(tmp_path / "hub") as mirror:
+        card = HfApi(endpoint=mirror.url).dataset_info("team/doc").card_data.to_dict()
+        env = dict(os.environ, HF_ENDPOINT=mirror.url, HF_HOME=str(tmp_path / "hf_home"),
+                   HF_HUB_DISABLE_PROGRESS_BARS="1")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert card["configs"][0]["config_name"] == "all"  # cardData, as the Hub answers it
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout.split()[-1]) == sum(s.docs for s in corpus.manifest.subsets.values())
 
 
 @pytest.mark.parametrize("spdx, hub", [("CC-BY-4.0", "cc-by-4.0"), ("ODC-By-1.0", "odc-by"), ("PSF-2.0", "other")])

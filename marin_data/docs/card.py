@@ -2,7 +2,8 @@
 
 The header has one ``configs`` entry per subset, whose ``data_files`` glob is the subset's shard folder
 (``data/<subset>/*.parquet``; ``*`` does not cross ``/``, so a subset never picks up its children's shards),
-and ``dataset_info`` with each subset's features, document count and Parquet bytes. ``datasets`` ignores
+and a default config ``all`` (every subset's folder), so ``load_dataset("org/name")`` works without naming a
+config as it does on the Hub; and ``dataset_info`` with each subset's features, document count and Parquet bytes. ``datasets`` ignores
 a split without ``num_bytes`` (its in-memory Arrow size), and that needs the ids' total length, which no
 metadata records; the card gives the exact Arrow size of the ``tokens`` column from the manifest's counts
 (4 bytes per token + 8 per document offset). Ids, a few dozen bytes per document, are left out rather than
@@ -28,7 +29,7 @@ from marin_data.docs.stats import CorpusStats
 from marin_data.errors import InvalidManifestError
 from marin_data.layout import DATASHEET
 
-__all__ = ["config_name", "hub_license", "size_category", "card_header", "render_card"]
+__all__ = ["config_name", "default_config_name", "hub_license", "size_category", "card_header", "render_card"]
 
 # Hub license ids that are the lower-cased SPDX id (https://huggingface.co/docs/hub/repositories-licenses).
 _HUB_SPDX = frozenset({
@@ -50,6 +51,14 @@ _SIZES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000
 
 def config_name(subset: str) -> str:
     return subset.replace("/", "--")
+
+
+def default_config_name(configs: list[str]) -> str:
+    """``all``, or with as many leading ``_`` as it takes not to be the config of a subset."""
+    name = "all"
+    while name in configs:
+        name = "_" + name
+    return name
 
 
 def hub_license(spdx: str) -> str:
@@ -84,18 +93,25 @@ def card_header(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> dict:
     header["pretty_name"] = meta.pretty_name or manifest.name
     header["size_categories"] = [size_category(stats.docs)]
     header["tags"] = ["marin", "tokenized", "pretraining"]
+    default = default_config_name(configs)
     header["configs"] = [
-        {"config_name": c, "data_files": [{"split": "train", "path": f"data/{n}/*.parquet"}]}
-        for c, n in zip(configs, names)
+        {"config_name": default, "default": True,
+         "data_files": [{"split": "train", "path": [f"data/{n}/*.parquet" for n in names]}]},
+        *({"config_name": c, "data_files": [{"split": "train", "path": f"data/{n}/*.parquet"}]}
+          for c, n in zip(configs, names)),
     ]
     header["dataset_info"] = [
-        {"config_name": config_name(s.name),
-         "features": [{"name": "id", "dtype": "string"}, {"name": "tokens", "large_list": "uint32"}],
-         "splits": [{"name": "train", "num_bytes": _arrow_bytes(s.docs, s.tokens), "num_examples": s.docs}],
-         "download_size": s.bytes, "dataset_size": _arrow_bytes(s.docs, s.tokens)}
-        for s in stats.subsets
+        _info(default, stats.docs, stats.tokens, stats.bytes),
+        *(_info(config_name(s.name), s.docs, s.tokens, s.bytes) for s in stats.subsets),
     ]
     return header
+
+
+def _info(config: str, docs: int, tokens: int, nbytes: int) -> dict:
+    return {"config_name": config,
+            "features": [{"name": "id", "dtype": "string"}, {"name": "tokens", "large_list": "uint32"}],
+            "splits": [{"name": "train", "num_bytes": _arrow_bytes(docs, tokens), "num_examples": docs}],
+            "download_size": nbytes, "dataset_size": _arrow_bytes(docs, tokens)}
 
 
 def render_card(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> str:
@@ -114,6 +130,8 @@ def render_card(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> str:
         "document, columns `id` (string) and `tokens` (`large_list<uint32>`, EOS appended).", "",
         "## Subsets", "",
         md.table(("Subset", "Config", "Documents", "Tokens", "Token share", "License"), rows, "llrrrl"), "",
+        f"The default config, `{default_config_name([config_name(s.name) for s in stats.subsets])}`, reads every "
+        "subset.", "",
         "## Use", "",
         "Every shard is a plain Parquet file; with a local copy (`marin-data download`, see the datasheet):", "",
         md.code(["from datasets import load_dataset",

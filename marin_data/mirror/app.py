@@ -169,11 +169,12 @@ class MirrorApp:
                                   "pointerSize": entry.to_json()["lfs"]["pointerSize"]}
             siblings.append(sib)
         when = _iso(snap.last_modified)
+        card = _card_data(snap, self.repos.root)
         return json_response({
             "_id": snap.commit[:24], "id": repo_id, "author": repo_id.split("/")[0], "sha": snap.commit,
             "lastModified": when, "createdAt": when, "private": False, "gated": False, "disabled": False,
             "downloads": 0, "likes": 0, "tags": [], "siblings": siblings,
-            "usedStorage": sum(e.size for e in snap.files.values()),
+            "usedStorage": sum(e.size for e in snap.files.values()), **({"cardData": card} if card else {}),
         })
 
     def _tree(self, request: Request, repo_id: str, rev: str, path_segs: list[str], kind: str) -> Response:
@@ -237,6 +238,36 @@ class MirrorApp:
             if f is not None:
                 f.close()  # changed since the snapshot: rescan once, then answer for the new content
         raise HubError(503, f"{path} keeps changing on the mirror; retry later", commit=snap.commit)
+
+
+_CARD_LIMIT = 1 << 20  # a dataset card's YAML header is kilobytes
+
+
+def _card_data(snap: Snapshot, root: Path) -> dict | None:
+    """The YAML header of the repo's ``README.md``, as the Hub returns it in ``cardData`` (``datasets`` reads
+    the configs from it); None without a card or a readable header."""
+    import yaml
+
+    entry = snap.files.get("README.md")
+    f = _open_inside(snap.directory / "README.md", root) if entry is not None and entry.size <= _CARD_LIMIT else None
+    if f is None:
+        return None
+    with f:
+        text = f.read(_CARD_LIMIT).decode("utf-8", errors="replace")
+    head, sep, _ = text.removeprefix("---\n").partition("\n---")
+    if not text.startswith("---\n") or not sep:
+        return None
+    class NoAliases(yaml.SafeLoader):  # an alias bomb of a few bytes would expand in the JSON answer
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.events.AliasEvent):
+                raise yaml.YAMLError("aliases are not read")
+            return super().compose_node(parent, index)
+
+    try:
+        data = yaml.load(head, Loader=NoAliases)  # noqa: S506 - a SafeLoader that also refuses aliases
+    except yaml.YAMLError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _open_inside(path: Path, root: Path):
