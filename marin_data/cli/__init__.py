@@ -32,6 +32,7 @@ COMMANDS = {
     "serve": "marin_data.cli.serve",
     "shard": "marin_data.cli.shard",
     "info": "marin_data.cli.info",
+    "show": "marin_data.cli.show",
     "sample": "marin_data.cli.sample",
 }
 # Other installed packages add commands through this entry-point group: `marin-data train` comes from

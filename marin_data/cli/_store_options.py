@@ -7,7 +7,12 @@ import re
 
 import click
 
-__all__ = ["store_options", "store_kwargs", "check_sha256", "show_retries"]
+__all__ = ["store_options", "store_kwargs", "check_s3_flags", "check_sha256", "show_retries", "is_url"]
+
+
+def is_url(source: str) -> bool:
+    """``s3://`` or ``hf://``: a published corpus (checked before click would turn ``hf://x`` into a path)."""
+    return source.split("://", 1)[0] in ("s3", "hf") and "://" in source
 
 
 def store_options(fn):
@@ -32,6 +37,17 @@ def store_kwargs(endpoint_url: str | None, profile: str | None, anonymous: bool,
     options = {"endpoint_url": endpoint_url, "profile": profile, "anonymous": anonymous,
                "requester_pays": requester_pays}
     return {k: v for k, v in options.items() if v}
+
+
+def check_s3_flags(urls: list[str], endpoint_url: str | None, profile: str | None, anonymous: bool,
+                   requester_pays: bool) -> None:
+    """Refuse the S3 options when no URL is ``s3://``: they would silently do nothing (the Hub takes
+    ``--endpoint``)."""
+    given = [flag for flag, value in (("--endpoint-url", endpoint_url), ("--profile", profile),
+                                      ("--anonymous", anonymous), ("--requester-pays", requester_pays)) if value]
+    if given and not any(u.startswith("s3://") for u in urls):
+        raise click.UsageError(f"{', '.join(given)} appl(y|ies) to s3:// URLs only; an hf:// source takes "
+                               "--endpoint and --token")
 
 
 def check_sha256(value: str | None, flag: str = "--manifest-sha256") -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from marin_data.cli._hf_options import check_hf_flags, hf_options
-from marin_data.cli._store_options import check_sha256, show_retries, store_kwargs, store_options
+from marin_data.cli._store_options import check_s3_flags, check_sha256, show_retries, store_kwargs, store_options
 from marin_data.layout import RECORD
 from marin_data.transfer.download import DownloadReport, download
 from marin_data.transfer.fetch import PART_BYTES
@@ -64,6 +64,7 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
     check_sha256(manifest_sha256)
     if not any(u.startswith("hf://") for u in (source, *mirrors)):
         check_hf_flags(source, endpoint, token)  # --endpoint/--token without any hf:// URL do nothing
+    check_s3_flags([source, *mirrors], endpoint_url, profile, anonymous, requester_pays)
     show_retries()
     hf = {k: v for k, v in {"endpoint": endpoint, "token": token}.items() if v}
     report = download(source, subsets=list(subsets) or None, dest=dest, mirrors=list(mirrors),

@@ -1,0 +1,65 @@
+"""`marin-data info` and `show` on local and published corpora, and store flags that would do nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from s3_env import bucket_url, moto, s3_client  # noqa: F401
+from shard_env import run_cli, tiny_tokenizer, write_jsonl  # noqa: F401
+
+from marin_data.corpus.build import shard_subset
+from marin_data.corpus.manifest import load_corpus
+from marin_data.testing.mirror import running_mirror
+from marin_data.transfer.publish_s3 import publish
+
+TEXTS = {"prose": [f"document {i}: the quick brown fox jumps over the lazy dog {i} times" for i in range(30)],
+         "code": [f"def f{i}(x):\n    return x + {i}\n" for i in range(12)]}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, tiny_tokenizer):  # noqa: F811
+    root = tmp_path_factory.mktemp("show")
+    for subset, texts in TEXTS.items():
+        inputs = write_jsonl(root / f"{subset}.jsonl", [{"id": f"{subset}-{i}", "text": t} for i, t in enumerate(texts)])
+        shard_subset([inputs], subset=subset, tokenizer=str(tiny_tokenizer), out=root / "c", workers=1,
+                     shard_tokens=200)
+    return load_corpus(root / "c")
+
+
+def _shown(out) -> list[dict]:
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_show_decodes_a_local_subset_and_finds_a_document_by_id(corpus):
+    docs = _shown(run_cli("show", corpus.root, "--subset", "prose", "-n", "2", "--json"))
+    assert [d["text"] for d in docs] == TEXTS["prose"][:2] and docs[0]["id"] == "prose-0"
+    last = _shown(run_cli("show", corpus.root, "--subset", "prose", "--id", "prose-29", "--json"))
+    assert [d["text"] for d in last] == [TEXTS["prose"][29]] and last[0]["shard"] != docs[0]["shard"]
+
+
+def test_info_and_show_read_a_published_corpus_without_downloading_it(corpus, moto, bucket_url, tmp_path):  # noqa: F811
+    publish(corpus.root, to=bucket_url, endpoint_url=moto)
+    info = run_cli("info", bucket_url, "--endpoint-url", moto, "--json")
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["manifest_sha256"] == corpus.manifest_sha256
+    docs = _shown(run_cli("show", bucket_url, "--endpoint-url", moto, "--subset", "code", "-n", "3", "--json"))
+    assert [d["text"] for d in docs] == TEXTS["code"][:3]
+
+    shutil.copytree(corpus.root, tmp_path / "hub/team/c")
+    with running_mirror(tmp_path / "hub") as mirror:
+        url = "hf://datasets/team/c"
+        info = run_cli("info", url, "--endpoint", mirror.url, "--manifest-sha256", corpus.manifest_sha256)
+        assert info.returncode == 0 and corpus.manifest_sha256 in info.stdout, info.stderr
+        docs = _shown(run_cli("show", url, "--endpoint", mirror.url, "--subset", "prose", "--id", "prose-7",
+                              "--json"))
+        assert [d["text"] for d in docs] == [TEXTS["prose"][7]]
+
+
+def test_s3_flags_with_an_hf_source_are_usage_errors(tmp_path):
+    for args in (["download", "hf://datasets/team/c", "--to", tmp_path / "d", "--endpoint-url", "http://x"],
+                 ["info", "hf://datasets/team/c", "--endpoint-url", "http://x"]):
+        out = run_cli(*args, timeout=60)
+        assert out.returncode == 2 and "--endpoint-url" in out.stderr, out.stderr
