@@ -21,6 +21,7 @@ __all__ = [
     "InvalidManifestError",
     "UnsafePathError",
     "ManifestHashMismatchError",
+    "UnknownSubsetError",
     "BadRecordError",
     "UnreadableInputError",
     "TokenizerMismatchError",
@@ -96,6 +97,10 @@ def _rebuild_error(cls: type, args: tuple, state: dict) -> BaseException:
 # --- abort: the corpus description itself cannot be trusted --------------------------------------
 class InvalidManifestError(ValueError, MarinDataError):
     """manifest.json (or shards.parquet) is malformed or inconsistent: abort."""
+
+
+class UnknownSubsetError(InvalidManifestError):
+    """A subset name or pattern matches no subset of the corpus (a typo, or another corpus): fix the name."""
 
 
 class UnsafePathError(InvalidManifestError):

@@ -89,6 +89,26 @@ def test_bad_weights_are_refused_with_a_typed_error(weights, error):
         Mixture(NAMES, TOKENS, weights, seed=0)
 
 
+def test_mixture_errors_name_the_mixture_and_weights_off_one_are_normalised_with_a_warning(make_corpus, tmp_path):
+    import warnings
+
+    from marin_data.cli._errors import describe
+    from marin_data.loader import LoaderConfig, TokenStream
+
+    corpus = make_corpus({"a": [20], "b": [20]})
+    with pytest.raises(InvalidManifestError) as e:
+        TokenStream(corpus, LoaderConfig(seq_len=8, mixture={"a": 1, "nope": 1}), cache_dir=tmp_path)
+    message, code = describe(e.value)
+    assert message.startswith("mixture pattern 'nope' matches no subset") and "--subset" not in message
+    assert "root of a marin corpus" not in message and code == 2
+    with pytest.warns(UserWarning, match="sum to 3 .*normalised"):
+        TokenStream(corpus, LoaderConfig(seq_len=8, mixture={"a": 2, "b": 1}), cache_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TokenStream(corpus, LoaderConfig(seq_len=8, mixture={"a": 0.7, "b": 0.3}), cache_dir=tmp_path)
+        TokenStream(corpus, LoaderConfig(seq_len=8), cache_dir=tmp_path)  # token counts: no mixture given
+
+
 def test_only_subsets_with_a_positive_weight_somewhere_are_part_of_the_stream():
     mixture = Mixture(NAMES, TOKENS, [Phase({"a": 1, "b": 0}, 10), Phase({"c": 1})], seed=0)
     assert mixture.subsets == ("a", "c")

@@ -26,6 +26,7 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                             "or check the --manifest-sha256 value"), EXIT_USAGE),
     (E.UnsafePathError, _with_fix("refusing to follow it; the corpus description was tampered with or "
                                   "corrupted"), EXIT_USAGE),
+    (E.UnknownSubsetError, _with_fix("check the name: `marin-data info CORPUS` lists the subsets"), EXIT_USAGE),
     (E.InvalidManifestError, _with_fix("is this the root of a marin corpus? `marin-data info DIR` shows one"),
      EXIT_USAGE),
     (E.VerificationFailedError, str, EXIT_PROBLEMS),

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
-from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnsafePathError
+from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnknownSubsetError, UnsafePathError
 from marin_data.layout import (COMMIT, LISTED, LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER,
                                UNLISTED)
 from marin_data.raw.tokenizer import TokenizerInfo
@@ -204,12 +204,14 @@ def _check_digest(digest: str, where: str) -> None:
         raise InvalidManifestError(f"not a hex sha256: {digest!r}", path=where, actual=digest)
 
 
-def select_subsets(available: Iterable[str], patterns: Sequence[str] | None) -> list[str]:
+def select_subsets(available: Iterable[str], patterns: Sequence[str] | None, *,
+                   what: str = "subset pattern") -> list[str]:
     """Resolve ``--subset`` patterns against subset names; all subsets when ``patterns`` is empty.
 
     A pattern matches a subset by exact name, by shell glob (``pretrain/*``), or as a parent path
     (``pretrain`` selects ``pretrain/dclm`` and ``pretrain/code``). A pattern that matches nothing is an
-    error naming the known subsets, so a typo never silently selects less data.
+    error (`UnknownSubsetError`, naming the pattern as ``what``, and the known subsets), so a typo never
+    silently selects less data.
     """
     names = sorted(available)
     if not patterns:
@@ -218,8 +220,8 @@ def select_subsets(available: Iterable[str], patterns: Sequence[str] | None) -> 
     for pat in patterns:
         hits = [n for n in names if n == pat or fnmatch.fnmatchcase(n, pat) or n.startswith(pat.rstrip("/") + "/")]
         if not hits:
-            raise InvalidManifestError(
-                f"--subset {pat!r} matches no subset; known subsets: {', '.join(names) or '(none)'}",
+            raise UnknownSubsetError(
+                f"{what} {pat!r} matches no subset; known subsets: {', '.join(names) or '(none)'}",
                 expected=names, actual=pat,
             )
         chosen.update(hits)

@@ -101,7 +101,7 @@ def resolve_weights(weights: Mapping[str, float], subsets: Sequence[str], tokens
     other ``pretrain/...`` subsets); two inexact matches are ambiguous and refused.
 
     Raises:
-        InvalidManifestError: a pattern matches no subset (from `select_subsets`).
+        UnknownSubsetError: a pattern matches no subset (from `select_subsets`).
         LoaderConfigError: a negative weight, an ambiguous subset, or a pattern left with no subset.
     """
     where = {name: k for k, name in enumerate(subsets)}
@@ -110,7 +110,7 @@ def resolve_weights(weights: Mapping[str, float], subsets: Sequence[str], tokens
         if not (isinstance(w, (int, float, Fraction)) and w >= 0 and math.isfinite(w)):
             raise LoaderConfigError(f"mixture weight for {pattern!r} must be a finite number >= 0, got {w!r}",
                                     actual=w)
-        for name in select_subsets(subsets, [pattern]):
+        for name in select_subsets(subsets, [pattern], what="mixture pattern"):
             matches.setdefault(where[name], []).append(pattern)
     owned: dict[str, list[int]] = {pattern: [] for pattern in weights}
     for k, patterns in matches.items():
@@ -214,6 +214,7 @@ class Mixture:
             raise LoaderConfigError(f"mixture block must be >= 1, got {block}")
         self.seed = int(seed)
         table = [resolve_weights(phase.weights, subsets, tokens) for phase in phases]
+        self.weight_sums = tuple(float(sum(weights)) for weights in table)  # before each phase is normalised
         for p, weights in enumerate(table):
             if not any(weights):
                 raise LoaderConfigError(f"mixture phase {p} gives no subset a positive weight: "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -202,6 +203,11 @@ class TokenStream:
         totals = [corpus.manifest.subsets[n].tokens for n in names]
         schedule = config.mixture if config.mixture is not None else dict(zip(names, totals))
         mixture = Mixture(names, totals, schedule, seed=config.seed, block=config.mixture_block)
+        if config.mixture is not None:
+            off = {p: total for p, total in enumerate(mixture.weight_sums) if abs(total - 1) > 1e-9}
+            if off:
+                warnings.warn(f"mixture weights sum to {', '.join(f'{t:g} (phase {p})' for p, t in off.items())}, "
+                              "not 1: each phase is normalised to its sum", stacklevel=2)
         self.mixture = mixture
         self.subsets: tuple[str, ...] = mixture.subsets
         by_subset: dict[str, list] = {n: [] for n in self.subsets}
