@@ -127,6 +127,7 @@ def test_cli_publish_to_hf_and_flag_checks(mirror, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "manifest sha256: " + load_corpus(corpus.root).manifest_sha256 in out.stdout
+    assert "%|" not in out.stderr and "it/s" not in out.stderr  # no progress bars in a log, the Hub's neither
     wrong = subprocess.run([*cli, "--to", "hf://datasets/team/cli2", "--endpoint", mirror.url, "--token", "nope"],
                            capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 8 and "401" in wrong.stderr  # RemoteError: check the credentials

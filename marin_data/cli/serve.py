@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from marin_data.layout import MANIFEST
+
 __all__ = ["command"]
 
 
@@ -50,6 +52,9 @@ def command(root: Path, host: str, port: int, writable: bool, token: str | None,
         raise click.UsageError("--writable needs --token T (or MARIN_MIRROR_TOKEN): writes are never anonymous")
     if token and not writable:
         raise click.UsageError("--token only applies with --writable")
+    if (root / MANIFEST).is_file():
+        raise click.UsageError(f"{root} is a corpus; ROOT must hold org/name folders, each one repo: put the corpus "
+                               f"at ROOT/org/name (e.g. mkdir -p ROOT/org && mv {root} ROOT/org/) and serve ROOT")
     from marin_data.mirror import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -65,5 +70,10 @@ def command(root: Path, host: str, port: int, writable: bool, token: str | None,
             click.echo(f"  {repo_id}", err=True)
         if len(repos) > 20:
             click.echo(f"  ... and {len(repos) - 20} more", err=True)
+        for folder, why in mirror.app.repos.skipped():
+            click.echo(f"  skipped {folder}: {why}", err=True)
+        if not repos:
+            click.echo(f"  {root} holds no repo: ROOT/org/name folders are served as the dataset repos org/name",
+                       err=True)
 
     serve(root, host=host, port=port, token=token, writable=writable, threads=threads, on_ready=ready)

@@ -219,6 +219,26 @@ class RepoStore:
                            if valid_repo_part(d.name) and self.repo_dir(f"{org.name}/{d.name}"))
         return ids
 
+    def skipped(self) -> list[tuple[str, str]]:
+        """``(folder, why)`` for each folder of ROOT or ROOT/org that is not served, so a mirror that serves
+        less than its owner expects says why."""
+        out = []
+        for org in sorted(self.root.iterdir()):
+            if not org.is_dir():
+                continue
+            if not valid_repo_part(org.name):
+                out.append((org.name, "not a valid org name"))
+                continue
+            for d in sorted(org.iterdir()):
+                rel = f"{org.name}/{d.name}"
+                if not valid_repo_part(d.name):
+                    out.append((rel, "not a valid repo name") if d.is_dir() else (rel, "a file, not a repo folder"))
+                elif d.is_symlink() and self.repo_dir(rel) is None:
+                    out.append((rel, "a link that leads outside ROOT (refused: place or copy the repo in ROOT)"))
+                elif not d.is_dir():
+                    out.append((rel, "a file, not a repo folder"))
+        return out
+
     def lock(self, repo_id: str) -> threading.RLock:
         """The (re-entrant) lock that serialises scans and commits of one repo."""
         with self._guard:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -193,11 +194,12 @@ def publish_hf(
         bar = progress_bar(sum(f.bytes for p in plans for f in p.files), "publish", unit="B", unit_scale=True,
                            disable=None if progress is None else not progress)
         try:
-            for plan in [*plans[1:], plans[0]]:  # the main repo, with the manifest, last
-                with _hub_errors(plan.repo_id):
-                    api.create_repo(plan.repo_id, repo_type="dataset", exist_ok=True, private=private)
-                    _publish_repo(api, plan, corpus.root, totals, bar, commit_files=commit_files,
-                                  commit_bytes=commit_bytes, workers=workers, main=plan is plans[0])
+            with _hub_bars(sys.stderr.isatty() if progress is None else progress):
+                for plan in [*plans[1:], plans[0]]:  # the main repo, with the manifest, last
+                    with _hub_errors(plan.repo_id):
+                        api.create_repo(plan.repo_id, repo_type="dataset", exist_ok=True, private=private)
+                        _publish_repo(api, plan, corpus.root, totals, bar, commit_files=commit_files,
+                                      commit_bytes=commit_bytes, workers=workers, main=plan is plans[0])
         finally:
             bar.close()
         extra = {"endpoint": endpoint.rstrip("/")} if endpoint else {}
@@ -311,6 +313,21 @@ def _lfs_unless_xet(api, repo_id: str) -> Iterator[None]:
         yield
     finally:
         constants.HF_HUB_DISABLE_XET = before
+
+
+@contextlib.contextmanager
+def _hub_bars(show: bool) -> Iterator[None]:
+    """huggingface_hub's per-file upload bars follow marin's own rule: shown only on a terminal."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    hide = not show and not are_progress_bars_disabled()
+    if hide:
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        if hide:
+            enable_progress_bars()
 
 
 @contextlib.contextmanager
