@@ -110,12 +110,12 @@ def throughput(kind: str, cfg: TrainConfig, world: int) -> tuple[float, int]:
     return cfg.global_batch(world) * cfg.seq_len / step, max(r["peak"] for r in ranks)
 
 
-def checkpoint_times(cfg: TrainConfig, root: Path) -> dict[str, float]:
+def checkpoint_times(cfg: TrainConfig, root: Path, order: tuple[str, ...]) -> dict[str, float]:
     """Seconds to save and to load the model and AdamW state, with DCP (sharded model) and torch.save."""
     times = {}
-    sharded = build_model(cfg, torch.device("cpu"))
-    replica = Transformer(cfg.model_config()).train()
-    for name, model in (("dcp", sharded), ("torch", replica)):
+    models = {"dcp": build_model(cfg, torch.device("cpu")), "torch": Transformer(cfg.model_config()).train()}
+    for name in order:
+        model = models[name]
         optimizer = _optimizer(model, cfg)
         tokens = torch.randint(0, cfg.model_config().vocab_size, (2, cfg.seq_len))
         model(tokens, tokens).loss.backward()
@@ -149,10 +149,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="steps per run (the first is not timed)")
     parser.add_argument("--batch", type=int, default=8, help="global batch, sequences")
     parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--checkpoints-only", action="store_true", help="skip the throughput runs")
     args = parser.parse_args()
     world = 2
     results: dict[tuple[str, str], list[tuple[float, int]]] = {}
-    for repeat in range(args.repeats):
+    for repeat in range(0 if args.checkpoints_only else args.repeats):
         for preset in args.presets.split(","):
             cfg = TrainConfig(preset=preset, steps=args.steps, batch_size=args.batch // world, seq_len=args.seq,
                               warmup=1, log_every=10**9, ep=world)
@@ -161,9 +162,10 @@ def main() -> None:
                 results.setdefault((preset, kind), []).append(throughput(kind, cfg, world))
                 print(f"repeat {repeat} {preset} {kind}: {results[preset, kind][-1][0]:,.0f} tok/s, "
                       f"peak {results[preset, kind][-1][1] / 2**20:,.0f} MiB", flush=True)
-    print("\n| preset | kind | tokens/s (median) | spread | peak MiB per rank (median) | fsdp-ep / ddp tokens/s |")
-    print("|---|---|---:|---:|---:|---:|")
-    for preset in args.presets.split(","):
+    if results:
+        print("\n| preset | kind | tokens/s (median) | spread | peak MiB per rank (median) | fsdp-ep / ddp tokens/s |")
+        print("|---|---|---:|---:|---:|---:|")
+    for preset in args.presets.split(",") if results else ():
         ratio = statistics.median(a[0] / b[0] for a, b in zip(results[preset, "fsdp-ep"], results[preset, "ddp"]))
         for kind in KINDS:
             tps = [r[0] for r in results[preset, kind]]
@@ -175,12 +177,14 @@ def main() -> None:
     times: dict[str, list[float]] = {}
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            for name, t in checkpoint_times(cfg, Path(tmp)).items():
+            for name, t in checkpoint_times(cfg, Path(tmp), ("dcp", "torch")[::1 - 2 * (repeat % 2)]).items():
                 times.setdefault(name, []).append(t)
-    print("\n| marin-mid + AdamW, one process | median s | spread |")
-    print("|---|---:|---:|")
-    for name, ts in times.items():
-        print(f"| {name} | {statistics.median(ts):.3f} | {min(ts):.3f}-{max(ts):.3f} |")
+    print("\n| marin-mid + AdamW, one process | median s | spread | dcp / torch (median of per-repeat ratios) |")
+    print("|---|---:|---:|---:|")
+    for name, ts in sorted(times.items()):
+        ratio = statistics.median(a / b for a, b in zip(ts, times[name.replace("dcp", "torch")]))
+        print(f"| {name} | {statistics.median(ts):.3f} | {min(ts):.3f}-{max(ts):.3f} | "
+              f"{f'{ratio:.2f}' if name.startswith('dcp') else ''} |")
     shutdown_distributed()
 
 
