@@ -34,7 +34,7 @@ def main() -> None:
     step("What is in it", "info", str(corpus))
     step("Prove every byte is right", "verify", str(corpus))
     step("Document it: datasheet, dataset card, Croissant file and figures, computed from the data", "datasheet",
-         str(corpus), "--meta", "datasheets/sample-meta.yaml")
+         str(corpus))
     publish_and_download(corpus)
     serve_and_download(corpus)
     train_on_it(corpus)
@@ -75,7 +75,7 @@ def publish_and_download(corpus: Path) -> None:
         step("Publish it: one PUT per file with its SHA-256, manifest last", "publish", str(copy), "--to", url,
              "--endpoint-url", endpoint)
         step("Publishing recorded the bucket in mirrors.json (the manifest and its digest are unchanged): list it "
-             "in the datasheet", "datasheet", str(copy), "--meta", "datasheets/sample-meta.yaml")
+             "in the datasheet", "datasheet", str(copy))
         step("Publish again: only the datasheet changed, everything else is skipped", "publish", str(copy), "--to",
              url, "--endpoint-url", endpoint)
         step("Download one subset, verified as it streams", "download", url, "--subset", subset, "--to",

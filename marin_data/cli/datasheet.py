@@ -16,7 +16,8 @@ __all__ = ["command"]
 @click.argument("corpus", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--meta", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="META.yaml",
               help="Curated answers (sources, collection, filtering, uses, maintainers...). Without it every "
-                   "question is marked 'Not answered.'")
+                   "question is marked 'Not answered.' (a `marin-data sample` corpus uses the answers shipped "
+                   "for it).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Write the outputs under DIR (same layout) and leave the corpus untouched.")
 @click.option("--strict", is_flag=True,
@@ -36,8 +37,8 @@ def command(corpus: Path, meta: Path | None, out: Path | None, strict: bool, sca
 
     \b
     EXAMPLES
-      marin-data datasheet out/sample --meta datasheets/sample-meta.yaml
-      marin-data datasheet out/sample --meta datasheets/sample-meta.yaml --out datasheets/sample
+      marin-data datasheet out/sample --strict           # the sample's answers ship with marin
+      marin-data datasheet out/sample --out datasheets/sample
       marin-data datasheet corpus/ --meta meta.yaml --strict      # refuse while answers are missing
     """
     result = write_datasheet(corpus, meta=meta, out=out, strict=strict, scan_tokens=scan_tokens)

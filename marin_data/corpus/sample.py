@@ -47,10 +47,11 @@ from marin_data.errors import CorpusConflictError
 from marin_data.layout import MANIFEST, TOKENIZER
 from marin_data.raw.tokenizer import LoadedTokenizer, load_tokenizer
 
-__all__ = ["SAMPLE_JSON", "DEFAULT_VOCAB_SIZE", "SUBSETS", "SampleReport", "sample_documents", "train_tokenizer",
+__all__ = ["SAMPLE_JSON", "SAMPLE_META", "DEFAULT_VOCAB_SIZE", "SUBSETS", "SampleReport", "sample_documents", "train_tokenizer",
            "build_sample"]
 
 SAMPLE_JSON = "sample.json"
+SAMPLE_META = Path(__file__).with_name("sample-meta.yaml")  # the datasheet's answers for the sample (shipped)
 DEFAULT_VOCAB_SIZE = 8192
 SPECIAL_TOKENS = ("<|end_of_text|>", "<|begin_of_text|>")  # EOS = 0, BOS = 1 (for `shard --bos`)
 _SHARDS_PER_SUBSET = 8  # about; small shards so the loader and verify have several per subset

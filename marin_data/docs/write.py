@@ -34,6 +34,7 @@ from pathlib import Path
 from marin_data.atomic import atomic_write_bytes, sha256_file
 from marin_data.corpus.manifest import Corpus, commit_corpus, finish_commit, load_corpus
 from marin_data.corpus.mirrors import read_mirrors
+from marin_data.corpus.sample import SAMPLE_JSON, SAMPLE_META
 from marin_data.docs.card import render_card
 from marin_data.docs.croissant import render_croissant
 from marin_data.docs.datasheet import render_datasheet
@@ -127,7 +128,8 @@ def write_datasheet(
 
     Args:
         corpus: a local corpus directory (its shards must be present: lengths are read from them).
-        meta: the YAML metadata file with the curated answers; None leaves every question unanswered.
+        meta: the YAML metadata file with the curated answers; None leaves every question unanswered, except
+            for a corpus made by `marin-data sample`, whose answers ship with marin (`SAMPLE_META`).
         out: write the outputs under this directory instead of into the corpus (which is then not touched).
         strict: refuse (before writing anything) while any question is unanswered.
         scan_tokens: per-subset budget of tokens decoded for the length statistics (0: everything);
@@ -142,6 +144,8 @@ def write_datasheet(
     """
     root = Path(corpus)
     loaded = load_corpus(root)  # fails cleanly on a non-corpus before any lock file is created
+    if meta is None and (root / SAMPLE_JSON).is_file():
+        meta = SAMPLE_META
     if strict:  # refuse before touching anything (the lock file included); checked again under the lock
         require_complete(load_metadata(meta, subsets=loaded.manifest.subsets), loaded.manifest.subsets)
     if out is not None and Path(out).resolve() != loaded.root.resolve():
