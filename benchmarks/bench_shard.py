@@ -5,7 +5,8 @@ same documents with the same number of cores: one process per core, one tokenize
 (``RAYON_NUM_THREADS=1``), documents already in memory, all processes released together by a barrier;
 floor = tokens / (last end - first start). The pipeline's figure is end to end: read jsonl, tokenize,
 write and hash shards, commit the manifest. Floor and pipeline run side by side in each repeat on a warm
-page cache, and the figures are medians over the repeats, because the machine is shared and noisy.
+page cache, each repeat starting with the other one, and the figures are medians over the repeats (the
+ratio's median of the per-repeat ratios, with their range), because the machine is shared and noisy.
 
 Everything is offline: the documents are the Python standard library's own source files, cut into
 documents of about 4 KB and written as jsonl files in a temporary directory, and a byte-level BPE
@@ -143,21 +144,22 @@ def main() -> None:
               f"prepared in {time.perf_counter() - t0:.1f}s; {len(os.sched_getaffinity(0))} cores available")
         floor: dict[int, list[float]] = {w: [] for w in args.workers}
         pipe: dict[int, list[float]] = {w: [] for w in args.workers}
-        for _ in range(args.repeats):
+        for rep in range(args.repeats):
             for w in args.workers:
-                rate, floor_tokens = tokenizer_floor(tokenizer, files, w)
-                floor[w].append(rate)
-                rate, tokens = pipeline_rate(files, tokenizer, scratch, w, args.shard_tokens)
-                if tokens != floor_tokens:
-                    raise RuntimeError(f"pipeline wrote {tokens} tokens, the floor encoded {floor_tokens}")
-                pipe[w].append(rate)
+                runs = {"floor": lambda: tokenizer_floor(tokenizer, files, w),
+                        "pipeline": lambda: pipeline_rate(files, tokenizer, scratch, w, args.shard_tokens)}
+                got = {k: runs[k]() for k in (("floor", "pipeline") if rep % 2 == 0 else ("pipeline", "floor"))}
+                if got["pipeline"][1] != got["floor"][1]:
+                    raise RuntimeError(f"pipeline wrote {got['pipeline'][1]} tokens, the floor encoded {got['floor'][1]}")
+                floor[w].append(got["floor"][0])
+                pipe[w].append(got["pipeline"][0])
         print(f"\nmedians of {args.repeats} repeats\n")
-        print("| workers | floor M tokens/s | pipeline M tokens/s | pipeline / floor |")
-        print("|---:|---:|---:|---:|")
+        print("| workers | floor M tokens/s | pipeline M tokens/s | pipeline / floor | per-repeat ratios |")
+        print("|---:|---:|---:|---:|---|")
         for w in args.workers:
             ratios = [p / fl for p, fl in zip(pipe[w], floor[w])]  # side by side, within each repeat
             print(f"| {w} | {statistics.median(floor[w]) / 1e6:.3f} | {statistics.median(pipe[w]) / 1e6:.3f} | "
-                  f"{statistics.median(ratios):.2f} |")
+                  f"{statistics.median(ratios):.2f} | {', '.join(f'{r:.2f}' for r in ratios)} |")
         lo, hi = min(args.workers), max(args.workers)
         if lo != hi:
             scale = lambda d: statistics.median(d[hi]) / statistics.median(d[lo])  # noqa: E731
