@@ -33,7 +33,7 @@ def test_download_one_subset_keeps_the_root_of_trust_and_records_what_it_fetched
     url, src, digest = published
     dest = tmp_path / "dest"
     report = download(url, subsets=["a"], dest=dest, manifest_sha256=digest, endpoint_url=moto, policy=FAST)
-    assert report.ok and not report.skipped[1:]  # only shards.parquet, written while planning, is "skipped"
+    assert report.ok and report.skipped == () and SHARDS_INDEX in report.fetched  # nothing was there before
     corpus = load_corpus(dest, manifest_sha256=digest)  # manifest, index, tokenizer verbatim
     a_shards = {s.path for s in corpus.shards if s.subset == "a"}
     assert _tree(dest) == a_shards | set(corpus.manifest.files) | {MANIFEST, RECORD, ".marin.lock"}
@@ -42,8 +42,8 @@ def test_download_one_subset_keeps_the_root_of_trust_and_records_what_it_fetched
     assert record.subsets == ("a",) and record.manifest_sha256 == digest and record.source == url
     assert json.loads((dest / RECORD).read_text())["subsets"] == ["a"]
     assert verify_corpus(dest, subsets=["a"]).ok
-    assert report.bytes_fetched == sum(corpus.manifest.files[p].bytes for p in corpus.manifest.files
-                                       if p != SHARDS_INDEX) + sum(s.bytes for s in corpus.shards if s.subset == "a")
+    assert report.bytes_fetched == sum(r.bytes for r in corpus.manifest.files.values()) + sum(
+        s.bytes for s in corpus.shards if s.subset == "a")
 
 
 def test_a_second_run_fetches_nothing_and_adding_a_subset_extends_the_record(moto, published, proxy, tmp_path):

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from marin_data.atomic import atomic_write_bytes
@@ -109,10 +109,15 @@ def download(
         if previous is not None and previous.manifest_sha256 != plan.manifest_sha256:
             (root / RECORD).unlink()  # it describes another manifest; nothing it says holds any more
             previous = None
-        if _read_or_none(root / SHARDS_INDEX) != index_bytes:
+        fetched_index = _read_or_none(root / SHARDS_INDEX) != index_bytes
+        if fetched_index:
             atomic_write_bytes(root / SHARDS_INDEX, index_bytes)
         report = _fetch_all(plan, root, stores, workers=workers, policy=policy, progress=progress,
                             part_bytes=part_bytes)
+        if fetched_index:  # fetched while planning: it was not "already present"
+            report = replace(report, fetched=(SHARDS_INDEX, *report.fetched),
+                             skipped=tuple(p for p in report.skipped if p != SHARDS_INDEX),
+                             bytes_fetched=report.bytes_fetched + len(index_bytes))
         failed = {p for p, _ in report.failed}
         failed_subsets = {t.subset for t in plan.files if t.path in failed}
         if None not in failed_subsets:  # every metadata file is in place: the manifest may go in, last
