@@ -23,9 +23,9 @@ from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
@@ -200,13 +200,12 @@ def dispatch_experts(experts: GroupedExperts, routed_RL: Tensor, offsets_E1: Ten
     received_PX = torch.empty_like(sent_E).view(P, X)  # rows each rank sends to each of my experts
     dist.all_to_all_single(received_PX, sent_E, group=group)
     send_P, receive_P = sent_E.view(P, X).sum(1).tolist(), received_PX.sum(1).tolist()  # one host sync
-    rows_NL = dist_fn.all_to_all_single(routed_RL.new_empty(sum(receive_P), L), routed_RL[:sum(send_P)],
-                                        receive_P, send_P, group=group)  # by source rank, then by expert
+    rows_NL = all_to_all_single_autograd(routed_RL[:sum(send_P)], receive_P, send_P, group)  # by source, expert
     local_X = torch.arange(X, dtype=torch.int32, device=routed_RL.device).repeat(P)
     expert_N1 = local_X.repeat_interleave(received_PX.flatten().long())[:, None]  # [N,1]: one expert per row
     local_RL, local = permute_tokens(rows_NL, expert_N1, X, align, 0)
     y_NL = unpermute_tokens(experts(local_RL, local.offsets_E1), local, None)
-    back_RL = dist_fn.all_to_all_single(y_NL.new_empty(sum(send_P), L), y_NL, send_P, receive_P, group=group)
+    back_RL = all_to_all_single_autograd(y_NL, send_P, receive_P, group)
     return torch.cat([back_RL, back_RL.new_zeros(R - sum(send_P), L)])  # [R,L]: the zero tail as before
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import VOCAB, build_corpus
+from filelock import FileLock
 
 from marin_train.config import TrainConfig
 
@@ -88,17 +89,29 @@ def _worker(rank: int, world: int, out: str, corpus: str, cfg: TrainConfig, kill
     shutdown_distributed()
 
 
-def run(out: Path, corpus, world: int, cfg: TrainConfig, kill_at_save: int = 0) -> dict:
+def run(out: Path, corpus: Path, world: int, cfg: TrainConfig, kill_at_save: int = 0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(world, str(out), str(corpus.root), cfg, kill_at_save), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, str(out), str(corpus), cfg, kill_at_save), nprocs=world, join=True)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     return {"ranks": ranks, **torch.load(out / "final.pt"), **ranks[0]}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fsdp")
-    corpus = build_corpus(root / "corpus", {"a": [200, 200], "b": [300]}, seed=5)
+    """Every layout's run, once per test session: under pytest-xdist the workers share one directory, and the
+    first to take the lock runs them while the others wait for its results."""
+    base = tmp_path_factory.getbasetemp()  # under xdist, one per worker inside the session's directory
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "fsdp_runs"
+    with FileLock(f"{root}.lock"):
+        if not (root / "runs.pt").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            torch.save(_run_layouts(root), root / "runs.pt")
+    return torch.load(root / "runs.pt", weights_only=False)
+
+
+def _run_layouts(root: Path) -> dict:
+    build_corpus(root / "corpus", {"a": [200, 200], "b": [300]}, seed=5)
+    corpus = root / "corpus"
     out = {"corpus": corpus, "root": root}
     out["w1"] = run(root / "w1", corpus, 1, CFG)
     out["w2ep2"] = run(root / "w2ep2", corpus, 2, replace(CFG, ep=2))
@@ -155,8 +168,8 @@ def test_a_world_4_checkpoint_resumes_at_world_2_and_1(runs, name):
     assert served == want == list(range(3 * GLOBAL_BATCH, 6 * GLOBAL_BATCH))
 
 
-def test_a_kill_during_a_save_resumes_from_the_previous_checkpoint(runs):
-    root, corpus = runs["root"], runs["corpus"]
+def test_a_kill_during_a_save_resumes_from_the_previous_checkpoint(runs, tmp_path):
+    root, corpus = tmp_path, runs["corpus"]
     cfg = replace(CFG, checkpoint_dir=str(root / "killed"), checkpoint_every=2)
     with pytest.raises(mp.ProcessExitedException, match="SIGKILL"):
         run(root / "kill", corpus, 1, cfg, kill_at_save=2)  # dies writing step 4
