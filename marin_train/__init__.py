@@ -1,5 +1,7 @@
 """Training the Marin MoE model on a Marin corpus: the only package that imports both marin_data and marin_model.
 
-``config`` (the run's dataclasses and presets), ``distributed`` (the process group), ``checkpoint``,
-``loop`` (the optimizer steps), ``data`` (the loader a run reads), ``cli`` (``marin-train``).
+``config`` (the run's dataclasses and presets), ``distributed`` (the process group), ``parallel`` (the device
+mesh, FSDP2 and expert parallelism), ``checkpoint`` (sharded DCP checkpoints), ``loop`` (the optimizer steps),
+``data`` (the loader a run reads), ``export`` (a checkpoint as one safetensors model), ``plan`` (memory and
+FLOPs of a layout), ``cli`` (``marin-train``).
 """
