@@ -100,6 +100,12 @@ def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
     result = train(replace(CFG, steps=2, precision="bf16"), loader_for(corpus, CFG, tmp_path / "c"), log=lambda _: None)
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in result.records)
     assert all(p.dtype == torch.float32 for p in result.model.parameters())  # fp32 master weights (the shards)
+    seen = {}  # the weights each module computes with (FSDP has gathered them when a pre-forward hook runs)
+    moe = result.model.blocks[0].moe
+    moe.router.register_forward_pre_hook(lambda m, _: seen.update(router=m.weight.dtype))
+    moe.shared.register_forward_pre_hook(lambda m, _: seen.update(shared=m.w13.weight.dtype))
+    result.model(torch.zeros(1, 8, dtype=torch.long))
+    assert seen == {"router": torch.float32, "shared": torch.bfloat16}  # the router keeps its fp32 policy
 
 
 def test_recompute_gives_the_same_run_and_counts_the_load_once(corpus, tmp_path):
