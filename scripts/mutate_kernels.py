@@ -156,6 +156,8 @@ def main(argv=None) -> int:
                         "(default: all but the sanitizer run)")
     parser.add_argument("--known-bugs", action="store_true", help="run the three known bugs instead")
     parser.add_argument("--list", action="store_true", help="list the candidate mutations and exit")
+    parser.add_argument("--replay", type=Path, default=None,
+                        help="rerun the mutants a previous run's output lists as survived (after new tests)")
     args = parser.parse_args(argv)
 
     snapshot_dir = tempfile.TemporaryDirectory(prefix="marin-mutants-")
@@ -174,8 +176,13 @@ def main(argv=None) -> int:
             for i, mutant in enumerate(pool):
                 print(i, mutant.describe())
             return 0
-        mutants = random.Random(args.seed).sample(pool, min(args.count, len(pool)))
-        print(f"{len(pool)} candidate mutations; sampled {len(mutants)} with seed {args.seed}")
+        if args.replay is not None:
+            wanted = [m.group(1) for m in re.finditer(r"\] survived +[\d.]+s  (.*)", args.replay.read_text())]
+            mutants = [mutant for mutant in pool if mutant.describe() in wanted]
+            print(f"replaying {len(mutants)} of the {len(wanted)} survivors listed in {args.replay}")
+        else:
+            mutants = random.Random(args.seed).sample(pool, min(args.count, len(pool)))
+            print(f"{len(pool)} candidate mutations; sampled {len(mutants)} with seed {args.seed}")
 
     results: dict[str, list[Mutant]] = {"killed": [], "survived": [], "no-compile": []}
     start = time.time()
