@@ -372,7 +372,7 @@ def test_launchers_refuse_invalid_sizes_without_launching(host_lib):
     p = [ctypes.c_void_p(b.data_ptr()) for b in buf]
     route = lambda T, E, k, mode=0, n_group=1, topk_group=1: host_lib.marin_route_topk(  # noqa: E731
         p[0], 0, None, T, E, k, mode, 1.0, 1, n_group, topk_group, p[1], p[2], p[3], p[4], None)
-    assert route(4, 8, 2) == 0
+    assert route(4, 8, 2) == 0 and route(4, 8, 2, 0, 2, 2) == 0  # every group kept is allowed
     for args in ((4, 8, 0), (4, 64, 17), (4, 8, 9), (4, 8, 2, 3), (4, 8, 2, -1), (4, 9, 2, 0, 2), (4, 8, 2, 0, 2, 0),
                  (4, 8, 2, 0, 2, 3), (4, 0, 1), (4, 513, 2)):
         assert route(*args) == 1, args
@@ -383,7 +383,7 @@ def test_launchers_refuse_invalid_sizes_without_launching(host_lib):
         assert backward(*args) == 1, args
     permute = lambda T, H, size, K, E, align=1, capacity=0: host_lib.marin_permute(  # noqa: E731
         p[0], T, H, size, p[1], K, E, align, capacity, p[2], p[3], p[4], p[5], p[6], None)
-    assert permute(4, 8, 4, 2, 8) == 0
+    assert permute(4, 8, 4, 2, 8) == 0 and permute(4, 0, 4, 2, 8) == 0  # rows of width 0 are allowed
     for args in ((4, -1, 4, 2, 8), (4, 8, 0, 2, 8), (4, 8, 4, 17, 8), (4, 8, 4, -1, 8), (4, 8, 4, 2, 0),
                  (4, 8, 4, 2, 513), (4, 8, 4, 2, 8, 0), (4, 8, 4, 2, 8, 1, -1)):
         assert permute(*args) == 1, args
