@@ -163,7 +163,8 @@ class HfStore(Store):
         try:
             data = self.read_bytes(MANIFEST, limit=METADATA_LIMIT)  # bounded before it is buffered
             if data:
-                repos = json.loads(data).get("repos", {})
+                doc = json.loads(data)
+                repos = doc.get("repos", {}) if isinstance(doc, dict) else {}
                 numbers = {n for n in repos.values() if isinstance(n, int)} if isinstance(repos, dict) else set()
                 parts = [f"{self.hf.repo_id}-part{n}" for n in sorted(numbers) if 1 < n <= len(repos)]
         except RemoteError as e:
@@ -195,7 +196,11 @@ class HfStore(Store):
             for e in items:
                 if isinstance(e, dict) and e.get("type") == "file":
                     lfs = e.get("lfs") or {}
-                    yield e["path"], ObjectInfo(e["path"], int(e["size"]), sha256=lfs.get("oid"),
+                    if not (isinstance(e.get("path"), str) and type(e.get("size")) is int and e["size"] >= 0
+                            and isinstance(lfs, dict)):
+                        raise RemoteError(f"malformed tree listing entry {str(e)[:200]}",
+                                          path=f"hf://datasets/{repo}")
+                    yield e["path"], ObjectInfo(e["path"], e["size"], sha256=lfs.get("oid"),
                                                 sha256_source="lfs" if lfs else None,
                                                 git_sha1=None if lfs else e.get("oid"))
             url = response.links.get("next", {}).get("url")
