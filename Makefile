@@ -44,7 +44,7 @@ quickstart: $(VENV)/.installed-dev
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
-# Builds cuda/ into cuda/build/libmarin_kernels.so for sm_90 (plus PTX); needs nvcc, not a GPU.
+# Builds cuda/ into cuda/build/libmarin_kernels.so for sm_90 and sm_100 (plus PTX); needs nvcc, not a GPU.
 cuda: $(VENV)/.installed
 	$(BIN)/python -m marin_model.cuda --build
 
