@@ -115,3 +115,14 @@ def test_recompute_gives_the_same_run_and_counts_the_load_once(corpus, tmp_path)
     assert [r["imbalance"] for r in runs[1].records] == [r["imbalance"] for r in runs[0].records]
     # Every weight and the balancing bias, which moved by the same load (not counted twice).
     torch.testing.assert_close(*(full_state_dict(r.model) for r in runs), atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_blocks_compiled_under_fsdp2_train_like_eager_blocks(corpus, tmp_path):
+    """torch.compile per block (TrainConfig.compile) composes with FSDP2's per-block units and the custom ops:
+    the same losses as eager blocks, to compiler rounding."""
+    cfg = replace(CFG, steps=3, precision="bf16")
+    runs = [train(replace(cfg, compile=compiled), loader_for(corpus, CFG, tmp_path / "c"), log=lambda _: None)
+            for compiled in (False, True)]
+    assert all(getattr(block, "_compiled_call_impl", None) is not None for block in runs[1].model.blocks)
+    assert [r["loss"] for r in runs[1].records] == pytest.approx([r["loss"] for r in runs[0].records], rel=2e-2)
