@@ -35,7 +35,7 @@ def _decoder(root: Path):
 
 def _schedule(subsets: list[str]) -> list[Phase]:
     """8 sequences of equal weights over every subset, then a "mid-training" mix of the first and last."""
-    return [Phase({name: 1.0 for name in subsets}, 8), Phase({subsets[0]: 0.5, subsets[-1]: 0.5})]
+    return [Phase({name: 1 / len(subsets) for name in subsets}, 8), Phase({subsets[0]: 0.5, subsets[-1]: 0.5})]
 
 
 def demo(corpus: str | Path, *, seq_len: int = 256, steps: int = 3, cache_dir: str | Path | None = None) -> bool:
