@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from shard_env import make_texts, tiny_tokenizer, tree_bytes, write_jsonl  # noqa: F401 - a fixture
+from s3_env import bucket_url, moto  # noqa: F401 - fixtures
 
 from marin_data.corpus import build
 from marin_data.corpus.manifest import load_corpus
@@ -104,3 +105,30 @@ def test_a_kill_at_any_step_of_the_commit_leaves_a_corpus_the_rerun_finishes(tin
         assert _files(work) == _files(reference), n  # byte for byte: verify would pass as it does there
         shutil.rmtree(work)
     assert n > 10  # the commit's steps were all reached
+
+
+
+def test_publish_finishes_a_commit_a_kill_left_moving_in(tiny_tokenizer, tmp_path, moto, bucket_url):
+    """A kill after the journal's manifest is written but before everything moved in: publish finishes the
+    commit under the lock, as a writer does, so what it uploads is the committed corpus, which the store's
+    own checksums then confirm (publish checks them before it records the mirror)."""
+    from marin_data.layout import COMMIT
+    from marin_data.transfer.publish_s3 import publish
+
+    texts = make_texts(40, 3)
+    a = write_jsonl(tmp_path / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(texts[:20])])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"id": f"b{i}", "text": t} for i, t in enumerate(texts[20:])])
+    base = tmp_path / "base"
+    build.shard_subset([a], subset="a", tokenizer=str(tiny_tokenizer), out=base, name="c", workers=1)
+    moving = 0
+    for n in range(1, 500):
+        work = tmp_path / f"kill-{n}"
+        shutil.copytree(base, work)
+        if _run_killed(n, (b, tiny_tokenizer, work)) == 0:
+            break
+        if (work / COMMIT / "manifest.json").exists():  # committed, not yet wholly moved in
+            moving += 1
+            publish(work, to=f"{bucket_url}-{n}", endpoint_url=moto, workers=2, progress=False)
+            assert not (work / COMMIT).exists()
+        shutil.rmtree(work)
+    assert moving > 0  # some kill left a commit moving in

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marin_data.atomic import sha256_file
-from marin_data.corpus.manifest import Corpus, load_corpus
+from marin_data.corpus.manifest import Corpus, finish_commit, load_corpus
 from marin_data.errors import ObjectTooLargeError, RemoteError, ShardChecksumError
 from marin_data.layout import CARD, MANIFEST, UNLISTED
 from marin_data.lock import corpus_lock
@@ -190,6 +190,7 @@ def publish_hf(
     t0 = time.perf_counter()
     totals = _Totals()
     with corpus_lock(corpus.root):
+        finish_commit(corpus.root)  # a commit a kill left moving in: its files, not a mix, are uploaded
         corpus = load_corpus(corpus.root, manifest_sha256=corpus.manifest_sha256)  # unchanged since planned
         bar = progress_bar(sum(f.bytes for p in plans for f in p.files), "publish", unit="B", unit_scale=True,
                            disable=None if progress is None else not progress)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marin_data.atomic import sha256_file
-from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.manifest import finish_commit, load_corpus
 from marin_data.corpus.mirrors import record_mirrors
 from marin_data.errors import (
     MarinDataError,
@@ -114,6 +114,7 @@ def publish(
 
     t0 = time.perf_counter()
     with corpus_lock(corpus.root):
+        finish_commit(corpus.root)  # a commit a kill left moving in: its files, not a mix, are uploaded
         corpus = load_corpus(corpus.root, manifest_sha256=corpus.manifest_sha256)  # unchanged since checked
         uploaded, skipped, failed, nbytes = _upload_all(corpus.root, files, store, workers, policy, progress)
         if failed:
