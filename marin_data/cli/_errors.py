@@ -48,7 +48,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                       "publish; nothing was uploaded"), 15),
     (E.LoaderConfigError, _with_fix("fix the loader settings (mixture weights, --subset, seq_len)"), EXIT_USAGE),
     (E.LoaderStateMismatchError, _with_fix("resume with the data, mixture, seed and seq_len the checkpoint was "
-                                           "written with, or load it with strict=False to continue anyway"), 12),
+                                           "written with; to change the mixture from a step on, marin-train "
+                                           "takes --mixture-from (the Python API: strict=False)"), 12),
     (E.ShardChecksumError, _with_fix("the file is corrupt: delete it and fetch it again"), 6),
     (E.ShardMissingError, _with_fix("download it (`marin-data download --subset NAME`) or select fewer "
                                     "subsets"), 6),
