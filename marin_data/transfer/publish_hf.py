@@ -54,7 +54,6 @@ from marin_data.ui import human_bytes, progress as progress_bar
 __all__ = ["HfPublishReport", "RepoPlan", "plan_repos", "publish_hf"]
 
 
-
 @dataclass(frozen=True)
 class HfPublishReport(PublishReport):
     repos: tuple[str, ...] = ()  # hf:// URLs, the main repo first

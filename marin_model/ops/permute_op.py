@@ -4,8 +4,6 @@ A stable counting sort padded for grouped GEMM; its backward is an unweighted ``
 a copy).
 """
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
