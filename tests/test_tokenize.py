@@ -100,3 +100,16 @@ def test_a_repo_id_is_resolved_through_huggingface_hub(tmp_path: Path, tiny_toke
                       env=env)
     assert missing.returncode == 8, missing.stderr  # RemoteError: not cached and the Hub is off
     assert "marin-test/absent" in missing.stderr and "HF_HUB_OFFLINE" in missing.stderr
+
+
+def test_a_file_in_the_hub_cache_is_named_by_its_repo_and_a_name_can_be_given(tmp_path: Path, tiny_tokenizer: Path):
+    """A snapshot path is named by the repo id, not by its revision's folder; --tokenizer-name overrides."""
+    cache = _hf_cache(tmp_path / "hf", "marin-test/tiny-bpe", tiny_tokenizer)
+    (snapshot,) = cache.glob(f"models--marin-test--tiny-bpe/snapshots/*/{TOKENIZER}")
+    assert load_tokenizer(str(snapshot)).info.name == "marin-test/tiny-bpe"
+    assert load_tokenizer(str(snapshot.parent)).info.name == "marin-test/tiny-bpe"
+    inputs = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in make_texts(5, 4)])
+    done = run_cli("shard", inputs, "--subset", "s", "--tokenizer", snapshot, "--tokenizer-name", "Tiny BPE v1",
+                   "--out", tmp_path / "c", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "c" / "manifest.json").read_bytes())["tokenizer"]["name"] == "Tiny BPE v1"

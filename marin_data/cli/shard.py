@@ -55,6 +55,9 @@ def _subset_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--text-field", default="text", show_default=True, help="Field (Parquet: column) holding the text.")
 @click.option("--id-field", default="id", show_default=True,
               help="Field holding the document id; records without one get FILE:LINE.")
+@click.option("--tokenizer-name", metavar="NAME",
+              help="The tokenizer's name in a new corpus's manifest and datasheet (default: the repo id, or the "
+                   "folder holding tokenizer.json; a file in the Hugging Face cache gets its repo id).")
 @click.option("--bos", "add_bos", is_flag=True, help="Prepend BOS to every document (EOS is always appended).")
 @click.option("--eos-token", metavar="TEXT", help="The EOS token, if the tokenizer marks none special.")
 @click.option("--bos-token", metavar="TEXT", help="The BOS token for --bos, if the tokenizer marks none special.")
@@ -72,7 +75,7 @@ def _subset_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--corpus-name", help="Name of a new corpus (default: the directory's name).")
 @click.option("--corpus-version", help="Version of a new corpus (default: 0.1.0).")
 def command(inputs: tuple[str, ...], subset: str, tokenizer: str, out: Path, workers: int | None, engine: str,
-            ray_address: str | None, text_field: str, id_field: str, add_bos: bool, eos_token: str | None,
+            ray_address: str | None, text_field: str, id_field: str, tokenizer_name: str | None, add_bos: bool, eos_token: str | None,
             bos_token: str | None, skip_bad: bool, max_doc_bytes: int, license_: str, shard_tokens: int,
             corpus_name: str | None, corpus_version: str | None) -> None:
     """Tokenize INPUT files into subset --subset of the corpus --out.
@@ -98,7 +101,7 @@ def command(inputs: tuple[str, ...], subset: str, tokenizer: str, out: Path, wor
     """
     report = shard_subset(inputs, subset=subset, tokenizer=tokenizer, out=out, workers=workers,
                           text_field=text_field, id_field=id_field, add_bos=add_bos, eos_token=eos_token,
-                          bos_token=bos_token, skip_bad=skip_bad, max_doc_bytes=max_doc_bytes, license=license_,
+                          bos_token=bos_token, tokenizer_name=tokenizer_name, skip_bad=skip_bad, max_doc_bytes=max_doc_bytes, license=license_,
                           shard_tokens=shard_tokens, name=corpus_name, version=corpus_version,
                           **engine_kwargs(engine, ray_address))
     click.echo(summary(report))

@@ -264,6 +264,7 @@ def shard_subset(
     add_bos: bool = False,
     eos_token: str | None = None,
     bos_token: str | None = None,
+    tokenizer_name: str | None = None,
     skip_bad: bool = False,
     max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES,
     license: str = "unknown",
@@ -286,6 +287,8 @@ def shard_subset(
             Ray instance. The cluster's nodes must see ``inputs`` and ``out`` at the same paths.
         text_field, id_field: the record fields (Parquet columns) holding text and id.
         add_bos, eos_token, bos_token: framing, see `marin_data.raw.tokenizer.load_tokenizer`.
+        tokenizer_name: the tokenizer's name in a new corpus's manifest (default: derived from ``tokenizer``);
+            a corpus keeps the name it was created with.
         skip_bad: skip malformed records and count them by reason instead of stopping.
         max_doc_bytes: the longest document (its JSON line, or Parquet text) in bytes; a longer one is a bad
             record. It bounds a worker's memory: tokenizing takes many times a document's size.
@@ -308,7 +311,7 @@ def shard_subset(
         raise ValueError(f"shard_tokens must be positive, not {shard_tokens}")
     paths = expand_inputs(inputs)
     loaded = tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(
-        tokenizer, eos_token=eos_token, bos_token=bos_token, add_bos=add_bos)
+        tokenizer, eos_token=eos_token, bos_token=bos_token, add_bos=add_bos, name=tokenizer_name)
     root = Path(out)
     with corpus_lock(root):
         finish_commit(root)  # a commit a crash interrupted is finished first

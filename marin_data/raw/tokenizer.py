@@ -40,6 +40,7 @@ __all__ = [
 # Special tokens recognised as EOS / BOS, most specific first (Llama 3, GPT-2/NeoX, Llama 2/Mistral, Gemma).
 EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "<|eos|>", "[EOS]")
 BOS_CANDIDATES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "<|bos|>", "[BOS]")
+_HF_CACHE_REPO = re.compile(r"models--(.+)")  # the Hub cache's folder of a repo: models--org--name
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?")
 
 
@@ -99,8 +100,10 @@ def resolve_tokenizer_file(spec: str) -> tuple[Path, str]:
     """Find ``tokenizer.json`` for a spec; return its local path and a display name.
 
     A path to a file (or to a directory holding ``tokenizer.json``) is used as is and named after the
-    directory (``.../llama3/tokenizer.json`` -> ``llama3``) or the file; anything else that looks like a
-    repo id (``meta-llama/Llama-3.1-8B``, ``gpt2``) is fetched with ``hf_hub_download`` and named by it.
+    directory (``.../llama3/tokenizer.json`` -> ``llama3``) or the file; a file in the Hugging Face cache
+    (``.../models--org--name/snapshots/REV/tokenizer.json``) is named by its repo id (``org/name``), not
+    its revision. Anything else that looks like a repo id (``meta-llama/Llama-3.1-8B``, ``gpt2``) is
+    fetched with ``hf_hub_download`` and named by it.
 
     Raises:
         InvalidTokenizerError: no such file and not a repo id, or the repo or file does not exist.
@@ -110,11 +113,21 @@ def resolve_tokenizer_file(spec: str) -> tuple[Path, str]:
     if path.is_dir():
         path = path / TOKENIZER
     if path.is_file():
-        name = path.parent.resolve().name if path.name == TOKENIZER else path.stem
-        return path, name or path.stem
+        return path, _name_of(path)
     if spec.endswith(".json") or not _REPO_ID.fullmatch(spec):
         raise InvalidTokenizerError("no such tokenizer file (and not a Hugging Face repo id)", path=spec)
     return Path(_hub_download(spec)), spec
+
+
+def _name_of(path: Path) -> str:
+    """A local tokenizer file's display name: its Hugging Face cache repo id, its directory or its stem."""
+    if path.name != TOKENIZER:
+        return path.stem
+    folder = path.parent.resolve()
+    cached = _HF_CACHE_REPO.fullmatch(folder.parent.parent.name)
+    if folder.parent.name == "snapshots" and cached:
+        return cached.group(1).replace("--", "/", 1)
+    return folder.name or path.stem
 
 
 def _hub_download(repo_id: str) -> str:
