@@ -12,6 +12,11 @@ constexpr int kRouteWarps = 4;
 constexpr int kRouteThreads = kRouteWarps * kWarpSize;
 constexpr int kRouteBlocksPerSM = 8;  // a persistent grid: fewer blocks, fewer count flushes
 
+// The backward's register budget, as resident blocks per SM: 8 blocks of 128 threads leave 64 registers a
+// thread, enough up to 12 scores per lane; at 16, 7 blocks (72 registers). Left to itself, ptxas for sm_100
+// keeps the fp32 instantiations at 48-64 registers and spills 12-16 bytes.
+constexpr int route_backward_blocks(int vpt) { return vpt > 12 ? 7 : kRouteBlocksPerSM; }
+
 // Device-limited routing: experts outside the topk_group best groups get score -inf. `row` and `groups` are
 // this warp's shared scratch of kMaxExperts floats each.
 template <int VPT>
@@ -134,7 +139,7 @@ route_topk_kernel(const In* __restrict__ logits, const float* __restrict__ bias,
 }
 
 template <int VPT, typename In>
-__global__ void __launch_bounds__(kRouteThreads)
+__global__ void __launch_bounds__(kRouteThreads, route_backward_blocks(VPT))
 route_topk_backward_kernel(const float* __restrict__ grad_weights, const float* __restrict__ grad_lse,
                            const In* __restrict__ logits, const int* __restrict__ expert_ids, int64_t tokens,
                            int num_experts, int k, int mode, float scale, bool renormalize,
@@ -182,9 +187,17 @@ route_topk_backward_kernel(const float* __restrict__ grad_weights, const float* 
   }
 }
 
-int route_grid(int64_t tokens) {
+// The persistent grid of `kernel`: one block per kRouteWarps tokens, at most kRouteBlocksPerSM per SM and no
+// more than can be resident at once (ptxas decides the registers, so the forward at 12 scores per lane fits
+// 6): a block past that would start only when another had finished its share, doubling the kernel's time.
+template <typename Kernel>
+int route_grid(Kernel kernel, int64_t tokens) {
+  int resident = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kRouteThreads, 0) != cudaSuccess ||
+      resident < 1 || resident > kRouteBlocksPerSM)
+    resident = kRouteBlocksPerSM;
   const int64_t needed = (tokens + kRouteWarps - 1) / kRouteWarps;
-  const int64_t cap = static_cast<int64_t>(multiprocessor_count()) * kRouteBlocksPerSM;
+  const int64_t cap = static_cast<int64_t>(multiprocessor_count()) * resident;
   return static_cast<int>(needed < cap ? needed : cap);
 }
 
@@ -233,7 +246,8 @@ extern "C" int marin_route_topk(const void* logits, int dtype, const float* bias
   return with_dtype(dtype, [&](auto type) {
     using In = typename decltype(type)::type;
     return with_vpt(num_experts, [&](auto vpt) {
-      MARIN_LAUNCH(route_grid(tokens), kRouteThreads, stream, route_topk_kernel<decltype(vpt)::value, In>)(
+      const auto kernel = route_topk_kernel<decltype(vpt)::value, In>;
+      MARIN_LAUNCH(route_grid(kernel, tokens), kRouteThreads, stream, kernel)(
           static_cast<const In*>(logits), bias, tokens, num_experts, k, mode, scale, renormalize != 0, n_group,
           topk_group, expert_ids, weights, counts, lse);
     });
@@ -249,7 +263,8 @@ extern "C" int marin_route_topk_backward(const float* grad_weights, const float*
   return with_dtype(dtype, [&](auto type) {
     using In = typename decltype(type)::type;
     return with_vpt(num_experts, [&](auto vpt) {
-      MARIN_LAUNCH(route_grid(tokens), kRouteThreads, stream, route_topk_backward_kernel<decltype(vpt)::value, In>)(
+      const auto kernel = route_topk_backward_kernel<decltype(vpt)::value, In>;
+      MARIN_LAUNCH(route_grid(kernel, tokens), kRouteThreads, stream, kernel)(
           grad_weights, grad_lse, static_cast<const In*>(logits), expert_ids, tokens, num_experts, k, mode, scale,
           renormalize != 0, static_cast<In*>(grad_logits));
     });

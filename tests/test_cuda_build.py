@@ -1,7 +1,7 @@
 """cuda/ builds and links with nvcc on a machine without a GPU, and the result is what the kernels need.
 
-Checked here, without a GPU: the library builds for sm_90 plus compute_90 PTX; ptxas reports no spills and
-no stack frame (local memory) in any kernel; the row kernels move 16-byte vectors (read off the embedded
+Checked here, without a GPU: the library builds for sm_90 and sm_100 plus compute_100 PTX, as shipped; ptxas
+reports no spills and no stack frame (local memory) in any kernel on either; the row kernels move 16-byte vectors (read off the embedded
 PTX); the library exports the C ABI of cuda/marin_kernels.h and dlopens without a driver; builds are cached
 by content; dispatch falls back to the reference, silently, when there is no GPU.
 """
@@ -29,6 +29,9 @@ KERNELS = {"route_topk_kernel": 18, "route_topk_backward_kernel": 18, "permute_r
            "unpermute_backward_kernel": 17}
 
 
+ARCHS = ["90", "100"]  # the default build: H200 and GB200
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     if build.find_nvcc() is None:
@@ -36,7 +39,7 @@ def built(tmp_path_factory):
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one build per test session: workers share it (file lock)
         base = base.parent
-    return build.build_library(out_dir=base / "cuda-build", archs=["90"])
+    return build.build_library(out_dir=base / "cuda-build", archs=ARCHS)
 
 
 def family(mangled):
@@ -62,15 +65,14 @@ def embedded_ptx(library: Path) -> str:
 
 
 @needs_nvcc
-def test_every_kernel_compiles_for_sm90_without_spills_or_stack_frames(built):
+def test_every_kernel_compiles_for_sm90_and_sm100_without_spills_or_stack_frames(built):
     report = ptxas.parse_ptxas_report(built.log)
-    seen = {name: 0 for name in KERNELS}
+    seen = {(f"sm_{arch}", name): 0 for arch in ARCHS for name in KERNELS}
     for kernel in report:
-        assert kernel.arch == "sm_90"
         assert (kernel.spill_stores, kernel.spill_loads, kernel.stack_frame) == (0, 0, 0), kernel
         assert kernel.registers <= 128, kernel  # occupancy: the row kernels are bounded to 64 by launch bounds
-        seen[family(kernel.name)] += 1
-    assert seen == KERNELS
+        seen[kernel.arch, family(kernel.name)] += 1
+    assert seen == {(f"sm_{arch}", name): n for arch in ARCHS for name, n in KERNELS.items()}
 
 
 @needs_nvcc
@@ -116,7 +118,7 @@ def test_launcher_without_a_gpu_returns_an_error_instead_of_crashing(built):
 
 @needs_nvcc
 def test_builds_are_cached_by_content(built, tmp_path):
-    again = build.build_library(out_dir=built.library.parent, archs=["90"])
+    again = build.build_library(out_dir=built.library.parent, archs=ARCHS)
     assert again.cached and again.library == built.library and again.log == built.log
     assert (built.library.parent / "libmarin_kernels.so").resolve() == built.library
     copy = tmp_path / "cuda"
@@ -130,7 +132,7 @@ def test_builds_are_cached_by_content(built, tmp_path):
 
 @needs_nvcc
 def test_make_cuda_command_builds_into_the_build_dir(built):
-    env = dict(os.environ, MARIN_CUDA_BUILD_DIR=str(built.library.parent), MARIN_CUDA_ARCHS="90")
+    env = dict(os.environ, MARIN_CUDA_BUILD_DIR=str(built.library.parent), MARIN_CUDA_ARCHS=";".join(ARCHS))
     done = subprocess.run([sys.executable, "-m", "marin_model.cuda", "--build"], capture_output=True, text=True,
                           env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr
