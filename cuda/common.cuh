@@ -26,6 +26,11 @@ constexpr int kWarpSize = 32;
 constexpr int kMaxExperts = 512;  // route_topk keeps a token's scores in registers: 16 per lane
 constexpr int kMaxTopK = 16;      // k of route_topk, K of permute / unpermute
 
+// The src_of of a routed row that no entry fills (permute's contract): padding inside a group, whose data is
+// zero, or an unused row past the last group (offsets[E]), whose data is never written and never read.
+constexpr int kPaddingRow = -1;
+constexpr int kUnusedRow = -2;
+
 MARIN_HD int popcount32(uint32_t mask) {
 #ifdef __CUDA_ARCH__
   return __popc(mask);

@@ -106,18 +106,18 @@ void with_vector(int vec, Fn fn) {
 }
 
 // Row kernels (permute's copy, unpermute and its backward) run one block of kRowThreads per token, plus
-// blocks that zero unused output rows, kRowThreads rows each (one warp per 32 rows).
+// blocks that zero the padding rows of their output, kRowThreads rows each (one warp per 32 rows).
 constexpr int kRowThreads = 128;
 
-// Zeroes the rows first_row + [0, kRowThreads) of out (row r at out + r*row_vecs) for which is_unused(r)
-// holds; is_unused is called once per row by the thread that owns it.
+// Zeroes the rows first_row + [0, kRowThreads) of out (row r at out + r*row_vecs) for which is_padding(r)
+// holds; is_padding is called once per row by the thread that owns it.
 template <typename V, typename Pred>
-__device__ __forceinline__ void zero_unused_rows(V* __restrict__ out, int64_t row_vecs, int64_t rows,
-                                                 int64_t first_row, Pred is_unused) {
+__device__ __forceinline__ void zero_padding_rows(V* __restrict__ out, int64_t row_vecs, int64_t rows,
+                                                  int64_t first_row, Pred is_padding) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warp_first = first_row + (threadIdx.x / kWarpSize) * kWarpSize;
   const int64_t row = warp_first + lane;
-  unsigned pending = __ballot_sync(kFullMask, row < rows && is_unused(row));
+  unsigned pending = __ballot_sync(kFullMask, row < rows && is_padding(row));
   while (pending) {
     const int bit = __ffs(pending) - 1;
     pending &= pending - 1;

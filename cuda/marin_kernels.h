@@ -1,9 +1,10 @@
-// The C ABI of libmarin_kernels.so: what marin_model/kernels.py calls through ctypes (docs/cuda.md).
+// The C ABI of libmarin_kernels.so: what marin_model/cuda/dispatch.py calls through ctypes (docs/cuda.md).
 //
 // Every launcher takes raw device pointers, sizes and the stream to launch on, launches asynchronously and
 // returns the cudaError_t of its launches (as int; 0 = success). Nothing is allocated and nothing is
 // synchronised, so the launchers can be captured in a CUDA graph. Outputs are written in full (no memset
-// is expected of the caller). Element types: 0 = fp32, 1 = bf16, 2 = fp16 (marin::DType).
+// is expected of the caller), except the unused rows of routed and grad_routed (past offsets[E]), which
+// nothing reads. Element types: 0 = fp32, 1 = bf16, 2 = fp16 (marin::DType).
 #pragma once
 
 #include <stddef.h>
@@ -15,8 +16,9 @@
 extern "C" {
 #endif
 
-// Bumped whenever a signature below changes; kernels.py refuses a library with another number.
-#define MARIN_KERNELS_ABI_VERSION 2
+// Bumped whenever a signature below or what an output holds changes; marin_model/cuda/library.py refuses
+// a library with another number.
+#define MARIN_KERNELS_ABI_VERSION 3
 int marin_kernels_abi_version(void);
 const char* marin_cuda_error_string(int error);
 
@@ -43,7 +45,8 @@ int marin_route_topk_backward(const float* grad_weights, const float* grad_lse, 
 size_t marin_permute_workspace_bytes(int64_t tokens, int top_k, int num_experts);
 
 // permute: x [T,H] of elem_size-byte elements, expert_ids [T,K] int32 -> routed [R,H], row_of [T,K] int32,
-// src_of [R] int32, offsets [E+1] int32 with R = T*K + E*(align-1). E <= 512, K <= 16.
+// src_of [R] int32, offsets [E+1] int32 with R = T*K + E*(align-1). E <= 512, K <= 16. Padding rows inside
+// a group are zero with src_of -1; the unused rows past offsets[E] have src_of -2 and are not written.
 int marin_permute(const void* x, int64_t tokens, int64_t hidden, int elem_size, const int* expert_ids, int top_k,
                   int num_experts, int align, int capacity, void* routed, int* row_of, int* src_of, int* offsets,
                   void* workspace, cudaStream_t stream);
@@ -55,7 +58,7 @@ int marin_unpermute(const void* routed, int dtype, int64_t rows, int64_t hidden,
 
 // unpermute_backward: grad_out [T,H] (grad_dtype: dtype or fp32) -> grad_routed [R,H] (dtype) and, when
 // grad_weights is not NULL (needs weights), grad_weights [T,K] fp32. row_of and src_of must come from one
-// permute call.
+// permute call; grad_routed rows with src_of -1 are zeroed, those with src_of -2 are not written.
 int marin_unpermute_backward(const void* grad_out, int grad_dtype, const void* routed, int dtype, int64_t rows,
                              int64_t hidden, const int* row_of, const int* src_of, int64_t tokens, int top_k,
                              const float* weights, void* grad_routed, float* grad_weights, cudaStream_t stream);

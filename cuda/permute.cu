@@ -1,7 +1,8 @@
 // permute: a deterministic, stable counting sort of token copies by expert (see permute.cuh), in three
 // kernels: rank (per-tile histograms and in-tile ranks), scan (over tiles per expert, then over experts),
 // scatter (one block per token: read its row once, write its k destinations; extra blocks zero the
-// padding rows). No global atomics, no host synchronisation: the output is sized by the static bound R.
+// padding rows). No global atomics, no host synchronisation: the output is sized by the static bound R, and
+// its rows past the last group (offsets[E]) are unused: only their src_of is written.
 #include "device.cuh"
 #include "marin_kernels.h"
 #include "permute.cuh"
@@ -81,7 +82,8 @@ permute_scan_kernel(int* __restrict__ hist, int64_t tiles, int num_experts, int 
 }
 
 // Blocks [0, T): token t places its k entries (row_of, src_of) and copies its row to each destination.
-// Blocks [T, ...): kRowThreads rows each, zero the padding rows and set their src_of to -1.
+// Blocks [T, ...): kRowThreads rows each, set the src_of of the rows no entry fills (kPaddingRow or
+// kUnusedRow) and zero the padding rows; unused rows keep whatever the buffer held.
 template <typename V>
 __global__ void __launch_bounds__(kRowThreads)
 permute_scatter_kernel(const V* __restrict__ x, int64_t row_vecs, const int* __restrict__ expert_ids,
@@ -89,12 +91,12 @@ permute_scatter_kernel(const V* __restrict__ x, int64_t row_vecs, const int* __r
                        const int* __restrict__ offsets, const int* __restrict__ kept, int* __restrict__ row_of,
                        int* __restrict__ src_of, int64_t rows, V* __restrict__ routed) {
   if (blockIdx.x >= tokens) {
-    zero_unused_rows(routed, row_vecs, rows, (blockIdx.x - tokens) * static_cast<int64_t>(kRowThreads),
-                     [&](int64_t row) {
-                       const bool unused = is_padding_row(offsets, kept, num_experts, row);
-                       if (unused) src_of[row] = -1;
-                       return unused;
-                     });
+    zero_padding_rows(routed, row_vecs, rows, (blockIdx.x - tokens) * static_cast<int64_t>(kRowThreads),
+                      [&](int64_t row) {
+                        const int kind = row_kind(offsets, kept, num_experts, row);
+                        if (kind != kFilledRow) src_of[row] = kind;
+                        return kind == kPaddingRow;
+                      });
     return;
   }
   __shared__ int dest[kMaxTopK];

@@ -92,10 +92,14 @@ MARIN_HD int expert_of_row(const int* offsets, int num_experts, int64_t row) {
   return lo;
 }
 
-// A row no entry fills: group padding, or past the last group. Its src_of is -1 and its data zero.
-MARIN_HD bool is_padding_row(const int* offsets, const int* kept, int num_experts, int64_t row) {
+// What a row holds: an entry (kFilledRow; its token's block writes its src_of), group padding (kPaddingRow)
+// or nothing, past the last group (kUnusedRow). The last two are the src_of of such rows.
+constexpr int kFilledRow = 0;
+
+MARIN_HD int row_kind(const int* offsets, const int* kept, int num_experts, int64_t row) {
   const int e = expert_of_row(offsets, num_experts, row);
-  return e == num_experts || row - offsets[e] >= kept[e];
+  if (e == num_experts) return kUnusedRow;
+  return row - offsets[e] < kept[e] ? kFilledRow : kPaddingRow;
 }
 
 }  // namespace marin

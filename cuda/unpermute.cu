@@ -57,8 +57,9 @@ unpermute_kernel(const T* __restrict__ routed, int64_t total_rows, int64_t hidde
 }
 
 // Blocks [0, T): token t writes w[t,k] * grad_out[t] to each kept row and, when grad_weights is set, the dot
-// products <grad_out[t], routed[row]>. Blocks [T, ...): zero the rows whose src_of is -1. grad_out is read in
-// its own type G (T or fp32), so an fp32 gradient of bf16 rows is rounded once, after scaling.
+// products <grad_out[t], routed[row]>. Blocks [T, ...): zero the padding rows (src_of kPaddingRow); the unused
+// rows (kUnusedRow) are not written. grad_out is read in its own type G (T or fp32), so an fp32 gradient of
+// bf16 rows is rounded once, after scaling.
 template <typename T, typename G, int VEC>
 __global__ void __launch_bounds__(kRowThreads, kRowMinBlocks)
 unpermute_backward_kernel(const G* __restrict__ grad_out, const T* __restrict__ routed, int64_t hidden,
@@ -67,9 +68,9 @@ unpermute_backward_kernel(const G* __restrict__ grad_out, const T* __restrict__ 
                           T* __restrict__ grad_routed, float* __restrict__ grad_weights) {
   if (blockIdx.x >= tokens) {
     using Zero = typename RawBytes<sizeof(T) * VEC>::type;
-    zero_unused_rows(reinterpret_cast<Zero*>(grad_routed), hidden / VEC, rows_total,
-                     (blockIdx.x - tokens) * static_cast<int64_t>(kRowThreads),
-                     [&](int64_t row) { return src_of[row] < 0; });
+    zero_padding_rows(reinterpret_cast<Zero*>(grad_routed), hidden / VEC, rows_total,
+                      (blockIdx.x - tokens) * static_cast<int64_t>(kRowThreads),
+                      [&](int64_t row) { return src_of[row] == kPaddingRow; });
     return;
   }
   __shared__ int rows[kMaxTopK];

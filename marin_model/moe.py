@@ -9,7 +9,8 @@ Shape suffixes:
     T  tokens (batch x sequence, flattened)     D  d_model
     L  width the routed experts act in: the latent width, or D without a latent projection
     E  routed experts      K  experts per token (top-k)      F  hidden width of a routed expert
-    R  routed rows, the static bound T*K + E*(align-1) of ``permute`` (groups padded, tail zero)
+    R  routed rows, the static bound T*K + E*(align-1) of ``permute`` (groups padded; rows past the last
+       group, offsets_E1[E], are unused: never written or read)
     E1 E+1 group offsets
     P  EP ranks      X  experts of this EP rank (E/P)      N  rows this rank's experts receive from all ranks
 
@@ -52,7 +53,7 @@ class PermuteMeta:
     """What ``unpermute`` needs to bring the routed rows back."""
 
     row_of_TK: Tensor       # int32 row of each token copy in the routed rows, -1 if dropped
-    src_of_R: Tensor        # int32 flat source t*K+k of each routed row, -1 for padding
+    src_of_R: Tensor        # int32 flat source t*K+k of each routed row, -1 for padding, -2 if unused
     offsets_E1: Tensor      # int32 start row of each expert's group; offsets_E1[E] = rows in use
 
 
@@ -172,8 +173,9 @@ class GroupedExperts(nn.Module):
     def forward(self, x_RL: Tensor, offsets_E1: Tensor) -> Tensor:
         w13_EL2F, w2_EFL = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w13_EL2F, self.w2_EFL))
         if _grouped_mm_ok(x_RL, w2_EFL.shape[1]):
-            # The last group runs to row R, over the zero tail, so every output row is written (to zero).
-            ends_E = torch.cat([offsets_E1[1:-1], offsets_E1.new_full((1,), x_RL.shape[0])])
+            # The groups end at offsets_E1[E]: the unused rows past it are not read, and their outputs (and
+            # their input gradients) are left uninitialised; unpermute reads only the rows row_of names.
+            ends_E = offsets_E1[1:]
             # torch._grouped_mm is on no autocast list: cast the weights as autocast would (gradients stay fp32).
             w13_EL2F, w2_EFL = w13_EL2F.to(x_RL.dtype), w2_EFL.to(x_RL.dtype)
             gate_RF, up_RF = torch._grouped_mm(x_RL, w13_EL2F, offs=ends_E).chunk(2, dim=-1)
@@ -206,7 +208,7 @@ def dispatch_experts(experts: GroupedExperts, routed_RL: Tensor, offsets_E1: Ten
     local_RL, local = permute_tokens(rows_NL, expert_N1, X, align, 0)
     y_NL = unpermute_tokens(experts(local_RL, local.offsets_E1), local, None)
     back_RL = all_to_all_single_autograd(y_NL, send_P, receive_P, group)
-    return torch.cat([back_RL, back_RL.new_zeros(R - sum(send_P), L)])  # [R,L]: the zero tail as before
+    return torch.cat([back_RL, back_RL.new_zeros(R - sum(send_P), L)])  # [R,L]: the unused rows as zeros
 
 
 class MoE(nn.Module):

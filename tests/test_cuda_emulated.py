@@ -7,6 +7,8 @@ through the same Python entry points as the GPU build, so their checks run too. 
 tests/test_cuda_ops.py runs on a GPU. What must be bitwise and what has a tolerance is docs/cuda.md's table
 ("Exactness"): ids, counts, every permute output, unpermute's output and grad_routed bitwise (softmax_topk's
 ids up to near-ties); weights, lse and gradients of the logits within fp32 tolerance; NaN compares as NaN.
+The unused rows of routed and grad_routed (past offsets[E], src_of -2) are unspecified: not compared, and
+checked to be left unwritten.
 """
 
 from __future__ import annotations
@@ -126,6 +128,20 @@ def assert_bitwise(got, want):
         assert torch.equal(got, want)
 
 
+def assert_permute_bitwise(got, want):
+    """permute's outputs bitwise, routed's only before offsets[E]: the unused rows past it are unspecified."""
+    used = int(want[3][-1])
+    assert got[0].shape == want[0].shape
+    assert_bitwise(got[0][:used], want[0][:used])
+    for a, b in zip(got[1:], want[1:]):
+        assert_bitwise(a, b)
+
+
+def used_rows(src_of):
+    """The rows of routed and grad_routed the contract specifies: all but the unused ones (src_of -2)."""
+    return src_of != -2
+
+
 # ---------------------------------------------------------------------------------------------- route_topk
 ROUTE_SHAPES = [  # (E, k, n_group, topk_group): every scores-per-lane path (1, 2, 4, 8, 12, 16)
     (7, 1, 1, 1), (7, 5, 1, 1), (32, 8, 1, 1), (64, 8, 8, 3), (65, 4, 1, 1), (100, 6, 4, 2), (129, 8, 1, 1),
@@ -229,8 +245,7 @@ def test_permute_equals_the_reference_bitwise(kern, T, K, E, align, capacity):
     x = torch.randn(T, 24, generator=g)
     ids = torch.randint(-1, E, (T, K), generator=g, dtype=torch.int32)  # -1 = dropped
     got, want = kern.permute(x, ids, E, align, capacity), ops.permute(x, ids, E, align, capacity)
-    for a, b in zip(got, want):
-        assert_bitwise(a, b)
+    assert_permute_bitwise(got, want)
     slow_rows, slow_offsets = slow_counting_sort(ids.reshape(-1).tolist(), E, align, capacity)
     assert got[1].reshape(-1).tolist() == slow_rows and got[3].tolist() == slow_offsets
 
@@ -242,21 +257,42 @@ def test_permute_any_row_width_and_offset_views(kern, H, dtype):
     storage = torch.randn(70 * H + 1, generator=g).to(dtype)
     for x in (storage[:-1].view(70, H), storage[1:].view(70, H)):  # aligned, then one element past it
         ids = torch.randint(-1, 7, (70, 3), generator=g, dtype=torch.int32)
-        for a, b in zip(kern.permute(x, ids, 7, 4, 0), ops.permute(x, ids, 7, 4, 0)):
-            assert_bitwise(a, b)
+        assert_permute_bitwise(kern.permute(x, ids, 7, 4, 0), ops.permute(x, ids, 7, 4, 0))
 
 
 def test_permute_all_tokens_to_one_expert_and_out_of_range_ids(kern):
     ids = torch.full((1500, 2), 6, dtype=torch.int32)  # 3000 entries: three tiles, one expert
     x = torch.randn(1500, 8, generator=gen(3))
     for capacity in (0, 100):
-        for a, b in zip(kern.permute(x, ids, 7, 4, capacity), ops.permute(x, ids, 7, 4, capacity)):
-            assert_bitwise(a, b)
+        assert_permute_bitwise(kern.permute(x, ids, 7, 4, capacity), ops.permute(x, ids, 7, 4, capacity))
     ids = torch.tensor([[0, 9], [-5, 1], [2, 7]], dtype=torch.int32)  # E = 7: 9, -5 and 7 count as dropped
     clean = torch.where((ids >= 0) & (ids < 7), ids, -1)
     x = torch.randn(3, 8, generator=gen(4))
-    for a, b in zip(kern.permute(x, ids, 7, 2, 0), ops.permute(x, clean, 7, 2, 0)):
-        assert_bitwise(a, b)
+    assert_permute_bitwise(kern.permute(x, ids, 7, 2, 0), ops.permute(x, clean, 7, 2, 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("align,capacity", [(4, 0), (128, 0), (16, 3)])
+def test_permute_marks_padding_and_unused_rows_and_leaves_unused_rows_unwritten(host_lib, align, capacity, dtype):
+    """Called through the C entry point with NaN-filled outputs: padding rows inside a group come back zero
+    with src_of -1, the unused rows past offsets[E] keep their NaN and get src_of -2."""
+    g = gen(align + capacity)
+    T, K, E, H = 50, 3, 9, 8
+    x = torch.randn(T, H, generator=g).to(dtype)
+    ids = torch.randint(-1, E, (T, K), generator=g, dtype=torch.int32)
+    R = ops.permute_rows(T, K, E, align)
+    routed, src_of = torch.full((R, H), float("nan"), dtype=dtype), torch.full((R,), 12345, dtype=torch.int32)
+    row_of, offsets = torch.empty(T, K, dtype=torch.int32), torch.empty(E + 1, dtype=torch.int32)
+    workspace = torch.empty(host_lib.marin_permute_workspace_bytes(T, K, E), dtype=torch.uint8)
+    assert host_lib.marin_permute(x.data_ptr(), T, H, x.element_size(), ids.data_ptr(), K, E, align, capacity,
+                                  routed.data_ptr(), row_of.data_ptr(), src_of.data_ptr(), offsets.data_ptr(),
+                                  workspace.data_ptr(), None) == 0
+    want = ops.permute(x, ids, E, align, capacity)
+    assert_permute_bitwise((routed, row_of, src_of, offsets), want)
+    used = int(offsets[-1])
+    assert 0 < used < R and (src_of[used:] == -2).all() and torch.isnan(routed[used:]).all()
+    padding = src_of == -1
+    assert padding.any() and (routed[padding] == 0).all()
 
 
 # ----------------------------------------------------------------------------------------------- unpermute
@@ -277,7 +313,8 @@ def test_unpermute_and_backward_equal_the_reference(kern, T, K, E, H, weighted, 
     grad_out = torch.randn(T, H, generator=g).to(dtype)
     got_routed, got_w = kern.unpermute_backward(grad_out, routed, row_of, src_of, weights)
     want_routed, want_w = ops.unpermute_backward(grad_out, routed, row_of, src_of, weights)
-    assert_bitwise(got_routed, want_routed)
+    used = used_rows(src_of)
+    assert_bitwise(got_routed[used], want_routed[used])
     torch.testing.assert_close(got_w, want_w, rtol=1e-4, atol=1e-4)  # dots over H in another order
 
 
@@ -291,9 +328,11 @@ def test_unpermute_offset_views(kern):
     weights = torch.rand(30, 3, generator=g)
     assert_bitwise(kern.unpermute(routed, row_of, src_of, weights), ops.unpermute(routed, row_of, src_of, weights))
     grad = torch.randn(30 * 16 + 1, generator=g).bfloat16()[1:].view(30, 16)
-    for a, b in zip(kern.unpermute_backward(grad, routed, row_of, src_of, weights),
-                    ops.unpermute_backward(grad, routed, row_of, src_of, weights)):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    (got_routed, got_w), (want_routed, want_w) = (kern.unpermute_backward(grad, routed, row_of, src_of, weights),
+                                                  ops.unpermute_backward(grad, routed, row_of, src_of, weights))
+    used = used_rows(src_of)
+    assert_bitwise(got_routed[used], want_routed[used])
+    torch.testing.assert_close(got_w, want_w, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -306,10 +345,63 @@ def test_unpermute_backward_scales_an_fp32_gradient_before_rounding(kern, dtype)
     grad_out = torch.randn(40, 24, generator=g)  # fp32: the reference rounds w * grad once, to the rows' dtype
     got = kern.unpermute_backward(grad_out, routed, row_of, src_of, weights)
     want = ops.unpermute_backward(grad_out, routed, row_of, src_of, weights)
-    assert_bitwise(got[0], want[0])
+    used = used_rows(src_of)
+    assert_bitwise(got[0][used], want[0][used])
     twice = ops.unpermute_backward(grad_out.to(dtype), routed, row_of, src_of, weights)[0]
-    assert not torch.equal(got[0], twice)  # what casting first would give: the test can tell them apart
+    assert not torch.equal(got[0][used], twice[used])  # what casting first would give: the test can tell them apart
     torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_unpermute_backward_zeroes_padding_and_leaves_unused_rows_unwritten(host_lib, weighted):
+    """Called through the C entry point with a NaN-filled grad_routed: the rows with src_of -1 come back zero,
+    those with src_of -2 keep their NaN, the others equal the reference."""
+    g = gen(15)
+    T, K, E, H = 40, 2, 5, 24
+    ids = torch.randint(-1, E, (T, K), generator=g, dtype=torch.int32)
+    _, row_of, src_of, _ = ops.permute(torch.zeros(T, 1), ids, E, 8, 0)
+    routed, grad_out = torch.randn(src_of.shape[0], H, generator=g), torch.randn(T, H, generator=g)
+    weights = torch.rand(T, K, generator=g) if weighted else None
+    grad_routed, grad_w = torch.full_like(routed, float("nan")), torch.zeros(T, K)
+    assert host_lib.marin_unpermute_backward(
+        grad_out.data_ptr(), 0, routed.data_ptr(), 0, routed.shape[0], H, row_of.data_ptr(), src_of.data_ptr(), T, K,
+        None if weights is None else weights.data_ptr(), grad_routed.data_ptr(),
+        None if weights is None else grad_w.data_ptr(), None) == 0
+    used = used_rows(src_of)
+    assert_bitwise(grad_routed[used], ops.unpermute_backward(grad_out, routed, row_of, src_of, weights)[0][used])
+    assert (grad_routed[src_of == -1] == 0).all() and torch.isnan(grad_routed[~used]).all()
+    assert (src_of == -1).any() and (~used).any()
+
+
+@pytest.mark.parametrize("hidden", [24, 10])  # 24: torch._grouped_mm runs the experts; 10 (40-byte rows): a loop
+def test_experts_between_the_kernels_read_no_unused_row(kern, hidden):
+    """permute -> GroupedExperts -> unpermute and back on the kernels, with NaN in every unused row of routed
+    and grad_routed (what the kernels may leave there): the output, the input and weight gradients equal the
+    reference chain's (autograd through the reference ops), and are finite."""
+    from marin_model.moe import GroupedExperts, _grouped_mm_ok
+
+    torch.manual_seed(16)
+    T, K, E, L = 30, 2, 4, 16
+    experts = GroupedExperts(E, L, hidden)
+    assert _grouped_mm_ok(torch.zeros(1, L), hidden) == (hidden == 24)
+    x, weights, probe = torch.randn(T, L), torch.rand(T, K), torch.randn(T, L)
+    ids = torch.randint(-1, E, (T, K), dtype=torch.int32)
+    params = [experts.w13_EL2F, experts.w2_EFL]
+    routed, row_of, src_of, offsets = kern.permute(x, ids, E, 8, 0)
+    routed = routed.masked_fill(~used_rows(src_of)[:, None], float("nan")).requires_grad_()
+    y = experts(routed, offsets)
+    out = kern.unpermute(y.detach(), row_of, src_of, weights)
+    grad_y, grad_w = kern.unpermute_backward(probe, y.detach(), row_of, src_of, weights)
+    grad_y.masked_fill_(~used_rows(src_of)[:, None], float("nan"))
+    grad_routed, *grad_params = torch.autograd.grad(y, [routed, *params], grad_y)
+    got = [out, kern.unpermute(grad_routed, row_of, src_of, None), grad_w, *grad_params]
+    x_, weights_ = x.clone().requires_grad_(), weights.clone().requires_grad_()
+    ref_routed, ref_row_of, ref_src_of, ref_offsets = ops.permute(x_, ids, E, 8, 0)
+    want_out = ops.unpermute(experts(ref_routed, ref_offsets), ref_row_of, ref_src_of, weights_)
+    want = [want_out, *torch.autograd.grad((want_out * probe).sum(), [x_, weights_, *params])]
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_unpermute_treats_rows_out_of_range_as_dropped(kern):
@@ -446,7 +538,8 @@ def test_occupancy_query_lists_every_kernel_family(host_lib):
 
 # ------------------------------------------------------------------------------------------- sanitizers
 ASAN_SUBSET = ("equals_the_reference and (512-16-1-1 or 100-6-4-2 or 7-5-1-1) or any_row_width or offset_views or "
-               "out_of_range or scales_an_fp32 or nan or one_expert or (unpermute_and_backward and (60-2-7-33 or 30-5-20-2))")
+               "out_of_range or scales_an_fp32 or nan or one_expert or unwritten or "
+               "(unpermute_and_backward and (60-2-7-33 or 30-5-20-2))")
 
 
 @pytest.mark.slow

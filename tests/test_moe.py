@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 
 from marin_model.config import PRESETS, with_overrides
 from marin_model.balance import histogram_quantile, margin_histogram
-from marin_model.moe import MoE, GroupedExperts, swiglu_expert
+from marin_model.moe import MoE, GroupedExperts, _grouped_mm_ok, permute_tokens, swiglu_expert, unpermute_tokens
 from marin_model.naive import naive_moe_forward
 from marin_train.distributed import shutdown_distributed
 
@@ -79,16 +79,39 @@ def test_moe_block_gradients_match_finite_differences():
     assert torch.autograd.gradcheck(lambda x: moe(x)[0], (x,), fast_mode=True)
 
 
-def test_grouped_experts_equal_a_loop_over_groups_and_zero_the_unused_rows():
+def test_grouped_experts_equal_a_loop_over_groups():
     experts = GroupedExperts(4, 16, 24)
     offsets = torch.tensor([0, 8, 8, 11, 19], dtype=torch.int32)
-    x_RL = torch.cat([torch.randn(19, 16), torch.zeros(5, 16)])  # 5 tail rows beyond offsets[E]
+    x_RL = torch.cat([torch.randn(19, 16), torch.full((5, 16), float("nan"))])  # 5 unused rows past offsets[E]
     y_RL = experts(x_RL, offsets)
     for e in range(4):
         a, b = offsets[e], offsets[e + 1]
         want = swiglu_expert(x_RL[a:b], experts.w13_EL2F[e], experts.w2_EFL[e])
         torch.testing.assert_close(y_RL[a:b], want, atol=1e-5, rtol=1e-5)
-    assert (y_RL[19:] == 0).all()
+
+
+@pytest.mark.parametrize("hidden", [24, 10])  # 24: torch._grouped_mm; 10 (40-byte rows): the loop over experts
+def test_unused_routed_rows_reach_no_output_or_gradient(hidden):
+    """permute -> experts -> unpermute with the unused rows of routed (past offsets[E]) zero or NaN: the same
+    output and the same finite gradients (input, combine weights, expert weights) to the bit."""
+    torch.manual_seed(0)
+    T, K, E, L = 20, 2, 4, 16
+    experts = GroupedExperts(E, L, hidden)
+    assert _grouped_mm_ok(torch.zeros(1, L), hidden) == (hidden == 24)
+    x_TL, weights_TK, probe_TL = torch.randn(T, L), torch.rand(T, K), torch.randn(T, L)
+    ids_TK = torch.randint(-1, E, (T, K), dtype=torch.int32)
+    results = []
+    for fill in (0.0, float("nan")):
+        x, weights = x_TL.clone().requires_grad_(), weights_TK.clone().requires_grad_()
+        routed_RL, meta = permute_tokens(x, ids_TK, E, 8, 0)
+        unused_R1 = (torch.arange(routed_RL.shape[0]) >= meta.offsets_E1[-1])[:, None]
+        assert unused_R1.any()
+        y_RL = experts(torch.where(unused_R1, fill, routed_RL), meta.offsets_E1)
+        out_TL = unpermute_tokens(y_RL, meta, weights)
+        grads = torch.autograd.grad((out_TL * probe_TL).sum(), [x, weights, experts.w13_EL2F, experts.w2_EFL])
+        results.append([out_TL, *grads])
+    for zero, nan in zip(*results):
+        assert torch.isfinite(nan).all() and torch.equal(zero, nan)
 
 
 def test_router_stats_report_drops_and_z_loss():

@@ -48,7 +48,8 @@ def reference_route_topk(logits, bias, k, mode, scale, renormalize, n_group=1, t
 
 
 def reference_permute(x, expert_ids, num_experts, align, capacity):
-    """Python loops: visit entries in flat order, append to their expert unless dropped, pad each group."""
+    """Python loops: visit entries in flat order, append to their expert unless dropped, pad each group
+    (src_of -1, zero); the rows past the last group are unused (src_of -2, zero here)."""
     T, K = expert_ids.shape
     R = T * K + num_experts * (align - 1)
     kept = [[] for _ in range(num_experts)]
@@ -61,6 +62,7 @@ def reference_permute(x, expert_ids, num_experts, align, capacity):
             row = offsets[e] + i
             routed[row], src_of[row], row_of[flat // K][flat % K] = x[flat // K], flat, row
         offsets.append(offsets[e] + math.ceil(len(kept[e]) / align) * align)
+    src_of[offsets[-1]:] = [-2] * (R - offsets[-1])
     as_int = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
     return routed, as_int(row_of).view(T, K), as_int(src_of), as_int(offsets)
 
@@ -99,11 +101,14 @@ def check_route_topk(logits, bias, k, mode, scale=2.5, renormalize=True, n_group
 
 
 def check_permute(x, expert_ids, num_experts, align=1, capacity=0):
-    """The op equals the reference exactly (rows are copies), and unpermute inverts it for kept entries."""
+    """The op equals the reference exactly (rows are copies; routed only up to offsets[E], the unused rows past
+    it are unspecified), and unpermute inverts it for kept entries."""
     got = permute(x, expert_ids, num_experts, align, capacity)
     want = reference_permute(x, expert_ids, num_experts, align, capacity)
-    assert got[0].shape[0] == permute_rows(*expert_ids.shape, num_experts, align)
-    for g, w in zip(got, want):
+    assert got[0].shape == want[0].shape and got[0].shape[0] == permute_rows(*expert_ids.shape, num_experts, align)
+    used = int(want[3][-1])
+    torch.testing.assert_close(got[0][:used], want[0][:used], rtol=0, atol=0)
+    for g, w in zip(got[1:], want[1:]):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
     back = unpermute(got[0], got[1], got[2], None)
     kept = (got[1] >= 0).sum(1, keepdim=True).to(x.dtype)
@@ -214,12 +219,12 @@ def test_permute_all_tokens_to_one_expert_with_capacity_drops_the_latest():
     ids = torch.full((30, 1), 5, dtype=torch.int32)
     routed, row_of, src_of, offsets = check_permute(torch.randn(30, 4), ids, 7, align=4, capacity=10)
     assert row_of[:10, 0].tolist() == list(range(10)) and (row_of[10:] == -1).all()
-    assert offsets.tolist() == [0] * 6 + [12, 12] and (src_of[10:] == -1).all()
+    assert offsets.tolist() == [0] * 6 + [12, 12] and (src_of[10:12] == -1).all() and (src_of[12:] == -2).all()
 
 
 def test_permute_handles_no_tokens_and_all_dropped():
     routed, row_of, src_of, offsets = check_permute(torch.empty(0, 4), torch.empty(0, 3, dtype=torch.int32), 7, 4)
-    assert routed.shape == (21, 4) and (src_of == -1).all() and offsets.tolist() == [0] * 8
+    assert routed.shape == (21, 4) and (src_of == -2).all() and offsets.tolist() == [0] * 8  # every row unused
     check_permute(torch.randn(5, 4), torch.full((5, 2), -1, dtype=torch.int32), 7, 2)
 
 
@@ -284,6 +289,15 @@ def test_unpermute_gradients_match_finite_differences():
     weights = torch.rand(8, 3, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda r, w: unpermute(r, row_of, src_of, w), (routed, weights))
     assert torch.autograd.gradcheck(lambda r: unpermute(r, row_of, src_of, None), (routed,))
+
+
+def test_unpermute_backward_zeroes_padding_rows_and_reads_no_unused_row():
+    """K = 1, where src_of // K keeps -2 at -2: padding (-1) gets zero, and a NaN in an unused row (-2) of
+    routed, where no token's row_of points, reaches no gradient."""
+    routed = torch.tensor([[1.0], [0.0], [float("nan")], [float("nan")]])
+    row_of, src_of = torch.tensor([[0], [-1]], dtype=torch.int32), torch.tensor([0, -1, -2, -2], dtype=torch.int32)
+    grad_routed, grad_w = unpermute_backward(torch.tensor([[2.0], [3.0]]), routed, row_of, src_of, torch.ones(2, 1))
+    assert grad_routed[:2].tolist() == [[2.0], [0.0]] and grad_w.tolist() == [[2.0], [0.0]]
 
 
 def test_unpermute_backward_weight_gradient_is_zero_for_dropped_and_without_weights():

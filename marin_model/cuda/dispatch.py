@@ -149,8 +149,8 @@ def permute(x: Tensor, expert_ids: Tensor, num_experts: int, align: int,
     R, H = permute_rows(T, K, num_experts, align), x.shape[1]
     row_of, src_of = expert_ids.new_empty(T, K), expert_ids.new_empty(R)
     offsets = expert_ids.new_empty(num_experts + 1)
-    if expert_ids.numel() == 0:
-        return x.new_zeros(R, H), row_of, src_of.fill_(-1), offsets.zero_()
+    if expert_ids.numel() == 0:  # no entries: every row is unused
+        return x.new_empty(R, H), row_of, src_of.fill_(-2), offsets.zero_()
     if num_experts > MAX_EXPERTS or K > MAX_TOP_K or R >= 2**31:
         return _reference("permute", x, expert_ids, num_experts, align, capacity)
     _on_device(x.device, expert_ids=expert_ids)

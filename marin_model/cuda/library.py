@@ -17,7 +17,7 @@ from marin_model.cuda.build import build_library, default_archs, KernelBuildErro
 __all__ = ["ABI_VERSION", "SIGNATURES", "STATUS", "DriverTooOld", "cuda_versions", "driver_supports",
            "kernel_occupancy", "load_library", "open_library"]
 
-ABI_VERSION = 2  # must equal MARIN_KERNELS_ABI_VERSION in cuda/marin_kernels.h
+ABI_VERSION = 3  # must equal MARIN_KERNELS_ABI_VERSION in cuda/marin_kernels.h
 _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {  # name -> (restype, argtypes), mirroring cuda/marin_kernels.h
     "marin_kernels_abi_version": (_I, ()),

@@ -9,15 +9,19 @@
 * ``permute(x[T,H], expert_ids[T,K], num_experts, align, capacity) -> (routed[R,H], row_of[T,K],
   src_of[R], offsets[E+1])``, all int32 but routed, ``R = T*K + E*(align-1)``: a stable counting sort by
   expert, -1 ids (and entries ranked >= capacity when capacity > 0) dropped, groups padded to ``align``;
-  unfilled rows are zero with ``src_of`` -1; ``row_of`` is -1 for a dropped entry.
+  ``row_of`` is -1 for a dropped entry. Groups end at ``offsets[E]``: padding rows inside a group are zero
+  with ``src_of`` -1; the rows in ``[offsets[E], R)`` are *unused*, ``src_of`` -2 and their data
+  unspecified (the kernel does not write them), and nothing reads them, forward or backward.
 * ``unpermute(routed[R,H], row_of[T,K], src_of[R], weights[T,K]?) -> out[T,H]``: each token's kept rows,
   weighted, summed in k order in S (each product rounded before it is added).
 
 Each backward op has the matching contract (``route_topk_backward``, ``unpermute_backward``; permute's
-backward is an unweighted unpermute). A NaN output is any NaN: its bits are not part of the contract (a bf16
-NaN is 0x7FFF from the GPU, another pattern from torch's CPU conversion). docs/cuda.md says which outputs an
-implementation must reproduce bitwise and the tolerance of the others. Arguments are checked by the ``check_*_args`` below, shared with the
-CUDA entry points: a ValueError names the argument.
+backward is an unweighted unpermute). ``unpermute_backward`` zeroes grad_routed in the padding rows
+(``src_of`` -1) and leaves the unused ones (-2) unspecified. A NaN output is any NaN: its bits are not part
+of the contract (a bf16 NaN is 0x7FFF from the GPU, another pattern from torch's CPU conversion).
+docs/cuda.md says which outputs an implementation must reproduce bitwise and the tolerance of the others.
+Arguments are checked by the ``check_*_args`` below, shared with the CUDA entry points: a ValueError names
+the argument.
 """
 
 from typing import Optional
@@ -44,9 +48,9 @@ def check(cond: bool, message: str) -> None:
 
 
 def gather_rows(table_RH: Tensor, index_N: Tensor) -> Tensor:
-    """table[index] (rows of a 2-D table, elements of a 1-D one) with zeros where index is -1. One index_select
-    (it takes the int32 row maps as they are), then only the -1 rows are zeroed, so no multiply-by-zero can turn
-    a non-finite value in an unrelated row into NaN."""
+    """table[index] (rows of a 2-D table, elements of a 1-D one) with zeros where index is negative. One
+    index_select (it takes the int32 row maps as they are), then only those rows are zeroed, so no
+    multiply-by-zero can turn a non-finite value in an unrelated row into NaN."""
     rows_NH = table_RH.index_select(0, index_N.clamp(min=0))
     return rows_NH.index_fill_(0, torch.nonzero(index_N < 0).squeeze(1), 0)
 

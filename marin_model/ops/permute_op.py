@@ -26,14 +26,15 @@ def permute(x: Tensor, expert_ids: Tensor, num_experts: int, align: int,
     """Groups token copies by expert: a stable counting sort, padded for grouped GEMM (module docstring).
 
     Args: x [T,H]; expert_ids [T,K] int32 (-1 = dropped). Returns (routed [R,H], row_of [T,K] int32,
-    src_of [R] int32, offsets [E+1] int32), R = T*K + E*(align-1).
+    src_of [R] int32, offsets [E+1] int32), R = T*K + E*(align-1). The unused rows past offsets[E] get zeros
+    here (any data meets the contract) and src_of -2.
     """
     check_permute_args(x, expert_ids, num_experts, align, capacity)
     T, K = expert_ids.shape
     E, N, R = num_experts, T * K, permute_rows(T, K, num_experts, align)
     if expert_ids.numel() == 0:
-        return (x.new_zeros(R, x.shape[1]), expert_ids.new_empty(T, K), expert_ids.new_full((R,), -1),
-                expert_ids.new_zeros(E + 1))
+        return (x.new_zeros(R, x.shape[1]), expert_ids.new_empty(T, K), expert_ids.new_full((R,), -2),
+                expert_ids.new_zeros(E + 1))  # no entries: every row is unused
     ids_N = expert_ids.reshape(-1).long()  # N = T*K entries in flat order t*K+k
     lowest, highest = (int(v) for v in torch.aminmax(ids_N))
     check(-1 <= lowest and highest < E, f"expert_ids must lie in [-1, {E}), got {lowest}..{highest}")
@@ -48,9 +49,10 @@ def permute(x: Tensor, expert_ids: Tensor, num_experts: int, align: int,
     if capacity > 0:
         keep_S &= rank_S < capacity
     row_S = torch.where(keep_S, offsets_E1[bucket_S] + rank_S, R)  # R: a scratch row for the dropped entries
-    src_of_R = torch.full((R + 1,), -1, dtype=torch.long, device=x.device).index_copy_(0, row_S, order_S)[:R]
+    in_groups_R1 = torch.arange(R + 1, device=x.device) < offsets_E1[E]  # no host sync
+    src_of_R = torch.where(in_groups_R1, -1, -2).index_copy_(0, row_S, order_S)[:R]  # padding -1, unused -2
     row_N = torch.empty_like(row_S).index_copy_(0, order_S, torch.where(keep_S, row_S, -1))
-    routed_RH = gather_rows(x, src_of_R // K)  # floor division keeps -1 at -1
+    routed_RH = gather_rows(x, src_of_R // K)  # floor division keeps -1 and -2 negative
     return routed_RH, row_N.view(T, K).to(torch.int32), src_of_R.to(torch.int32), offsets_E1.to(torch.int32)
 
 

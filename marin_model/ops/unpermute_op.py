@@ -46,7 +46,8 @@ def _(routed, row_of, src_of, weights):
 @reference_op("marin::unpermute_backward")
 def unpermute_backward(grad_out: Tensor, routed: Tensor, row_of: Tensor, src_of: Tensor,
                        weights: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """Gradients of unpermute: grad_routed[r] = w[src] * grad_out[src // K] (0 where src_of[r] = -1) and
+    """Gradients of unpermute: grad_routed[r] = w[src] * grad_out[src // K] (0 where src_of[r] = -1; the
+    unused rows, src_of -2, get 0 here and are unspecified by the contract) and
     grad_weights[t,k] = <grad_out[t], routed[row_of[t,k]]> in S (0 for dropped; all 0 without weights)."""
     check_unpermute_args(routed, row_of, src_of, weights)
     T, K = row_of.shape
@@ -54,7 +55,7 @@ def unpermute_backward(grad_out: Tensor, routed: Tensor, row_of: Tensor, src_of:
     grad_weights_TK = row_of.new_zeros(T, K, dtype=torch.float32 if weights is None else weights.dtype)
     if row_of.numel() == 0:
         return torch.zeros_like(routed), grad_weights_TK
-    grad_RH = gather_rows(grad_out, src_of // K)  # padding rows (src -1) stay zero
+    grad_RH = gather_rows(grad_out, src_of // K)  # padding and unused rows (src -1, -2) stay zero
     if weights is not None:
         grad_RH = grad_RH.to(acc)
         # Row r of grad_RH is grad_out[t] for the copy (t,k) in row r, so the row-wise dots with routed are the
