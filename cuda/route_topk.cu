@@ -12,10 +12,12 @@ constexpr int kRouteWarps = 4;
 constexpr int kRouteThreads = kRouteWarps * kWarpSize;
 constexpr int kRouteBlocksPerSM = 8;  // a persistent grid: fewer blocks, fewer count flushes
 
-// The backward's register budget, as resident blocks per SM: 8 blocks of 128 threads leave 64 registers a
-// thread, enough up to 12 scores per lane; at 16, 7 blocks (72 registers). Left to itself, ptxas for sm_100
-// keeps the fp32 instantiations at 48-64 registers and spills 12-16 bytes.
-constexpr int route_backward_blocks(int vpt) { return vpt > 12 ? 7 : kRouteBlocksPerSM; }
+// Each kernel's register budget, as the blocks of 128 threads that must fit on an SM (65,536 registers /
+// (128 x blocks) per thread). Left to their own heuristics, ptxas versions trade registers for occupancy
+// differently and spilled 4-16 bytes in different instantiations (13.0: the backward on sm_100; 13.5: the
+// forward at 8 and 12 scores per lane); a stated budget spills nothing with either.
+constexpr int route_forward_blocks(int vpt) { return vpt <= 4 ? 8 : vpt <= 8 ? 6 : vpt <= 12 ? 5 : 4; }
+constexpr int route_backward_blocks(int vpt) { return vpt <= 12 ? 8 : 7; }
 
 // Device-limited routing: experts outside the topk_group best groups get score -inf. `row` and `groups` are
 // this warp's shared scratch of kMaxExperts floats each.
@@ -67,7 +69,7 @@ __device__ __forceinline__ void load_row(const In* __restrict__ row, int num_exp
 }
 
 template <int VPT, typename In>
-__global__ void __launch_bounds__(kRouteThreads)
+__global__ void __launch_bounds__(kRouteThreads, route_forward_blocks(VPT))
 route_topk_kernel(const In* __restrict__ logits, const float* __restrict__ bias, int64_t tokens, int num_experts,
                   int k, int mode, float scale, bool renormalize, int n_group, int topk_group,
                   int* __restrict__ expert_ids, float* __restrict__ weights, int* __restrict__ counts,

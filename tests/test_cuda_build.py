@@ -187,6 +187,23 @@ def test_entry_points_pass_arguments_the_launchers_accept(built, monkeypatch):
 
 
 # ------------------------------------------------------------------------------ toolchain and driver choice
+def test_the_pypi_toolchain_is_found_where_its_wheels_put_nvcc(tmp_path, monkeypatch):
+    """``pip install "nvidia-cuda-nvcc==13.*"`` puts nvcc in site-packages/nvidia/cu13/bin (checked against
+    the 13.5 wheels); the CUDA 12 wheels' nvidia/cuda_nvcc/bin has only ptxas."""
+    for folder in ("cu13/bin", "cuda_nvcc/bin"):
+        (tmp_path / "nvidia" / folder).mkdir(parents=True)
+    (tmp_path / "nvidia" / "cu13" / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (tmp_path / "nvidia" / "cu13" / "bin" / "nvcc").chmod(0o755)
+    (tmp_path / "nvidia" / "cuda_nvcc" / "bin" / "ptxas").write_text("")
+    spec = build.importlib.util.spec_from_loader("nvidia", loader=None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path / "nvidia")]
+    monkeypatch.setattr(build.importlib.util, "find_spec", lambda name: spec if name == "nvidia" else None)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    for name in ("MARIN_NVCC", "CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    assert str(tmp_path / "nvidia" / "cu13" / "bin" / "nvcc") in build.nvcc_candidates()
+
+
 def test_nvcc_is_chosen_to_match_torchs_cuda_major():
     versions = {"/usr/local/cuda/bin/nvcc": "Cuda compilation tools, release 13.0, V13.0.88",
                 "/opt/cuda-12.8/bin/nvcc": "Cuda compilation tools, release 12.8, V12.8.93"}
@@ -194,7 +211,9 @@ def test_nvcc_is_chosen_to_match_torchs_cuda_major():
     assert build.choose_nvcc(versions, "12.6") == ("/opt/cuda-12.8/bin/nvcc", "")  # not the first one found
     assert build.choose_nvcc(versions, None)[0] == "/usr/local/cuda/bin/nvcc"  # CPU torch: any will do
     path, why = build.choose_nvcc({"/usr/local/cuda/bin/nvcc": versions["/usr/local/cuda/bin/nvcc"]}, "12.4")
-    assert path is None and "nvidia-cuda-nvcc-cu12" in why and "CUDA 13" in why
+    assert path is None and "conda-forge cuda-nvcc=12" in why and "only ptxas" in why and "CUDA 13" in why
+    path, why = build.choose_nvcc({"/opt/cuda-12.8/bin/nvcc": versions["/opt/cuda-12.8/bin/nvcc"]}, "13.0")
+    assert path is None and 'pip install "nvidia-cuda-nvcc==13.*" nvidia-cuda-cccl' in why
     assert build.choose_nvcc({}, "12.4")[0] is None
     assert build.nvcc_major("release 12.8, V12.8.93") == 12 and build.nvcc_major("garbage") is None
 

@@ -59,7 +59,8 @@ def build_dir() -> Path:
 
 def nvcc_candidates() -> list[str]:
     """Executable nvccs, in order of preference: ``$MARIN_NVCC``, the PATH, ``$CUDA_HOME``/``$CUDA_PATH``,
-    ``/usr/local/cuda``, ``/usr/local/cuda-*`` (newest first), and the PyPI toolkit (nvidia-cuda-nvcc-cu12)."""
+    ``/usr/local/cuda``, ``/usr/local/cuda-*`` (newest first), and the PyPI toolkit (``nvidia/cu13/bin/nvcc``
+    from ``pip install "nvidia-cuda-nvcc==13.*" nvidia-cuda-cccl``; PyPI's CUDA 12 wheels hold only ptxas)."""
     found = [os.environ.get("MARIN_NVCC"), shutil.which("nvcc")]
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda",
                  *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)):
@@ -67,7 +68,7 @@ def nvcc_candidates() -> list[str]:
             found.append(str(Path(home) / "bin" / "nvcc"))
     spec = importlib.util.find_spec("nvidia")
     for root in (spec.submodule_search_locations or []) if spec else []:
-        found.append(str(Path(root) / "cuda_nvcc" / "bin" / "nvcc"))
+        found.extend(sorted(glob.glob(str(Path(root) / "cu[0-9]*" / "bin" / "nvcc")), reverse=True))
     unique = []
     for c in found:
         if c and os.access(c, os.X_OK) and os.path.realpath(c) not in map(os.path.realpath, unique):
@@ -94,8 +95,18 @@ def choose_nvcc(versions: dict[str, str], torch_cuda: Optional[str]) -> tuple[Op
         if nvcc_major(text) == want:
             return path, ""
     have = ", ".join(f"{p} (CUDA {nvcc_major(t)})" for p, t in versions.items())
-    return None, (f"no nvcc for CUDA {want}, the CUDA of torch {torch_cuda}: found {have}. Install CUDA {want}'s nvcc "
-                  f"(e.g. pip install nvidia-cuda-nvcc-cu{want}) or set MARIN_NVCC")
+    return None, (f"no nvcc for CUDA {want}, the CUDA of torch {torch_cuda}: found {have}. {install_hint(want)}, "
+                  f"or set MARIN_NVCC")
+
+
+def install_hint(major: int) -> str:
+    """How to get an nvcc of CUDA ``major``: PyPI has a whole toolchain from CUDA 13 on (its CUDA 12 nvcc wheels
+    hold only ptxas)."""
+    if major >= 13:
+        return f'Install it with pip install "nvidia-cuda-nvcc=={major}.*" nvidia-cuda-cccl'
+    return (f"Install CUDA {major}'s toolkit (NVIDIA's installer, a CUDA {major} container, or conda install "
+            f"-c conda-forge cuda-nvcc={major} cuda-cudart-dev={major}); PyPI's CUDA {major} nvcc wheels hold "
+            f"only ptxas")
 
 
 def pick_nvcc() -> tuple[Optional[str], str]:
