@@ -38,8 +38,8 @@ FILES = ("common.cuh", "device.cuh", "route_topk.cuh", "permute.cuh", "route_top
 # Lines whose constants only tune speed (any value in range is correct: scores per lane, access widths,
 # unrolling, launch bounds, batch sizes, the route grid's resident blocks) or only report (the occupancy table).
 SPEED_ONLY = re.compile(r"MARIN_UNROLL|__launch_bounds__|kRouteBlocksPerSM\s*=|kPullBatch\s*=|kRowMinBlocks\s*=|"
-                        r"route_backward_blocks|resident|kScanBatch\s*=|multiprocessor_count|cached\[|static_assert|#|"
-                        r"return 132|count = 132|"
+                        r"route_backward_blocks|route_forward_blocks|resident|needed|kScanBatch\s*=|"
+                        r"multiprocessor_count|cached\[|static_assert|#|return 132|count = 132|"
                         r"occupancy|choices\[\]|launch\(std::integral_constant|with_vector<|kMaxVec =|"
                         r"row_vector\(\d|row_vector\(kMaxVec|row_vector\(16")
 SKIP_LINE = re.compile(r"^\s*(//|\*|namespace|}|template|using|#|extern \"C\"|case \d+: return|default:)")

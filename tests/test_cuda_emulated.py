@@ -265,6 +265,9 @@ def test_permute_all_tokens_to_one_expert_and_out_of_range_ids(kern):
     x = torch.randn(1500, 8, generator=gen(3))
     for capacity in (0, 100):
         assert_permute_bitwise(kern.permute(x, ids, 7, 4, capacity), ops.permute(x, ids, 7, 4, capacity))
+    for align in (1, 8):  # a single expert
+        ones = torch.zeros(1500, 2, dtype=torch.int32)
+        assert_permute_bitwise(kern.permute(x, ones, 1, align, 0), ops.permute(x, ones, 1, align, 0))
     ids = torch.tensor([[0, 9], [-5, 1], [2, 7]], dtype=torch.int32)  # E = 7: 9, -5 and 7 count as dropped
     clean = torch.where((ids >= 0) & (ids < 7), ids, -1)
     x = torch.randn(3, 8, generator=gen(4))
@@ -465,29 +468,35 @@ def test_launchers_refuse_invalid_sizes_without_launching(host_lib):
     route = lambda T, E, k, mode=0, n_group=1, topk_group=1: host_lib.marin_route_topk(  # noqa: E731
         p[0], 0, None, T, E, k, mode, 1.0, 1, n_group, topk_group, p[1], p[2], p[3], p[4], None)
     assert route(4, 8, 2) == 0 and route(4, 8, 2, 0, 2, 2) == 0  # every group kept is allowed
+    buf[3].fill_(7)
+    assert route(0, 8, 2) == 0 and buf[3][:8].view(torch.int32).tolist() == [0] * 8  # no tokens: counts zeroed
     for args in ((4, 8, 0), (4, 64, 17), (4, 8, 9), (4, 8, 2, 3), (4, 8, 2, -1), (4, 9, 2, 0, 2), (4, 8, 2, 0, 2, 0),
                  (4, 8, 2, 0, 2, 3), (4, 0, 1), (4, 513, 2)):
         assert route(*args) == 1, args
     backward = lambda T, E, k, mode=0: host_lib.marin_route_topk_backward(  # noqa: E731
         p[0], p[1], p[2], 0, p[3], T, E, k, mode, 1.0, 1, p[4], None)
-    assert backward(4, 8, 2) == 0
+    assert backward(4, 8, 2) == 0 and backward(0, 8, 2) == 0
     for args in ((4, 8, 0), (4, 8, 9), (4, 64, 17), (4, 8, 2, 3)):
         assert backward(*args) == 1, args
     permute = lambda T, H, size, K, E, align=1, capacity=0: host_lib.marin_permute(  # noqa: E731
         p[0], T, H, size, p[1], K, E, align, capacity, p[2], p[3], p[4], p[5], p[6], None)
     assert permute(4, 8, 4, 2, 8) == 0 and permute(4, 0, 4, 2, 8) == 0  # rows of width 0 are allowed
+    assert permute(4, 8, 4, 2, 1) == 0  # one expert
     for args in ((4, -1, 4, 2, 8), (4, 8, 0, 2, 8), (4, 8, 4, 17, 8), (4, 8, 4, -1, 8), (4, 8, 4, 2, 0),
                  (4, 8, 4, 2, 513), (4, 8, 4, 2, 8, 0), (4, 8, 4, 2, 8, 1, -1)):
         assert permute(*args) == 1, args
     unpermute = lambda R, H, T, K, dtype=0: host_lib.marin_unpermute(  # noqa: E731
         p[0], dtype, R, H, p[1], T, K, None, p[2], None)
     assert unpermute(8, 8, 4, 2) == 0 and unpermute(8, 0, 4, 2) == 0 and unpermute(0, 8, 4, 2) == 0  # empty rows
+    buf[2].fill_(7)
+    assert unpermute(8, 8, 4, 0) == 0 and buf[2][:32].tolist() == [0] * 32  # no experts per token: zeros
     for args in ((-1, 8, 4, 2), (8, -1, 4, 2), (8, 8, 4, -1), (8, 8, 4, 17), (8, 8, 4, 2, 3)):
         assert unpermute(*args) == 1, args
     unpermute_backward = lambda R, H, T, K, grad_dtype=0, dtype=0: host_lib.marin_unpermute_backward(  # noqa: E731
         p[0], grad_dtype, p[1], dtype, R, H, p[2], p[3], T, K, None, p[4], None, None)
     assert unpermute_backward(8, 8, 4, 2) == 0 and unpermute_backward(8, 8, 4, 2, 0, 1) == 0  # fp32 grad, bf16 rows
     assert unpermute_backward(0, 8, 4, 2) == 0 and unpermute_backward(8, 0, 4, 2) == 0
+    assert unpermute_backward(8, 8, 4, 0) == 0
     for args in ((-1, 8, 4, 2), (8, -1, 4, 2), (8, 8, 4, -1), (8, 8, 4, 17), (8, 8, 4, 2, 2, 1), (8, 8, 4, 2, 1, 0)):
         assert unpermute_backward(*args) == 1, args
 
