@@ -16,6 +16,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -30,6 +31,7 @@ from shard_env import (  # noqa: F401 - tiny_tokenizer is a fixture
     write_parquet,
 )
 
+from marin_data.corpus.arrays import numbers, strings, view
 from marin_data.corpus.build import shard_subset, sources_path
 from marin_data.corpus.manifest import load_corpus, read_shard_index
 from marin_data.corpus.shard import TOKENS_VALUES, inspect_shard
@@ -102,6 +104,47 @@ def test_worker_count_does_not_change_a_single_byte(reference):
     assert one == two
     report = reference["reports"][2]
     assert report.units == 10 and report.shards > 5 and report.skipped == {"empty": 1}
+
+
+def test_sharding_never_makes_pyarrow_import_pandas(reference, tmp_path):
+    """pyarrow imports pandas on a process's first `pa.array` or `to_numpy` (~0.2 s, once per worker and in
+    the parent, measured): every step of a run, done in one process here, builds and reads arrays without."""
+    code = f"""
+import sys
+from marin_data.corpus.build import shard_subset
+
+class Inline:
+    workers = 1
+
+    def map_unordered(self, fn, jobs):
+        i = 0
+        while i < len(jobs):
+            yield i, fn(jobs[i])
+            i += 1
+
+    def close(self):
+        pass
+
+shard_subset([{str(reference["inputs"])!r}], subset="s", tokenizer={str(reference["tokenizer"])!r},
+             out={str(tmp_path / "corpus")!r}, engine=Inline(), shard_tokens={SHARD_TOKENS})
+assert "pyarrow" in sys.modules and "pandas" not in sys.modules, sorted(sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_arrays_built_on_buffers_equal_those_of_pa_array():
+    ints = np.array([3, 1, 4, 1, 5], np.int64)
+    assert numbers(ints, np.int64).equals(pa.array(ints, pa.int64()))
+    assert numbers([7, 8], np.int32).equals(pa.array([7, 8], pa.int32()))
+    texts = ["a", "héllo", "", "日本"]
+    assert strings(texts).equals(pa.array(texts, pa.string())) and len(strings([])) == 0
+    with pytest.raises(UnicodeEncodeError):  # as pa.array raises
+        strings(["\ud800"])
+    sliced = pa.array(ints, pa.int64()).slice(1, 3)
+    assert view(sliced, np.int64).tolist() == [1, 4, 1] and view(sliced.slice(3), np.int64).size == 0
+    with pytest.raises(ValueError):
+        view(sliced, np.uint32)
 
 
 def test_the_corpus_has_exactly_the_documented_layout(reference):

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
+from marin_data.corpus.arrays import numbers, strings, view
 from marin_data.corpus.manifest import (
     Corpus,
     Manifest,
@@ -186,8 +187,8 @@ def tokenize_unit(job: UnitJob) -> UnitResult:
                 if not keep.any():
                     continue
                 offsets = np.concatenate([[0], np.cumsum(lengths[keep])])
-                column = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(tokens, pa.uint32()))
-                ids = pa.array([d.id for d, k in zip(batch, keep) if k], pa.string())
+                column = pa.LargeListArray.from_arrays(numbers(offsets, np.int64), numbers(tokens, np.uint32))
+                ids = strings([d.id for d, k in zip(batch, keep) if k])
                 writer.write_table(pa.table({"id": ids, "tokens": column}, schema=schema))
                 all_lengths.append(lengths[keep])
     lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)
@@ -238,8 +239,8 @@ def _read_docs(path: str, first: int, end: int) -> tuple[list[str], np.ndarray, 
     groups = list(range(int(np.searchsorted(starts, first, "right")) - 1, int(np.searchsorted(starts, end, "left"))))
     table = pf.read_row_groups(groups).slice(first - int(starts[groups[0]]), end - first)
     column = table.column("tokens").combine_chunks()
-    offsets = np.asarray(column.offsets, dtype=np.int64)
-    values = np.asarray(column.values, dtype=np.uint32)[offsets[0] : offsets[-1]]
+    offsets = view(column.offsets, np.int64)
+    values = view(column.values, np.uint32)[offsets[0] : offsets[-1]]
     return table.column("id").to_pylist(), values, offsets - offsets[0]
 
 

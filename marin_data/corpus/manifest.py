@@ -246,8 +246,13 @@ def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord], *,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from marin_data.corpus.arrays import numbers, strings
+
     rows = sorted(shards, key=lambda s: (s.subset, s.path))
-    table = pa.table({c: [getattr(s, c) for s in rows] for c in _INDEX_COLUMNS}, schema=_index_schema())
+    schema = _index_schema()
+    values = {f.name: [getattr(s, f.name) for s in rows] for f in schema}
+    table = pa.table({f.name: strings(values[f.name]) if f.type == pa.string() else
+                      numbers(values[f.name], f.type.to_pandas_dtype()) for f in schema}, schema=schema)
     with atomic_path(path, root=root) as tmp:
         pq.write_table(table, tmp, compression="zstd")
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from marin_data.atomic import atomic_path, sha256_file
+from marin_data.corpus.arrays import numbers, strings
 from marin_data.errors import ShardFormatError
 from marin_data.layout import DATA
 from marin_data.raw.tokenizer import TokenizerInfo
@@ -114,10 +115,9 @@ def write_shard(
         ) as writer:
             for lo, hi in zip(bounds[:-1], bounds[1:]):
                 off = offsets[lo : hi + 1] - offsets[lo]
-                values = pa.array(tokens[offsets[lo] : offsets[hi]], type=pa.uint32())
-                column = pa.LargeListArray.from_arrays(pa.array(off, type=pa.int64()), values)
-                writer.write_table(pa.table({"id": pa.array(ids[lo:hi], pa.string()), "tokens": column},
-                                            schema=schema))
+                column = pa.LargeListArray.from_arrays(numbers(off, np.int64),
+                                                       numbers(tokens[offsets[lo] : offsets[hi]], np.uint32))
+                writer.write_table(pa.table({"id": strings(ids[lo:hi]), "tokens": column}, schema=schema))
         digest, size = sha256_file(tmp)
     return ShardStats(bytes=size, sha256=digest, docs=len(ids), tokens=int(offsets[-1]),
                       row_groups=len(bounds) - 1)
