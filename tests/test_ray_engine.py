@@ -165,6 +165,17 @@ def test_shards_on_ray_are_byte_identical_to_the_local_engine(ray_engine, inputs
 
 
 @needs_ray
+def test_ray_runs_the_jobs_appended_while_its_results_are_read(ray_engine):
+    jobs = [-1, -2]
+    results = {}
+    for k, result in ray_engine.map_unordered(abs, jobs):
+        results[k] = result
+        if result < 100:
+            jobs.append(-100 * result)
+    assert results == {k: abs(job) for k, job in enumerate(jobs)} and sorted(results.values()) == [1, 2, 100, 200]
+
+
+@needs_ray
 def test_cli_shard_on_a_private_ray_instance_matches_and_stops_it(inputs, tiny_tokenizer, local_corpus, tmp_path):
     out = tmp_path / "corpus"
     args = [str(inputs), "--subset", SUBSET, "--tokenizer", str(tiny_tokenizer), "--out", str(out),

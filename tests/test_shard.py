@@ -35,6 +35,7 @@ from marin_data.corpus.arrays import numbers, strings, view
 from marin_data.corpus.build import shard_subset, sources_path
 from marin_data.corpus.manifest import load_corpus, read_shard_index
 from marin_data.corpus.shard import TOKENS_VALUES, inspect_shard
+from marin_data.engines.local import LocalEngine
 from marin_data.errors import (
     BadRecordError,
     CorpusConflictError,
@@ -104,6 +105,44 @@ def test_worker_count_does_not_change_a_single_byte(reference):
     assert one == two
     report = reference["reports"][2]
     assert report.units == 10 and report.shards > 5 and report.skipped == {"empty": 1}
+
+
+class _LastFirst:
+    """An engine that runs the jobs queued so far in this process, then returns their results last first."""
+
+    workers = 1
+
+    def map_unordered(self, fn, jobs):
+        done = 0
+        while done < len(jobs):  # the packs are appended while the units' results are read
+            batch = [(i, fn(jobs[i])) for i in range(done, len(jobs))]
+            done = len(jobs)
+            yield from reversed(batch)
+
+    def close(self) -> None:
+        pass
+
+
+def test_units_finishing_in_any_order_cut_the_same_shards(reference, tmp_path):
+    """The last unit finishes first and the first one last: no shard can be cut until the end, then all are."""
+    out = tmp_path / "corpus"
+    shard_subset([reference["inputs"]], subset=SUBSET, tokenizer=str(reference["tokenizer"]), out=out,
+                 engine=_LastFirst(), shard_tokens=SHARD_TOKENS, license="CC0-1.0")
+    assert tree_bytes(out) == tree_bytes(reference["root"])
+
+
+def test_a_local_engine_runs_the_jobs_appended_while_its_results_are_read():
+    engine = LocalEngine(2)
+    jobs = [-1, -2]
+    try:
+        results = {}
+        for k, result in engine.map_unordered(abs, jobs):
+            results[k] = result
+            if result < 100:
+                jobs.append(-100 * result)
+    finally:
+        engine.close()
+    assert results == {k: abs(job) for k, job in enumerate(jobs)} and sorted(results.values()) == [1, 2, 100, 200]
 
 
 def test_sharding_never_makes_pyarrow_import_pandas(reference, tmp_path):

@@ -3,11 +3,12 @@ restartable.
 
 `shard_subset` plans the run (inputs hashed, tokenizer checked against the corpus, under the corpus lock),
 tokenizes one unit per input file (`tokenize_unit`), packs the documents into shards of at most
-``shard_tokens`` tokens (`pack_shard`), and commits the subset: shards renamed into ``data/<subset>/``, its
-inputs recorded in ``sources/<subset>.json``, the manifest written last. Both middle steps run on an engine
-(`marin_data.engines`) and leave done markers under ``.staging/``, so a re-run redoes only unfinished work and
-any worker count writes the same bytes. A subset already built from other inputs is refused
-(`CorpusConflictError`): add a child subset instead. How each step works, and why: docs/data.md.
+``shard_tokens`` tokens (`pack_shard`, each shard as soon as the units it reads are done), and commits the
+subset: shards renamed into ``data/<subset>/``, its inputs recorded in ``sources/<subset>.json``, the manifest
+written last. Both middle steps run on an engine (`marin_data.engines`) and leave done markers under
+``.staging/``, so a re-run redoes only unfinished work and any worker count writes the same bytes. A subset
+already built from other inputs is refused (`CorpusConflictError`): add a child subset instead. How each step
+works, and why: docs/data.md.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import re
 import shutil
 import urllib.parse
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -60,6 +61,7 @@ __all__ = [
     "sources_path",
     "tokenize_unit",
     "pack_shard",
+    "run_job",
     "shard_subset",
 ]
 
@@ -213,6 +215,11 @@ def _batches(docs: Iterable[Document]) -> Iterator[list[Document]]:
         yield batch
 
 
+def run_job(job: UnitJob | PackJob) -> UnitResult | ShardStats:
+    """`tokenize_unit` or `pack_shard`, as ``job`` asks: one function for the engine, so packs can join the units."""
+    return tokenize_unit(job) if isinstance(job, UnitJob) else pack_shard(job)
+
+
 def pack_shard(job: PackJob) -> ShardStats:
     """Write one shard from slices of unit staging files, then its ``.json`` done marker."""
     ids: list[str] = []
@@ -330,19 +337,18 @@ def shard_subset(
         staging = root / STAGING / urllib.parse.quote(subset, safe="")
         for folder in (staging, root / DATA / subset, (root / sources_path(subset)).parent):
             SafeDir(root, folder.relative_to(root)).close()  # refuses a link or a file on the way, up front
+        units, reused = _unit_jobs(files, staging / "units", root / TOKENIZER, info, text_field=text_field,
+                                   id_field=id_field, skip_bad=skip_bad, max_doc_bytes=max_doc_bytes)
+        plan = _ShardPlan(units, staging, subset, shard_tokens, info)
         owned = isinstance(engine, str)
         pool = make_engine(engine, workers, address=engine_address) if owned else engine
         with contextlib.closing(pool) if owned else contextlib.nullcontext(pool):
-            units, reused = _tokenize(pool, files, staging / "units", root / TOKENIZER, info,
-                                      text_field=text_field, id_field=id_field, skip_bad=skip_bad,
-                                      max_doc_bytes=max_doc_bytes)
-            skipped, examples = _merge_skips(units)
-            if not any(result.docs for _, result in units):
-                raise UnreadableInputError(f"the inputs hold no documents to shard (skipped: {skipped or 'none'})",
-                                           path=files[0].path if len(files) == 1 else f"{len(files)} inputs")
-            packs = _plan_packs(units, staging, subset, shard_tokens, info)
-            stats = _pack(pool, packs)
-        shards = _place(root, subset, packs, stats)
+            results, stats = _build(pool, units, reused, plan)
+        skipped, examples = _merge_skips(results)
+        if not any(result.docs for result in results):
+            raise UnreadableInputError(f"the inputs hold no documents to shard (skipped: {skipped or 'none'})",
+                                       path=files[0].path if len(files) == 1 else f"{len(files)} inputs")
+        shards = _place(root, subset, plan.packs, stats)
         record = {**recipe, "subset": subset, "tokenizer_sha256": info.sha256, "add_bos": info.add_bos,
                   "docs": sum(s.docs for s in shards), "tokens": sum(s.tokens for s in shards), "skipped": skipped}
         atomic_write_bytes(root / sources_path(subset), _canonical(record), root=root)
@@ -353,7 +359,7 @@ def shard_subset(
         _remove_staging(root, staging)
     return ShardReport(corpus=str(root), subset=subset, docs=record["docs"], tokens=record["tokens"],
                        shards=len(shards), bytes=sum(s.bytes for s in shards), skipped=skipped, examples=examples,
-                       units=len(units), units_reused=reused, manifest_sha256=digest, unchanged=False)
+                       units=len(units), units_reused=len(reused), manifest_sha256=digest, unchanged=False)
 
 
 def _framing(info: TokenizerInfo) -> tuple:
@@ -449,30 +455,21 @@ def _unit_key(f: InputFile, info: TokenizerInfo, text_field: str, id_field: str)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _tokenize(pool: Engine, files: Sequence[InputFile], staging: Path, tokenizer_path: Path, info: TokenizerInfo,
-              *, text_field: str, id_field: str, skip_bad: bool,
-              max_doc_bytes: int) -> tuple[list[tuple[UnitJob, UnitResult]], int]:
-    """Run the units not finished before; return every unit with its result (in input order)."""
+def _unit_jobs(files: Sequence[InputFile], staging: Path, tokenizer_path: Path, info: TokenizerInfo, *,
+               text_field: str, id_field: str, skip_bad: bool,
+               max_doc_bytes: int) -> tuple[list[UnitJob], dict[int, UnitResult]]:
+    """Every input's unit (in input order), and the results of those an earlier run finished, by position."""
     staging.mkdir(parents=True, exist_ok=True)
     jobs = [UnitJob(input=f, key=_unit_key(f, info, text_field, id_field), staging=str(staging),
                     tokenizer_path=str(tokenizer_path), tokenizer=info, text_field=text_field, id_field=id_field,
                     skip_bad=skip_bad, max_doc_bytes=max_doc_bytes) for f in files]
-    results: dict[int, UnitResult] = {}
+    reused: dict[int, UnitResult] = {}
     for i, job in enumerate(jobs):
         done = _read_marker(_unit_paths(job)[2])
         # A unit that skipped bad records is reused only when skipping is asked for again.
         if done is not None and (skip_bad or not set(done["skipped"]) - {EMPTY}):
-            results[i] = UnitResult(**done)
-    todo = [i for i in range(len(jobs)) if i not in results]
-    reused = len(results)
-    with progress(sum(jobs[i].input.bytes for i in todo), "tokenizing", "B", unit_scale=True) as bar:
-        tokens = 0
-        for k, result in pool.map_unordered(tokenize_unit, [jobs[i] for i in todo]):
-            results[todo[k]] = result
-            tokens += result.tokens
-            bar.update(jobs[todo[k]].input.bytes)
-            bar.set_postfix_str(f"{tokens:,} tokens", refresh=False)
-    return [(job, results[i]) for i, job in enumerate(jobs)], reused
+            reused[i] = UnitResult(**done)
+    return jobs, reused
 
 
 def _read_marker(path: Path) -> dict | None:
@@ -482,56 +479,102 @@ def _read_marker(path: Path) -> dict | None:
         return None
 
 
-def _plan_packs(units: Sequence[tuple[UnitJob, UnitResult]], staging: Path, subset: str, shard_tokens: int,
-                info: TokenizerInfo) -> list[PackJob]:
-    """Cut the units' documents, in unit order, into shards of at most ``shard_tokens`` tokens.
+class _ShardPlan:
+    """Cuts the units' documents, in unit order, into shards of at most ``shard_tokens`` tokens, as units finish.
 
-    Reads only the per-unit document lengths, one unit at a time (bounded memory for any subset size).
+    `advance` cuts the finished units that come next in input order and returns the shards they closed, and
+    once every unit is cut, the last shard. A cut reads only a unit's document lengths (bounded memory for
+    any subset size), so the shards are the same whatever order the units finish in and whatever the
+    worker count. Packs of an interrupted run over other inputs are removed when the plan starts.
     """
-    plan_key = hashlib.sha256(json.dumps([[j.key for j, _ in units], shard_tokens]).encode()).hexdigest()[:16]
-    out_dir = staging / "shards" / plan_key
-    for stale in (staging / "shards").glob("*"):
-        if stale != out_dir:
-            shutil.rmtree(stale)  # packs planned by an interrupted run over other inputs
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cuts: list[list[tuple[str, int, int]]] = [[]]
-    filled = 0
-    for job, _ in units:
-        parquet, lengths_path, _ = _unit_paths(job)
+
+    def __init__(self, units: Sequence[UnitJob], staging: Path, subset: str, shard_tokens: int,
+                 info: TokenizerInfo) -> None:
+        key = hashlib.sha256(json.dumps([[j.key for j in units], shard_tokens]).encode()).hexdigest()[:16]
+        self.out_dir = staging / "shards" / key
+        for stale in (staging / "shards").glob("*"):
+            if stale != self.out_dir:
+                shutil.rmtree(stale)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.units, self.subset, self.shard_tokens, self.info = units, subset, shard_tokens, info
+        self.packs: list[PackJob] = []  # the shards cut so far
+        self._next = 0  # the first unit not cut yet
+        self._pieces: list[tuple[str, int, int]] = []  # the open shard
+        self._filled = 0  # its tokens
+
+    def advance(self, finished: Container[int]) -> list[tuple[int, PackJob]]:
+        """Cut the units from the first not cut yet up to the first not in ``finished``; the new shards, numbered."""
+        start = len(self.packs)
+        while self._next < len(self.units) and self._next in finished:
+            self._cut(self.units[self._next])
+            self._next += 1
+        if self._next == len(self.units) and self._pieces:
+            self._close()
+        return list(enumerate(self.packs[start:], start))
+
+    def _cut(self, unit: UnitJob) -> None:
+        parquet, lengths_path, _ = _unit_paths(unit)
         ends = np.cumsum(np.load(lengths_path))  # ends[i]: tokens of documents [0, i]
         first = 0
         while first < len(ends):
             before = int(ends[first - 1]) if first else 0
-            end = int(np.searchsorted(ends, before + shard_tokens - filled, "right"))
-            if end == first and filled == 0:
+            end = int(np.searchsorted(ends, before + self.shard_tokens - self._filled, "right"))
+            if end == first and self._filled == 0:
                 end = first + 1  # a document longer than a shard: a shard of its own
             if end > first:
-                cuts[-1].append((str(parquet), first, end))
-                filled += int(ends[end - 1]) - before
+                self._pieces.append((str(parquet), first, end))
+                self._filled += int(ends[end - 1]) - before
                 first = end
             if first < len(ends):  # the next document does not fit: close this shard
-                cuts.append([])
-                filled = 0
-    cuts = [c for c in cuts if c]
-    if cuts:
-        shard_path(subset, len(cuts) - 1)  # refuses a subset of more shards than a Hub folder holds
-    return [PackJob(out=str(out_dir / f"part-{n:05d}.parquet"), pieces=tuple(c), tokenizer=info)
-            for n, c in enumerate(cuts)]
+                self._close()
+
+    def _close(self) -> None:
+        n = len(self.packs)
+        shard_path(self.subset, n)  # refuses a subset of more shards than a Hub folder holds
+        self.packs.append(PackJob(out=str(self.out_dir / f"part-{n:05d}.parquet"), pieces=tuple(self._pieces),
+                                  tokenizer=self.info))
+        self._pieces, self._filled = [], 0
 
 
-def _pack(pool: Engine, packs: Sequence[PackJob]) -> list[ShardStats]:
-    """Run the packs not finished before; return every pack's stats (in shard order)."""
+def _build(pool: Engine, units: Sequence[UnitJob], reused: dict[int, UnitResult],
+           plan: _ShardPlan) -> tuple[list[UnitResult], list[ShardStats]]:
+    """Run the units not finished before, and each shard's pack as soon as the units it reads are finished.
+
+    The engine gets one growing list of jobs: the units, then each pack as `plan` cuts its shard, queued
+    behind the units still waiting, so packing fills the workers that would otherwise idle while the last
+    units finish instead of waiting for all of them. Packs finished before are not run again. Returns every
+    unit's result (in input order) and every shard's stats (in shard order).
+    """
+    results = dict(reused)
     stats: dict[int, ShardStats] = {}
-    for i, job in enumerate(packs):
-        done = _read_marker(Path(job.out).with_suffix(".json"))
+    jobs: list[UnitJob | PackJob] = [job for i, job in enumerate(units) if i not in results]
+    slots = [i for i in range(len(units)) if i not in results]  # jobs[k] is unit, or shard, number slots[k]
+    total = sum(job.input.bytes for job in jobs)
+    _queue_packs(plan.advance(results), jobs, slots, stats)
+    with progress(total, "tokenizing", "B", unit_scale=True) as bar:
+        tokens = 0
+        for k, result in pool.map_unordered(run_job, jobs):
+            if isinstance(jobs[k], PackJob):
+                stats[slots[k]] = result
+            else:
+                results[slots[k]] = result
+                tokens += result.tokens
+                bar.update(jobs[k].input.bytes)
+                _queue_packs(plan.advance(results), jobs, slots, stats)
+            bar.set_postfix_str(f"{tokens:,} tokens, {len(stats)} shards written", refresh=False)
+    return [results[i] for i in range(len(units))], [stats[n] for n in range(len(plan.packs))]
+
+
+def _queue_packs(packs: Iterable[tuple[int, PackJob]], jobs: list[UnitJob | PackJob], slots: list[int],
+                 stats: dict[int, ShardStats]) -> None:
+    """Append the packs not finished before to ``jobs`` (``slots``: their shard numbers); take the others' stats."""
+    for n, pack in packs:
+        done = _read_marker(Path(pack.out).with_suffix(".json"))
         if done is not None:
-            stats[i] = ShardStats(**done)
-    todo = [i for i in range(len(packs)) if i not in stats]
-    with progress(len(todo), "writing shards", "shard") as bar:
-        for k, result in pool.map_unordered(pack_shard, [packs[i] for i in todo]):
-            stats[todo[k]] = result
-            bar.update(1)
-    return [stats[i] for i in range(len(packs))]
+            stats[n] = ShardStats(**done)
+        else:
+            jobs.append(pack)
+            slots.append(n)
 
 
 def _place(root: Path, subset: str, packs: Sequence[PackJob], stats: Sequence[ShardStats]) -> list[ShardRecord]:
@@ -562,10 +605,10 @@ def _place(root: Path, subset: str, packs: Sequence[PackJob], stats: Sequence[Sh
     return records
 
 
-def _merge_skips(units: Sequence[tuple[UnitJob, UnitResult]]) -> tuple[dict[str, int], dict[str, str]]:
+def _merge_skips(results: Sequence[UnitResult]) -> tuple[dict[str, int], dict[str, str]]:
     skipped: Counter[str] = Counter()
     examples: dict[str, str] = {}
-    for _, result in units:
+    for result in results:
         skipped.update(result.skipped)
         for reason, example in result.examples.items():
             examples.setdefault(reason, example)

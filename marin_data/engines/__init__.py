@@ -22,7 +22,12 @@ R = TypeVar("R")
 
 
 class Engine(Protocol):
-    """Runs ``fn(job)`` for each job and yields ``(index of the job, result)`` as results arrive."""
+    """Runs ``fn(job)`` for each job and yields ``(index of the job, result)`` as results arrive.
+
+    ``jobs`` may grow while the results are read: a job appended before the next result is asked for runs
+    too, so a caller can add work that depends on results already in (the pipeline's packs, queued as soon
+    as the units they read are done).
+    """
 
     workers: int | None  # jobs that run at once (None until a cluster engine has connected and counted)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import queue
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import TypeVar
 
 __all__ = ["LocalEngine", "configure_worker", "default_workers"]
@@ -64,9 +65,10 @@ class LocalEngine:
     """A pool of ``workers`` processes on this machine, started on first use.
 
     Processes are *spawned*, not forked: the parent may hold threads (progress bars, Arrow) and an
-    initialised tokenizer, which a fork would copy in an undefined state. If a job raises, the jobs not yet
-    started are cancelled, those running finish (their staging output is kept for the re-run) and the error
-    is re-raised.
+    initialised tokenizer, which a fork would copy in an undefined state. Jobs run in the order given, those
+    appended to ``jobs`` while results are read after the others. If a job raises, the jobs not yet started
+    are cancelled, those running finish (their staging output is kept for the re-run) and the error is
+    re-raised.
     """
 
     def __init__(self, workers: int | None = None) -> None:
@@ -83,12 +85,20 @@ class LocalEngine:
 
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_pool_worker)
-        futures = {self._pool.submit(fn, job): i for i, job in enumerate(jobs)}
+        finished: queue.SimpleQueue[Future] = queue.SimpleQueue()  # futures as they finish, in O(1) each
+        running: dict[Future, int] = {}
+        submitted = 0
         try:
-            for future in as_completed(futures):
-                yield futures[future], future.result()
+            while submitted < len(jobs) or running:
+                while submitted < len(jobs):  # the jobs, then any appended since the last result
+                    future = self._pool.submit(fn, jobs[submitted])
+                    running[future] = submitted
+                    future.add_done_callback(finished.put)
+                    submitted += 1
+                future = finished.get()
+                yield running.pop(future), future.result()
         finally:
-            for future in futures:
+            for future in running:
                 future.cancel()
 
     def close(self) -> None:
