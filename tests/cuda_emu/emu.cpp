@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -111,6 +112,7 @@ struct Scheduler {
   std::vector<WarpState> warps;
   std::vector<int> runnable;
   std::vector<int> block_waiters;
+  std::vector<int> rank;  // a block run "ahead": fiber t's priority (lower runs first), else empty
   int live = 0, threads = 0;
   int running = -1;
 #if defined(__x86_64__)
@@ -329,6 +331,18 @@ void run_block(uint64_t block_number) {
     sched.runnable.push_back(t);
   }
   scribble_shared(block_number);
+  // Half the blocks pick at random among the runnable threads; the other half run "ahead": the warps in a
+  // random order, each as far as it can go before the next one starts. That is the widest skew between
+  // warps, which a missing __syncthreads() (one warp reading shared memory another has not written yet, or
+  // writing it before another has read it) cannot survive.
+  sched.rank.clear();
+  if (sched.rng() & 1) {
+    std::vector<int> order((n + 31) / 32);
+    for (size_t w = 0; w < order.size(); ++w) order[w] = static_cast<int>(w);
+    std::shuffle(order.begin(), order.end(), sched.rng);
+    sched.rank.resize(n);
+    for (int t = 0; t < n; ++t) sched.rank[t] = order[t / 32] * 32 + t % 32;
+  }
   while (sched.live > 0 && !sched.failed) {
     if (sched.runnable.empty()) {
       int at_block = 0, at_warp = 0;
@@ -343,7 +357,11 @@ void run_block(uint64_t block_number) {
       sched.message = text;
       break;
     }
-    const size_t pick = sched.rng() % sched.runnable.size();
+    size_t pick = sched.rng() % sched.runnable.size();
+    if (!sched.rank.empty()) {
+      for (size_t i = 0; i < sched.runnable.size(); ++i)
+        if (sched.rank[sched.runnable[i]] < sched.rank[sched.runnable[pick]]) pick = i;
+    }
     const int next = sched.runnable[pick];
     sched.runnable[pick] = sched.runnable.back();
     sched.runnable.pop_back();
