@@ -207,6 +207,19 @@ def test_route_topk_infinities_and_nan(kern, mode, E):
     torch.testing.assert_close(got[3], want[3], equal_nan=True, **LSE_TOL)  # NaN where torch.logsumexp has it
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_route_topk_nan_in_a_group_under_group_limited_routing(kern, mode):
+    """A NaN logit makes its group's score NaN, and a NaN group ranks below every other (as in the reference)."""
+    logits = torch.randn(6, 64, generator=gen(8))
+    logits[0, 3] = float("nan")  # group 0 of 4
+    logits[1, 20:24] = float("nan")  # group 1
+    logits[2, ::16] = float("nan")  # every group
+    logits[3, 40] = math.inf
+    got, want = (op(logits, None, 4, mode, 1.0, True, 4, 2) for op in (kern.route_topk, ops.route_topk))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    torch.testing.assert_close(got[1], want[1], equal_nan=True, **WEIGHT_TOL)
+
+
 def test_route_topk_one_hot_bias_and_counts_across_blocks(kern):
     bias = torch.zeros(384)
     bias[300] = 1e4  # every token picks expert 300 first
@@ -251,7 +264,8 @@ def test_permute_equals_the_reference_bitwise(kern, T, K, E, align, capacity):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("H", [1, 3, 33, 64, 520])  # row bytes 2..2080: 1-, 2-, 4-, 8- and 16-byte copies
+@pytest.mark.parametrize("H", [1, 3, 33, 64, 1540])  # row bytes 2..6160: 1- to 16-byte copies; 385 vectors:
+# a thread's second round of loads ends exactly at the end of a row
 def test_permute_any_row_width_and_offset_views(kern, H, dtype):
     g = gen(H)
     storage = torch.randn(70 * H + 1, generator=g).to(dtype)
