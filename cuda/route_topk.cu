@@ -190,8 +190,8 @@ route_topk_backward_kernel(const float* __restrict__ grad_weights, const float* 
 }
 
 // The persistent grid of `kernel`: one block per kRouteWarps tokens, at most kRouteBlocksPerSM per SM and no
-// more than can be resident at once (ptxas decides the registers, so the forward at 12 scores per lane fits
-// 6): a block past that would start only when another had finished its share, doubling the kernel's time.
+// more than can be resident at once (the forward at 12 scores per lane fits 5-6): a block past that would
+// start only when another had finished its share, and then do its own share alone.
 template <typename Kernel>
 int route_grid(Kernel kernel, int64_t tokens) {
   int resident = 0;
