@@ -1,7 +1,7 @@
 """The loader: tokens/s delivered to a training loop vs the memory-map floor, first pass from
 Parquet vs the decode floor, and start-up over a 100,000-shard index.
 
-Setup, as in the issue: 3 subsets with weights 0.5/0.3/0.2, hierarchical shuffle, batch 8 x 4096, warm page
+Setup: 3 subsets with weights 0.5/0.3/0.2, hierarchical shuffle, batch 8 x 4096, warm page
 cache, shards already decoded (the loader's local form: uint32 memory maps). The corpus is written with the
 real shard writer: random token ids below a Llama-3 vocabulary, log-normal document lengths (median ~660
 tokens), EOS after each document.
@@ -83,7 +83,7 @@ def floor_rate(stream: TokenStream, maps: list[np.ndarray], start: int, steps: i
 
 
 def loader_rate(stream: TokenStream, start: int, steps: int, *, prefetch: int = 0, workers: int = 0,
-                step_s: float = 0.0) -> tuple[float, float]:
+                step_s: float = 0.0, warmup: int = 1) -> tuple[float, float]:
     """(tokens/s, CPU seconds per step) of a loop that takes ``steps`` batches from the loader.
 
     ``step_s``: the loop also "trains" that long per batch, in ``time.sleep``, which releases the GIL as a
@@ -92,7 +92,7 @@ def loader_rate(stream: TokenStream, start: int, steps: int, *, prefetch: int = 
     dataset = TokenDataset(stream, position=start, prefetch=prefetch)
     loader = TokenLoader(dataset, num_workers=workers, prefetch_factor=4)
     it = iter(loader)
-    for _ in range(2 * workers + 1):  # start-up (threads, worker processes, their first maps) is not steady state
+    for _ in range(2 * workers + warmup):  # start-up (threads, worker processes, first maps) is not steady state
         next(it)
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
@@ -104,11 +104,11 @@ def loader_rate(stream: TokenStream, start: int, steps: int, *, prefetch: int = 
     return steps * BATCH * SEQ_LEN / wall, cpu / steps
 
 
-def decoded_stream(root: Path, cache: Path, seed: int = 0) -> tuple[TokenStream, float]:
+def decoded_stream(root: Path, cache: Path, seed: int = 0, segments: bool = False) -> tuple[TokenStream, float]:
     """The benchmark's stream with every shard decoded into ``cache`` and warm in the page cache, and the
     seconds the decoding took."""
-    stream = TokenStream(root, LoaderConfig(seq_len=SEQ_LEN, batch_size=BATCH, mixture=WEIGHTS, seed=seed),
-                         cache_dir=cache)
+    stream = TokenStream(root, LoaderConfig(seq_len=SEQ_LEN, batch_size=BATCH, mixture=WEIGHTS, seed=seed,
+                                            segments=segments), cache_dir=cache)
     t0 = time.perf_counter()
     for shard in stream.corpus.shards:
         stream.source.ensure(shard)
@@ -200,10 +200,10 @@ def startup(tmp: Path, shards: int) -> dict:
     return out
 
 
-def rate_of(root: Path, cache: Path, steps: int, seed: int) -> dict:
+def rate_of(root: Path, cache: Path, steps: int, seed: int, warmup: int, segments: bool) -> dict:
     """One in-process measurement for ``bench_loader_peers.py`` (which runs it in a fresh process): the
     loader over ``root``'s shards, decoded into ``cache`` first (outside the timing), warm page cache."""
-    rate, cpu = loader_rate(decoded_stream(root, cache, seed)[0], 1_000_000, steps)
+    rate, cpu = loader_rate(decoded_stream(root, cache, seed, segments)[0], 1_000_000, steps, warmup=warmup)
     return {"tokens_per_s": rate, "cpu_per_step": cpu}
 
 
@@ -218,9 +218,11 @@ def main() -> None:
     ap.add_argument("--rate-of", type=Path, metavar="CORPUS", help=argparse.SUPPRESS)  # bench_loader_peers.py's
     ap.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--warmup", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--segments", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rate_of:
-        print(json.dumps(rate_of(args.rate_of, args.cache, args.steps, args.seed)))
+        print(json.dumps(rate_of(args.rate_of, args.cache, args.steps, args.seed, args.warmup, args.segments)))
         return
     tmp = Path(tempfile.mkdtemp(prefix="bench-loader-"))
     root = args.keep or tmp / "corpus"

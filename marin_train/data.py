@@ -46,7 +46,8 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
         raise LoaderConfigError("no training data: set DataConfig.source (--data) to a corpus path or URL")
     _, world = (rank, world_size) if world_size is not None else init_distributed()[:2]
     config = LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
-                          mixture=mixture_schedule(data, cfg.global_batch(world)), val_fraction=data.val_fraction)
+                          mixture=mixture_schedule(data, cfg.global_batch(world)), val_fraction=data.val_fraction,
+                          segments=True)  # the model masks attention across documents
     if is_remote(data.source):
         return make_remote_loader(data.source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
                                   cache_dir=data.cache_dir, cache_bytes=data.cache_bytes, rank=rank,

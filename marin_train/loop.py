@@ -27,6 +27,10 @@ from marin_train.parallel import clip_grad_norm, make_mesh, parallelize, rescale
 
 __all__ = ["TrainResult", "build_model", "lr_at", "train"]
 
+# The model's document-masking inputs and the batch fields that carry them (`LoaderConfig(segments=True)`);
+# a batch without them trains with causal attention across its packed documents.
+_SEGMENTS = {"segment_ids_BS": "segment_ids", "positions_BS": "positions"}
+
 
 @dataclass
 class TrainResult:
@@ -74,7 +78,8 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
 
     Args:
         cfg: the run (`TrainConfig`).
-        data: batches of ``cfg.batch_size`` rows of ``cfg.seq_len`` tokens for this rank, with loader state.
+        data: batches of ``cfg.batch_size`` rows of ``cfg.seq_len`` tokens for this rank, with loader state;
+            with ``segment_ids`` and ``positions``, attention stays within each document.
         resume: continue from the newest checkpoint in ``cfg.checkpoint_dir`` when there is one.
         log: where log lines go (rank 0 only).
         device: default from `init_distributed`.
@@ -117,8 +122,8 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
                 log(f"the data ended after step {step}")
                 return TrainResult(step, records, checkpoint, model)
             waited += time.perf_counter() - tw
-            out = model(batch["input_ids"].to(device), batch["labels"].to(device),
-                        segment_ids_BS=batch["segment_ids"].to(device), positions_BS=batch["positions"].to(device))
+            segments = {k: batch[name].to(device) for k, name in _SEGMENTS.items() if name in batch}
+            out = model(batch["input_ids"].to(device), batch["labels"].to(device), **segments)
             (out.loss / cfg.accumulation).backward()
             dropped = torch.stack([s.dropped for s in out.router]).double().mean()
             sums += torch.stack([out.loss.detach().double(), out.ce_loss.detach().double(),

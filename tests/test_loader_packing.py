@@ -16,7 +16,7 @@ from marin_data.corpus.shard import read_shard
 def stream(make_corpus, tmp_path):
     # Many small shards and documents, so windows of 32 + 1 tokens cross document and shard boundaries.
     corpus = make_corpus({"a": [30, 50, 10, 40], "b/x": [20, 20, 20], "b/y": [60]}, doc_tokens=(1, 40))
-    return TokenStream(corpus, LoaderConfig(seq_len=32, batch_size=4, val_fraction=0.1),
+    return TokenStream(corpus, LoaderConfig(seq_len=32, batch_size=4, val_fraction=0.1, segments=True),
                        cache_dir=tmp_path / "cache")
 
 
@@ -58,9 +58,44 @@ def test_input_ids_and_labels_are_contiguous_in_both_tensor_forms(stream):
         assert tensors["labels"].view(-1)[0] == tensors["input_ids"][0, 1]  # flattening for a loss works
 
 
+def test_a_shard_table_with_fewer_slots_than_shards_evicts_grows_and_serves_the_same_windows(stream):
+    from marin_data.loader.packing import ShardTable
+
+    positions = np.arange(400)
+    expected = stream.read(positions)  # read through the default table, which holds every shard of this corpus
+    assert len(np.unique(stream.shard_ids(positions))) > 2
+    table = stream._table = ShardTable(stream.source, stream.shards, stream._cumulative.flat,
+                                       stream._cumulative.offsets, capacity=2)
+    for first in range(0, 400, 2):  # two rows at a time: at most two shards a batch, so slots are reused
+        batch = stream.read(range(first, first + 2))
+        for name in ("input_ids", "labels", "segment_ids", "positions"):
+            assert np.array_equal(getattr(batch, name), getattr(expected, name)[first : first + 2]), (first, name)
+    assert len(table.used) == 2 and sorted(table.shard_in) == sorted(np.flatnonzero(table.slot_of >= 0))
+    batch = stream.read(positions)  # one batch over more shards than slots: the table grows
+    assert len(table.used) > 2 and np.array_equal(batch.buffer, expected.buffer)
+
+
+def test_without_segments_a_batch_holds_the_same_tokens_and_no_document_arrays(stream):
+    from dataclasses import replace
+
+    from marin_data.loader import to_tensors
+
+    plain = TokenStream(stream.corpus, replace(stream.config, segments=False), source=stream.source)
+    assert plain.fingerprint == stream.fingerprint  # the same stream: a checkpoint resumes either way
+    positions = np.arange(100)
+    batch, full = plain.read(positions), stream.read(positions)
+    for name in ("input_ids", "labels", "subset", "index"):
+        assert np.array_equal(getattr(batch, name), getattr(full, name)), name
+    assert batch.segment_ids is None and batch.positions is None
+    assert batch.buffer.nbytes == full.buffer.nbytes - 2 * 4 * 100 * 32
+    for tensors in (to_tensors(batch), to_tensors(batch, one_storage=True)):
+        assert sorted(tensors) == ["index", "input_ids", "labels", "subset"]
+        assert np.array_equal(tensors["labels"].numpy(), full.labels)
+
+
 def test_a_window_that_starts_at_a_document_start_has_no_carried_over_segment(make_corpus, tmp_path):
     corpus = make_corpus({"a": [40]}, doc_tokens=(7, 7))  # every document is 7 tokens + EOS = 8
-    stream = TokenStream(corpus, LoaderConfig(seq_len=8, val_fraction=0, shuffle="none"),
+    stream = TokenStream(corpus, LoaderConfig(seq_len=8, val_fraction=0, shuffle="none", segments=True),
                          cache_dir=tmp_path / "c")
     batch = stream.read(np.arange(5))
     assert np.all(batch.segment_ids == 0) and np.array_equal(batch.positions[0], np.arange(8))
@@ -192,3 +227,12 @@ def test_a_pass_reads_each_shard_in_one_stretch_shared_with_at_most_window_shard
     assert len(np.unique(shard)) == 16 and len(stretches) > 16, "shards of a window are not interleaved"
     order = shard[np.sort(np.unique(shard, return_index=True)[1])]  # shards in order of first read
     assert not np.array_equal(order, np.arange(16)), "the shards are read in path order"
+
+
+def test_map_npy_maps_read_only_including_an_empty_array(tmp_path):
+    from marin_data.loader.cache import map_npy
+
+    for name, array in (("tokens", np.arange(5000, dtype=np.uint32)), ("empty", np.zeros(0, np.int64))):
+        np.save(tmp_path / f"{name}.npy", array)
+        mapped = map_npy(tmp_path / f"{name}.npy")
+        assert np.array_equal(mapped, array) and mapped.dtype == array.dtype and not mapped.flags.writeable

@@ -25,7 +25,7 @@ from marin_data.loader.remote.cache import decoded_bytes
 from marin_data.loader.remote.stream import make_remote_loader
 from marin_data.transfer.publish_s3 import publish
 
-CONFIG = LoaderConfig(seq_len=64, batch_size=8, shuffle_window=1, val_fraction=0.01)
+CONFIG = LoaderConfig(seq_len=64, batch_size=8, shuffle_window=1, val_fraction=0.01, segments=True)
 
 
 @pytest.fixture(scope="module")

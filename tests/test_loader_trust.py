@@ -59,6 +59,8 @@ def test_only_a_sealed_decode_the_loader_wrote_is_mapped(corpus, tmp_path):
     assert np.array_equal(fresh.open(shard).tokens, good) and (tokens_path.parent / SEAL).is_file()
 
 
-def test_a_fractional_seq_len_is_a_loader_config_error(corpus, tmp_path):
+def test_a_fractional_seq_len_or_a_non_boolean_segments_is_a_loader_config_error(corpus, tmp_path):
     with pytest.raises(LoaderConfigError, match=r"seq_len=128\.0: must be whole numbers"):
         make_loader(corpus.root, LoaderConfig(seq_len=128.0), cache_dir=tmp_path / "c")
+    with pytest.raises(LoaderConfigError, match="segments='yes': must be True or False"):
+        make_loader(corpus.root, LoaderConfig(segments="yes"), cache_dir=tmp_path / "c")

@@ -3,7 +3,8 @@
 The sequence served at global position ``i`` is a pure function of the selected shards, the mixture
 schedule, the seed, ``seq_len`` and ``i`` (`TokenStream`); ranks, DataLoader workers and resume are
 arithmetic on positions (`TokenDataset`). The batch contract (``input_ids``, ``labels``,
-``segment_ids``, ``positions``, ``subset``, ``index``) is documented in `marin_data.loader.packing`.
+``subset``, ``index``; with ``segments=True`` also ``segment_ids``, ``positions``) is documented in
+`marin_data.loader.packing`.
 
 Typical use::
 

@@ -69,14 +69,18 @@ def to_tensors(batch: Batch, *, one_storage: bool = False) -> dict[str, torch.Te
     to the main process through its own shared-memory segment, so one storage per batch instead of five
     made worker batches ~2.5x faster (*measured*); in-process, separate ``from_numpy`` views are cheaper.
     """
+    segments = batch.segment_ids is not None
     if not one_storage:  # numpy slices wrapped one by one: slicing a torch tensor costs ~2 us per view
-        return {"input_ids": torch.from_numpy(batch.input_ids), "labels": torch.from_numpy(batch.labels),
-                "segment_ids": torch.from_numpy(batch.segment_ids), "positions": torch.from_numpy(batch.positions),
-                "subset": torch.from_numpy(batch.subset), "index": torch.from_numpy(batch.index)}
+        out = {"input_ids": torch.from_numpy(batch.input_ids), "labels": torch.from_numpy(batch.labels),
+               "subset": torch.from_numpy(batch.subset), "index": torch.from_numpy(batch.index)}
+        if segments:
+            out["segment_ids"] = torch.from_numpy(batch.segment_ids)
+            out["positions"] = torch.from_numpy(batch.positions)
+        return out
     buffer = torch.from_numpy(batch.buffer)
-    rows, seq_len = batch.segment_ids.shape
+    rows, seq_len = batch.input_ids.shape
     return {name: buffer[offset : offset + size].view(_TORCH[dtype]).view(shape)
-            for name, offset, size, shape, dtype in batch_layout(rows, seq_len)}
+            for name, offset, size, shape, dtype in batch_layout(rows, seq_len, segments)}
 
 
 class TokenDataset(IterableDataset):
@@ -114,7 +118,7 @@ class TokenDataset(IterableDataset):
 
     def batch_at(self, start: int) -> dict[str, torch.Tensor]:
         """This rank's part of the global batch that starts at stream position ``start``."""
-        out = new_batch(self.batch_size, self.stream.seq_len)
+        out = new_batch(self.batch_size, self.stream.seq_len, self.stream.config.segments)
         return to_tensors(self.stream.fill_batch(start, self.ranks, out, self.split),
                           one_storage=get_worker_info() is not None)
 

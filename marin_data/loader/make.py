@@ -48,7 +48,7 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
 
     Example::
 
-        loader = make_loader("corpus/", LoaderConfig(seq_len=4096, batch_size=8,
+        loader = make_loader("corpus/", LoaderConfig(seq_len=4096, batch_size=8, segments=True,
                              mixture={"pretrain/*": 0.8, "midtrain/math": 0.2}))
         for step, batch in enumerate(loader):
             loss = model(batch["input_ids"], segment_ids=batch["segment_ids"], ...)

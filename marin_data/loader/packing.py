@@ -12,6 +12,11 @@ shard (`SubsetTokens.window_starts`), on the same grid every epoch. Why: docs/da
   ``input_ids[:, p]``, so ``labels[:, :-1] == input_ids[:, 1:]``. Each is contiguous (``labels.view(-1)``
   works), written directly by the batch kernel.
   At a document's last input position (its EOS) the label is the first token of the next document.
+- ``subset``: ``[B]`` int64, the index of each row's subset in ``dataset.subsets``.
+- ``index``: ``[B]`` int64, the global stream position of each row (the resume state is counted in these).
+
+With ``LoaderConfig(segments=True)`` (document masking), two more:
+
 - ``segment_ids``: ``[B, L]`` int32. ``segment_ids[b, p]`` numbers the document that ``input_ids[b, p]``
   belongs to, counting from 0 at the first position of the row, +1 at every document start. A document
   that began in an earlier window is segment 0 of this one. To block attention across documents, let
@@ -20,8 +25,10 @@ shard (`SubsetTokens.window_starts`), on the same grid every epoch. Why: docs/da
   the row start and at every document start, then 1, 2, ... — use it for rotary/absolute positions so a
   packed document sees the same positions as an unpacked one (a document continued from an earlier window
   restarts at 0, keeping every position ``< L``).
-- ``subset``: ``[B]`` int64, the index of each row's subset in ``dataset.subsets``.
-- ``index``: ``[B]`` int64, the global stream position of each row (the resume state is counted in these).
+
+They are off by default because they cost: at 8 x 4096 they add 262 KB to the 524 KB of token arrays and
+about half to the time a batch takes (*measured*: 74-83 vs 48-53 us; docs/benchmarks.md). The stream is the
+same either way.
 """
 
 from __future__ import annotations
@@ -77,28 +84,29 @@ class Batch:
     labels: np.ndarray  # [B, L] int64: tokens 1..L of each window
     subset: np.ndarray  # [B] int64
     index: np.ndarray  # [B] int64
-    segment_ids: np.ndarray  # [B, L] int32
-    positions: np.ndarray  # [B, L] int32
+    segment_ids: np.ndarray | None = None  # [B, L] int32, when segments are asked for
+    positions: np.ndarray | None = None  # [B, L] int32, when segments are asked for
 
 
 _FIELDS = ("input_ids", "labels", "subset", "index", "segment_ids", "positions")  # 8-byte types first: aligned
 
 
 @functools.lru_cache(maxsize=16)
-def batch_layout(rows: int, seq_len: int) -> tuple[tuple[str, int, int, tuple[int, ...], np.dtype], ...]:
+def batch_layout(rows: int, seq_len: int, segments: bool = False
+                 ) -> tuple[tuple[str, int, int, tuple[int, ...], np.dtype], ...]:
     """``(field, byte offset, bytes, shape, dtype)`` of each array of a `Batch` in its buffer."""
     shapes = ((rows, seq_len), (rows, seq_len), (rows,), (rows,), (rows, seq_len), (rows, seq_len))
     dtypes = (np.int64, np.int64, np.int64, np.int64, np.int32, np.int32)
     layout, offset = [], 0
-    for name, shape, dtype in zip(_FIELDS, shapes, map(np.dtype, dtypes)):
+    for name, shape, dtype in zip(_FIELDS[: 6 if segments else 4], shapes, map(np.dtype, dtypes)):
         size = int(np.prod(shape)) * dtype.itemsize
         layout.append((name, offset, size, shape, dtype))
         offset += size
     return tuple(layout)
 
 
-def new_batch(rows: int, seq_len: int) -> Batch:
-    layout = batch_layout(rows, seq_len)
+def new_batch(rows: int, seq_len: int, segments: bool = False) -> Batch:
+    layout = batch_layout(rows, seq_len, segments)
     buffer = np.empty(layout[-1][1] + layout[-1][2], np.uint8)
     return Batch(buffer=buffer, **{name: np.ndarray(shape, dtype, buffer, offset)  # cheaper than slice + view
                                    for name, offset, _, shape, dtype in layout})
@@ -125,16 +133,11 @@ def shard_rows(subset, start, cum_flat, cum_offsets):
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill(tokens, offsets, lo, input_ids, labels, segment_ids, positions, ramp):
-    """Copy shard tokens ``[lo, lo + L)`` into ``input_ids``, ``[lo + 1, lo + L + 1)`` into ``labels``, and
-    label their documents.
-
-    ``ramp`` is ``arange`` (int32, longer than a row): positions are slices of it, which compile to plain
-    copies.
-    """
+def _label_documents(offsets, lo, segment_ids, positions, ramp):
+    """Segment ids and positions of the row whose window starts at shard token ``lo`` (``offsets``: the
+    shard's document starts). ``ramp`` is ``arange`` (int32, longer than a row): positions are slices of
+    it, which compile to plain copies."""
     length = segment_ids.shape[0]
-    input_ids[:] = tokens[lo : lo + length]
-    labels[:] = tokens[lo + 1 : lo + length + 1]
     j = np.searchsorted(offsets, lo, side="right")  # the first document start after the row start
     segment, begin = 0, 0
     while True:
@@ -151,19 +154,39 @@ def _fill(tokens, offsets, lo, input_ids, labels, segment_ids, positions, ramp):
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill_batch(tokens, offsets, slots, lo, input_ids, labels, segment_ids, positions, ramp):
-    """`_fill` for every row, after one load per 64-byte line of every row's window: those loads do not
-    depend on each other, so the cache misses of all rows overlap, where the copies would meet them one
-    page at a time (*measured* ~9% of this call at 8 x 4096, windows not in the CPU cache)."""
+def _fill_batch(tokens, offsets, slot_of, used, stamp, subset, start, cum_flat, cum_offsets, input_ids, labels,
+                out_subset, segment_ids, positions, ramp):
+    """Fill a batch (`pack_rows`) if every shard it reads is in a slot of the `ShardTable` (``slot_of``), and
+    mark those slots used at ``stamp``; return -1 then. Otherwise write nothing and return a missing shard.
+
+    ``segment_ids`` has no rows when they are not asked for. Before copying, one load per 64-byte line of
+    every row's window: those loads do not depend on each other, so the cache misses of all rows overlap,
+    where the copies would meet them one page at a time (*measured* 5-6% of the call at 8 x 4096, with
+    segments or without, windows not in the CPU cache).
+    """
+    shard, lo = shard_rows(subset, start, cum_flat, cum_offsets)
+    slots = np.empty_like(shard)
+    for r in range(shard.shape[0]):
+        slots[r] = slot_of[shard[r]]
+        if slots[r] < 0:
+            return shard[r]
+    length = input_ids.shape[1]
     touched = 0
     for r in range(slots.shape[0]):
-        window = tokens[slots[r]][lo[r] : lo[r] + input_ids.shape[1] + 1]
+        used[slots[r]] = stamp
+        window = tokens[slots[r]][lo[r] : lo[r] + length + 1]
         for i in range(0, window.shape[0], 16):
             touched += window[i]
     for r in range(slots.shape[0]):
-        _fill(tokens[slots[r]], offsets[slots[r]], lo[r], input_ids[r], labels[r], segment_ids[r], positions[r],
-              ramp)
-    return touched  # used, so that the loads are kept
+        window = tokens[slots[r]][lo[r] : lo[r] + length + 1]
+        ids, next_ids = input_ids[r], labels[r]
+        for p in range(length):
+            ids[p] = window[p]
+            next_ids[p] = window[p + 1]
+        out_subset[r] = subset[r]
+        if segment_ids.shape[0]:
+            _label_documents(offsets[slots[r]], lo[r], segment_ids[r], positions[r], ramp)
+    return -1 if touched >= 0 else -2  # the loads' sum is used, so that they are kept
 
 
 def _readonly(dtype) -> np.ndarray:
@@ -227,19 +250,24 @@ class ShardTable:
 
 
 def pack_rows(table: ShardTable, subset: np.ndarray, start: np.ndarray, seq_len: int, out: Batch) -> None:
-    """Fill ``out`` with the windows starting at stream token ``start[r]`` of subset ``subset[r]``.
+    """Fill ``out`` with the windows starting at stream token ``start[r]`` of subset ``subset[r]``: one compiled
+    call per batch, and another after opening the shards it reads when one is not open yet.
 
     Args:
         table: the stream's shards (`ShardTable`).
         subset, start: ``[B]`` int64; each window lies in one shard (`window_starts`).
         seq_len: ``L``; each window is ``L + 1`` tokens.
-        out: buffers with ``B`` rows.
+        out: buffers with ``B`` rows; its ``segment_ids`` and ``positions`` are filled when it has them.
     """
-    out.subset[:] = subset
-    shard, lo = shard_rows(subset, start, table.cum_flat, table.cum_offsets)
-    slots = table.slots(shard)
-    _fill_batch(table.tokens, table.offsets, slots, lo, out.input_ids, out.labels, out.segment_ids, out.positions,
-                _ramp(seq_len))
+    segment_ids, positions = (out.segment_ids, out.positions) if out.segment_ids is not None else _NO_SEGMENTS
+    table.batches += 1
+    while _fill_batch(table.tokens, table.offsets, table.slot_of, table.used, table.batches, subset, start,
+                      table.cum_flat, table.cum_offsets, out.input_ids, out.labels, out.subset, segment_ids,
+                      positions, _ramp(seq_len)) >= 0:
+        table.slots(shard_rows(subset, start, table.cum_flat, table.cum_offsets)[0])
+
+
+_NO_SEGMENTS = (np.zeros((0, 0), np.int32), np.zeros((0, 0), np.int32))
 
 
 @functools.lru_cache(maxsize=8)

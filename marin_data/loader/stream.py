@@ -50,8 +50,8 @@ STREAM_FORMAT = 2  # bump when the position -> sequence map changes, so old chec
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """What the loader serves. Every field but ``batch_size`` and ``rank_rows`` is part of the stream's
-    fingerprint."""
+    """What the loader serves. Every field but ``batch_size``, ``rank_rows`` and ``segments`` is part of the
+    stream's fingerprint."""
 
     seq_len: int = 4096  # tokens per sequence; each window holds seq_len + 1 (inputs and labels)
     batch_size: int = 8  # sequences per rank per step (not in the fingerprint: resume with any)
@@ -65,6 +65,9 @@ class LoaderConfig:
     # How each global batch's rows are dealt to ranks, one of `ranks.RANK_ROWS`; "auto": `TokenStream.rank_rows`.
     # Not in the fingerprint: the global batches are the same either way.
     rank_rows: str = "auto"
+    # Also deliver ``segment_ids`` and ``positions`` (document boundaries, for document masking; `packing`).
+    # Not in the fingerprint: the sequences are the same either way.
+    segments: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,8 @@ class TokenStream:
                                     actual=wrong)
         if config.seq_len < 1 or config.batch_size < 1 or config.shuffle_window < 1:
             raise LoaderConfigError(f"seq_len, batch_size and shuffle_window must be >= 1: {config}")
+        if not isinstance(config.segments, bool):
+            raise LoaderConfigError(f"segments={config.segments!r}: must be True or False", actual=config.segments)
         if config.shuffle not in SHUFFLES:
             raise LoaderConfigError(f"unknown shuffle {config.shuffle!r}; choose one of {', '.join(SHUFFLES)}")
         if config.rank_rows not in ("auto", *RANK_ROWS):
@@ -342,7 +347,7 @@ class TokenStream:
         """The sequences at ``positions`` in fresh buffers (tests, inspection)."""
         if not isinstance(positions, range):
             positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
-        return self.fill(positions, new_batch(len(positions), self.config.seq_len), split)
+        return self.fill(positions, new_batch(len(positions), self.config.seq_len, self.config.segments), split)
 
     def sizes(self, split: str = "train") -> dict[str, int]:
         """Sequences per subset in one pass (epoch) of ``split``."""

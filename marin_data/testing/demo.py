@@ -44,7 +44,7 @@ def demo(corpus: str | Path, *, seq_len: int = 256, steps: int = 3, cache_dir: s
     decode = _decoder(corpus.root)
     names = sorted(corpus.manifest.subsets)
     config = LoaderConfig(seq_len=seq_len, batch_size=4, mixture=_schedule(names), seed=0, val_fraction=0.01,
-                          mixture_block=4)
+                          mixture_block=4, segments=True)
     cache_dir = Path(cache_dir) if cache_dir is not None else Path(tempfile.mkdtemp(prefix="marin-loader-demo-"))
     stream = TokenStream(corpus, config, cache_dir=cache_dir)
     print(format_table(["subset", "sequences per pass", "held out"] + [f"phase {k}" for k in range(2)], [

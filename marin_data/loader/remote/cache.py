@@ -27,7 +27,7 @@ import numpy as np
 from marin_data.corpus.manifest import ShardRecord
 from marin_data.errors import CorpusLockedError, LoaderConfigError, ShardFormatError
 from marin_data.layout import PARTIAL_SUFFIX
-from marin_data.loader.cache import SEAL, DecodedShard, DecodedShardCache, sealed
+from marin_data.loader.cache import SEAL, DecodedShard, DecodedShardCache, map_npy, sealed
 from marin_data.retry import RetryPolicy
 from marin_data.stores.base import Store
 from marin_data.transfer.fetch import fetch_file
@@ -369,7 +369,7 @@ class RemoteShardCache:
         """Under the lock: memory maps of a ready entry, each pinning it until it is garbage."""
         shard = entry.shard
         tokens_path, offsets_path = self._decoder.paths(shard)
-        tokens, offsets = np.load(tokens_path, mmap_mode="r"), np.load(offsets_path, mmap_mode="r")
+        tokens, offsets = map_npy(tokens_path), map_npy(offsets_path)
         if tokens.shape != (shard.tokens,) or offsets.shape != (shard.docs + 1,):
             del tokens, offsets
             self._evict(entry)
