@@ -8,9 +8,10 @@ tokens), EOS after each document.
 
 - **floor**: the same sequences (the loader's own order, computed beforehand) copied with numpy from one
   memory map per subset into a preallocated ``[8, 4097]`` int64 batch: the cheapest way to deliver them.
-- **loader**: `TokenDataset` iterated by a loop that only takes each batch, in-process without and with the
-  prefetch thread, and through 2 DataLoader worker processes for context. "CPU per step" is the process's
-  CPU time (all threads) per batch.
+- **loader**: `TokenDataset` iterated by a loop that only takes each batch, in-process (the default batch,
+  then with ``segments=True``), with the prefetch thread, and through 2 DataLoader worker processes for
+  context. "CPU per step" is the process's CPU time (all threads) per batch. Then a loop that sleeps 2 ms
+  per batch (a GPU step: the GIL released) times how long each ``next`` waits.
 - **first pass**: a fresh decode cache, one pass worth of sequences: Parquet decode, writing the ``.npy``
   files and serving, vs reading every shard's ``tokens`` column (the one the loader decodes) with
   ``pyarrow.parquet.read_table`` (the decode floor).
@@ -26,6 +27,7 @@ Each repeat runs floor and loader back to back; figures are medians over repeats
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import platform
@@ -83,25 +85,30 @@ def floor_rate(stream: TokenStream, maps: list[np.ndarray], start: int, steps: i
 
 
 def loader_rate(stream: TokenStream, start: int, steps: int, *, prefetch: int = 0, workers: int = 0,
-                step_s: float = 0.0, warmup: int = 1) -> tuple[float, float]:
-    """(tokens/s, CPU seconds per step) of a loop that takes ``steps`` batches from the loader.
+                step_s: float = 0.0, warmup: int = 1) -> tuple[float, float, float]:
+    """(tokens/s, CPU seconds per step, seconds per step spent waiting in ``next``) of a loop that takes
+    ``steps`` batches from the loader.
 
     ``step_s``: the loop also "trains" that long per batch, in ``time.sleep``, which releases the GIL as a
-    training step waiting on its GPU does.
+    training step waiting on its GPU does (the wait is timed around ``next`` alone: a sleep overshoots).
     """
     dataset = TokenDataset(stream, position=start, prefetch=prefetch)
     loader = TokenLoader(dataset, num_workers=workers, prefetch_factor=4)
     it = iter(loader)
     for _ in range(2 * workers + warmup):  # start-up (threads, worker processes, first maps) is not steady state
         next(it)
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, waited = time.perf_counter(), time.process_time(), 0.0
     for _ in range(steps):
-        next(it)
         if step_s:
+            tw = time.perf_counter()
+            next(it)
+            waited += time.perf_counter() - tw
             time.sleep(step_s)
+        else:
+            next(it)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     del it
-    return steps * BATCH * SEQ_LEN / wall, cpu / steps
+    return steps * BATCH * SEQ_LEN / wall, cpu / steps, waited / steps
 
 
 def decoded_stream(root: Path, cache: Path, seed: int = 0, segments: bool = False) -> tuple[TokenStream, float]:
@@ -131,21 +138,25 @@ def steady_state(root: Path, cache: Path, steps: int, repeats: int) -> dict:
         whole.flush()
         maps.append(np.asarray(np.load(path, mmap_mode="r")))  # a plain ndarray: no memmap subclass overhead
         path.read_bytes()  # warm page cache
-    rows: dict[str, list] = {k: [] for k in ("floor", "sync", "sync_cpu", "thread", "thread_cpu", "workers2",
-                                              "sync_wait", "thread_wait")}
+    with_segments = TokenStream(root, dataclasses.replace(stream.config, segments=True), source=stream.source)
+    rows: dict[str, list] = {k: [] for k in ("floor", "sync", "sync_cpu", "segments", "segments_cpu", "thread",
+                                              "thread_cpu", "workers2", "sync_wait", "thread_wait")}
     for rep in range(repeats):
-        start = 1_000_000 + rep * steps * BATCH * 4  # fresh positions each repeat, as training would read
+        start = 1_000_000 + rep * steps * BATCH * 5  # fresh positions each repeat, as training would read
         rows["floor"].append(floor_rate(stream, maps, start, steps))
-        rate, cpu = loader_rate(stream, start, steps)
+        rate, cpu, _ = loader_rate(stream, start, steps)
         rows["sync"].append(rate)
         rows["sync_cpu"].append(cpu)
-        rate, cpu = loader_rate(stream, start + steps * BATCH, steps, prefetch=2)
+        rate, cpu, _ = loader_rate(with_segments, start + 4 * steps * BATCH, steps)
+        rows["segments"].append(rate)
+        rows["segments_cpu"].append(cpu)
+        rate, cpu, _ = loader_rate(stream, start + steps * BATCH, steps, prefetch=2)
         rows["thread"].append(rate)
         rows["thread_cpu"].append(cpu)
         rows["workers2"].append(loader_rate(stream, start + 2 * steps * BATCH, steps, workers=2)[0])
         for k, prefetch in (("sync_wait", 0), ("thread_wait", 2)):  # what a 2 ms training step waits for data
-            rate, _ = loader_rate(stream, start + 3 * steps * BATCH, steps // 4, prefetch=prefetch, step_s=STEP_S)
-            rows[k].append(BATCH * SEQ_LEN / rate - STEP_S)
+            rows[k].append(loader_rate(stream, start + 3 * steps * BATCH, steps // 4, prefetch=prefetch,
+                                       step_s=STEP_S)[2])
     out = {k: statistics.median(v) for k, v in rows.items()}
     out["decode_all_s"] = decode_s
     return out
@@ -203,7 +214,7 @@ def startup(tmp: Path, shards: int) -> dict:
 def rate_of(root: Path, cache: Path, steps: int, seed: int, warmup: int, segments: bool) -> dict:
     """One in-process measurement for ``bench_loader_peers.py`` (which runs it in a fresh process): the
     loader over ``root``'s shards, decoded into ``cache`` first (outside the timing), warm page cache."""
-    rate, cpu = loader_rate(decoded_stream(root, cache, seed, segments)[0], 1_000_000, steps, warmup=warmup)
+    rate, cpu, _ = loader_rate(decoded_stream(root, cache, seed, segments)[0], 1_000_000, steps, warmup=warmup)
     return {"tokens_per_s": rate, "cpu_per_step": cpu}
 
 
@@ -240,7 +251,8 @@ def main() -> None:
           f"{args.steps} steps, median of {args.repeats}\n")
     print("| what | M tokens/s | vs floor | CPU per step |\n|---|---:|---:|---:|")
     print(f"| floor: numpy copies from a memory map | {steady['floor'] / m:.0f} | 1.00 | |")
-    for key, label in (("sync", "loader, in-process"), ("thread", "loader, in-process + prefetch thread")):
+    for key, label in (("sync", "loader, in-process"), ("segments", "loader, in-process, segments=True"),
+                       ("thread", "loader, in-process + prefetch thread")):
         print(f"| {label} | {steady[key] / m:.0f} | {steady[key] / steady['floor']:.2f} | "
               f"{steady[key + '_cpu'] * 1e6:.0f} us |")
     print(f"| loader, 2 DataLoader worker processes | {steady['workers2'] / m:.0f} | "
