@@ -59,7 +59,12 @@ def test_info_and_show_read_a_published_corpus_without_downloading_it(corpus, mo
 
 
 def test_s3_flags_with_an_hf_source_are_usage_errors(tmp_path):
-    for args in (["download", "hf://datasets/team/c", "--to", tmp_path / "d", "--endpoint-url", "http://x"],
-                 ["info", "hf://datasets/team/c", "--endpoint-url", "http://x"]):
+    for args, says in ((["download", "hf://datasets/team/c", "--to", tmp_path / "d", "--endpoint-url", "http://x"],
+                        "--endpoint-url applies to s3:// URLs only"),
+                       (["info", "hf://datasets/team/c", "--endpoint-url", "http://x"],
+                        "--endpoint-url does not apply to hf:// URLs")):
         out = run_cli(*args, timeout=60)
-        assert out.returncode == 2 and "--endpoint-url" in out.stderr, out.stderr
+        assert out.returncode == 2 and says in out.stderr, out.stderr
+    out = run_cli("download", "hf://datasets/team/c", "--to", tmp_path / "d", "--profile", "p", "--anonymous",
+                  timeout=60)
+    assert out.returncode == 2 and "--profile, --anonymous apply to s3:// URLs only" in out.stderr, out.stderr

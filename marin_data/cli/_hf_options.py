@@ -30,5 +30,6 @@ def check_hf_flags(url: str, endpoint: str | None, token: str | None, **other_fl
                                "--profile)")
     given = [name for name, value in other_flags.items() if value]
     if is_hf and given:
-        raise click.UsageError(f"{', '.join(given)} do(es) not apply to hf:// URLs")
+        verb = "does" if len(given) == 1 else "do"
+        raise click.UsageError(f"{', '.join(given)} {verb} not apply to hf:// URLs (they take --endpoint and --token)")
     return is_hf

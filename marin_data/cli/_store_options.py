@@ -46,7 +46,8 @@ def check_s3_flags(urls: list[str], endpoint_url: str | None, profile: str | Non
     given = [flag for flag, value in (("--endpoint-url", endpoint_url), ("--profile", profile),
                                       ("--anonymous", anonymous), ("--requester-pays", requester_pays)) if value]
     if given and not any(u.startswith("s3://") for u in urls):
-        raise click.UsageError(f"{', '.join(given)} appl(y|ies) to s3:// URLs only; an hf:// source takes "
+        verb = "applies" if len(given) == 1 else "apply"
+        raise click.UsageError(f"{', '.join(given)} {verb} to s3:// URLs only; an hf:// source takes "
                                "--endpoint and --token")
 
 
