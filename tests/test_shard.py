@@ -358,6 +358,34 @@ def test_skip_bad_counts_by_reason_and_a_retry_reuses_the_good_files(tmp_path, t
     assert json.loads((tmp_path / "c" / sources_path("s")).read_bytes())["skipped"] == report.skipped
 
 
+def test_a_retry_under_another_max_doc_bytes_redoes_only_the_files_it_changes(tmp_path, tiny_tokenizer):
+    inputs = tmp_path / "in"
+    write_jsonl(inputs / "a-short.jsonl", [{"text": f"short document {i}"} for i in range(20)])
+    write_jsonl(inputs / "b-long.jsonl", [{"text": "long " * 60}, {"text": "short"}])
+    broken = write_jsonl(inputs / "c-broken.jsonl.gz", [{"text": t} for t in make_texts(400, 2)], "gzip")
+    broken.write_bytes(broken.read_bytes()[:-100])  # unreadable: fails the run even with skip_bad
+    args = dict(subset="s", tokenizer=str(tiny_tokenizer), out=tmp_path / "c", workers=1, skip_bad=True)
+    with pytest.raises(UnreadableInputError):
+        shard_subset([inputs], max_doc_bytes=200, **args)  # b-long's first record (~300 bytes) is skipped
+    broken.unlink()
+    report = shard_subset([inputs], max_doc_bytes=1000, **args)
+    # a-short skipped nothing: the higher limit reads it the same. b-long now keeps its long record.
+    assert report.units_reused == 1 and report.skipped == {} and report.docs == 22
+
+
+def test_a_retry_under_a_lower_max_doc_bytes_redoes_every_file(tmp_path, tiny_tokenizer):
+    inputs = tmp_path / "in"
+    write_jsonl(inputs / "a-long.jsonl", [{"text": "long " * 60}, {"text": "short"}])
+    broken = write_jsonl(inputs / "c-broken.jsonl.gz", [{"text": t} for t in make_texts(400, 2)], "gzip")
+    broken.write_bytes(broken.read_bytes()[:-100])
+    args = dict(subset="s", tokenizer=str(tiny_tokenizer), out=tmp_path / "c", workers=1, skip_bad=True)
+    with pytest.raises(UnreadableInputError):
+        shard_subset([inputs], max_doc_bytes=1000, **args)
+    broken.unlink()
+    report = shard_subset([inputs], max_doc_bytes=200, **args)
+    assert report.units_reused == 0 and report.skipped == {"too_long": 1} and report.docs == 1
+
+
 def test_inputs_without_documents_are_refused(tmp_path, tiny_tokenizer):
     inputs = write_jsonl(tmp_path / "empty.jsonl", [{"text": ""}, {"text": ""}])
     with pytest.raises(UnreadableInputError, match="no documents"):

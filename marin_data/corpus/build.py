@@ -46,7 +46,8 @@ from marin_data.engines import Engine, make_engine
 from marin_data.errors import CorpusConflictError, ShardFormatError, TokenizerMismatchError, UnreadableInputError
 from marin_data.layout import DATA, LOCK_NAME, MANIFEST, SHARDS_INDEX, SOURCES, STAGING, SUMS, TOKENIZER
 from marin_data.lock import corpus_lock
-from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES, Document, expand_inputs, read_documents, source_names
+from marin_data.raw.documents import (DEFAULT_MAX_DOC_BYTES, TOO_LONG, Document, expand_inputs, read_documents,
+                                      source_names)
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer, tokenizer_from_bytes
 from marin_data.ui import progress
 
@@ -108,6 +109,7 @@ class UnitResult:
     tokens: int
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> records skipped (empty documents too)
     examples: dict[str, str] = field(default_factory=dict)  # reason -> the first such record, "path:line: why"
+    max_doc_bytes: int | None = None  # the limit the unit was read under (None: a marker from before it was kept)
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,8 @@ def tokenize_unit(job: UnitJob) -> UnitResult:
     with atomic_path(lengths_path) as tmp, open(tmp, "wb") as f:
         np.save(f, lengths)
     result = UnitResult(key=job.key, docs=len(lengths), tokens=int(lengths.sum()),
-                        skipped=dict(sorted(skipped.items())), examples=dict(sorted(examples.items())))
+                        skipped=dict(sorted(skipped.items())), examples=dict(sorted(examples.items())),
+                        max_doc_bytes=job.max_doc_bytes)
     atomic_write_bytes(marker, _canonical(asdict(result)))
     return result
 
@@ -470,10 +473,24 @@ def _unit_jobs(files: Sequence[InputFile], staging: Path, tokenizer_path: Path, 
     reused: dict[int, UnitResult] = {}
     for i, job in enumerate(jobs):
         done = _read_marker(_unit_paths(job)[2])
-        # A unit that skipped bad records is reused only when skipping is asked for again.
-        if done is not None and (skip_bad or not set(done["skipped"]) - {EMPTY}):
+        if done is not None and _reusable(UnitResult(**done), skip_bad=skip_bad, max_doc_bytes=max_doc_bytes):
             reused[i] = UnitResult(**done)
     return jobs, reused
+
+
+def _reusable(done: UnitResult, *, skip_bad: bool, max_doc_bytes: int) -> bool:
+    """Whether a unit an earlier run finished is what this run would make.
+
+    One that skipped bad records only when skipping is asked for again. Under another ``max_doc_bytes``, only
+    one that skipped nothing as too long, read under a lower limit: a higher one accepts the same records,
+    while a lower one may refuse a record it accepted, and one that skipped too-long records would now keep
+    some of them.
+    """
+    if set(done.skipped) - {EMPTY} and not skip_bad:
+        return False
+    if done.max_doc_bytes is None:
+        return False
+    return done.max_doc_bytes == max_doc_bytes or (done.max_doc_bytes < max_doc_bytes and TOO_LONG not in done.skipped)
 
 
 def _read_marker(path: Path) -> dict | None:
