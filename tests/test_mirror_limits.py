@@ -148,6 +148,7 @@ def test_cr_lf_in_a_path_is_a_logged_400_and_injects_no_header(served, caplog):
     ("items=0-1", 200, b"abcdef"),  # an unknown unit is ignored
     ("bytes=2-1", 200, b"abcdef"),  # a malformed range is ignored
     ("bytes=6-", 416, b""),
+    ("bytes=-0", 416, b""),  # a zero-length suffix is well-formed and selects nothing
 ])
 def test_ranges_follow_rfc_9110(served, rng, status, body):
     got = raw_request(served.url, "GET", f"/datasets/{REPO}/resolve/main/six.txt", {"Range": rng})

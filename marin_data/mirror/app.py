@@ -27,6 +27,7 @@ import json
 import logging
 import mimetypes
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlencode
@@ -281,6 +282,9 @@ def _open_inside(path: Path, root: Path):
         return None
 
 
+_EMPTY_SUFFIX = re.compile(r"\s*bytes\s*=\s*-0+\s*", re.IGNORECASE)
+
+
 def _file_response(request: Request, snap: Snapshot, entry: FileEntry, f) -> Response:
     size = entry.size
     name = entry.path.rpartition("/")[2]
@@ -295,12 +299,16 @@ def _file_response(request: Request, snap: Snapshot, entry: FileEntry, f) -> Res
         headers["X-Linked-Size"] = str(size)
     status, start, length = 200, 0, size
     rng = request.range if "Range" in request.headers else None
-    # RFC 9110 14.2: a malformed range or an unknown unit is ignored; several ranges get the whole file
-    if rng is not None and rng.units == "bytes" and len(rng.ranges) == 1:
-        first = rng.ranges[0][0]
-        if first < 0 and -first > size > 0:
-            rng.ranges[0] = (-size, None)  # a suffix longer than the file: the whole file
-        span = rng.range_for_length(size)
+    # RFC 9110 14.2: a malformed range or an unknown unit is ignored; several ranges get the whole file. A
+    # zero-length suffix ("bytes=-0") is well-formed but selects nothing: unsatisfiable (werkzeug drops it).
+    empty_suffix = rng is None and _EMPTY_SUFFIX.fullmatch(request.headers.get("Range", ""))
+    if empty_suffix or (rng is not None and rng.units == "bytes" and len(rng.ranges) == 1):
+        span = None
+        if not empty_suffix:
+            first = rng.ranges[0][0]
+            if first < 0 and -first > size > 0:
+                rng.ranges[0] = (-size, None)  # a suffix longer than the file: the whole file
+            span = rng.range_for_length(size)
         if span is None:
             f.close()
             headers["Content-Range"] = f"bytes */{size}"
