@@ -173,6 +173,27 @@ def writable(tmp_path, monkeypatch):
         yield mirror, HfApi(endpoint=mirror.url, token=TOKEN), tmp_path / "root", tmp_path / "elsewhere"
 
 
+@pytest.mark.parametrize("framing", ["Content-Length: 1000", "Transfer-Encoding: chunked"])
+def test_a_streamed_body_that_stalls_gets_408_and_the_connection_closes(writable, framing):
+    mirror, api, root, _ = writable
+    api.create_repo("team/stalled", repo_type="dataset")
+    with connect(mirror.url) as s:  # a bearer token: the body streams to the app, which reads it after the check
+        s.sendall(f"POST /api/datasets/team/stalled/commit/main HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                  f"{TOKEN}\r\nContent-Type: application/x-ndjson\r\n{framing}\r\n\r\n".encode())
+        s.sendall(b"a\r\n{\"key\": \"h\r\n" if "chunked" in framing else b'{"key": "h')  # then nothing
+        reply = s.makefile("rb").read(4096)  # the whole answer: read returns at the close (or times out, failing)
+    assert reply.startswith(b"HTTP/1.1 408 ") and reply.endswith(b'{"error": "request body stalled for 1 s"}')
+
+
+def test_a_malformed_chunk_in_a_streamed_body_gets_400(writable):
+    mirror, api, root, _ = writable
+    api.create_repo("team/framing", repo_type="dataset")
+    with connect(mirror.url) as s:
+        s.sendall(f"POST /api/datasets/team/framing/commit/main HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                  f"{TOKEN}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n".encode())
+        assert read_status(s) == 400
+
+
 @pytest.mark.parametrize("content", [b"small", b"\0" * (11 << 20)])  # a regular file and an LFS one
 def test_a_commit_never_writes_through_a_symlinked_folder(writable, content):
     mirror, api, root, elsewhere = writable

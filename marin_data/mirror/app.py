@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, quote, urlencode
 from werkzeug.wrappers import Request, Response
 
 from marin_data.errors import UnsafeDestinationError
-from marin_data.mirror.http import HubError, json_response, raw_segments, read_body, repo_path, snapshot_at
+from marin_data.mirror.http import BodyError, HubError, json_response, raw_segments, read_body, repo_path, snapshot_at
 from marin_data.mirror.repo import FileEntry, RepoStore, Snapshot, file_stamp
 from marin_data.mirror.upload import Uploads
 
@@ -80,6 +80,8 @@ class MirrorApp:
             response = self.dispatch(request, raw_segments(environ))
         except HubError as e:
             response = e.response()
+        except BodyError as e:  # a streamed body stalled or was malformed: the front closes the connection
+            response = HubError(e.status, e.message).response()
         except UnsafeDestinationError as e:  # a link where a write goes (ROOT/org -> /elsewhere): refused
             response = HubError(400, f"{e.actual} where the mirror writes {e.expected}: refused, the mirror never "
                                      "writes through a symlink").response()

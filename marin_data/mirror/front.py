@@ -27,7 +27,7 @@ from email.utils import formatdate
 from http import HTTPStatus
 from urllib.parse import unquote_to_bytes
 
-from marin_data.mirror.http import MAX_JSON_BODY
+from marin_data.mirror.http import MAX_JSON_BODY, BodyError
 
 __all__ = ["Limits", "HttpFront"]
 
@@ -118,7 +118,12 @@ class _ThreadBody(io.RawIOBase):
         return True
 
     def readinto(self, b) -> int:
-        data = asyncio.run_coroutine_threadsafe(self._body.read(len(b)), self._loop).result(self._timeout + 5)
+        try:
+            data = asyncio.run_coroutine_threadsafe(self._body.read(len(b)), self._loop).result(self._timeout + 5)
+        except TimeoutError:
+            raise BodyError(408, f"request body stalled for {self._timeout:g} s") from None
+        except _Refuse as e:
+            raise BodyError(e.status, e.message) from None
         b[:len(data)] = data
         return len(data)
 

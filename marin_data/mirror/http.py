@@ -22,13 +22,23 @@ from werkzeug.wrappers import Request, Response
 
 from marin_data.mirror.repo import RepoStore, Snapshot
 
-__all__ = ["HubError", "json_response", "raw_segments", "repo_path", "snapshot_at", "read_body", "MAX_PATH_CHARS",
-           "MAX_JSON_BODY", "MAIN_REVISIONS"]
+__all__ = ["HubError", "BodyError", "json_response", "raw_segments", "repo_path", "snapshot_at", "read_body",
+           "MAX_PATH_CHARS", "MAX_JSON_BODY", "MAIN_REVISIONS"]
 
 MAX_PATH_CHARS = 4096
 MAX_JSON_BODY = 1 << 20  # a JSON or form body (paths-info, preupload, LFS batch): ~5,000 paths; 413 beyond
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAIN_REVISIONS = ("main", "refs/heads/main")  # the mirror's one branch
+
+
+class BodyError(OSError):
+    """A streamed request body that could not be read: it stalled past the body time limit (408) or its
+    chunked framing is malformed (400). The HTTP front raises it from ``wsgi.input``; the app answers with
+    ``status``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
 
 
 class HubError(Exception):
