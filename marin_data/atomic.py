@@ -30,7 +30,8 @@ WRITE_BYTES = 128 << 10
 class SafeDir:
     """A folder below a destination root, opened without following a symbolic link below that root.
 
-    The root and its ancestors are the user's choice and may be links; every folder below it is opened
+    The root and its ancestors are the user's choice and may be links (a dangling one, or a file, where the
+    root must be a folder is refused, naming it); every folder below it is opened
     with ``O_NOFOLLOW`` relative to the one above (``openat``), so swapping a folder for a link midway
     redirects nothing. Files in it are opened, replaced and removed relative to the open folder, and a
     link or a file of the wrong kind where marin writes is refused (`UnsafeDestinationError`, naming the
@@ -40,7 +41,10 @@ class SafeDir:
     def __init__(self, root: str | os.PathLike, rel: str | os.PathLike = "", *, create: bool = True) -> None:
         root = Path(root)
         if create:
-            root.mkdir(parents=True, exist_ok=True)
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError) as e:  # a dangling link or a file at or above root
+                raise _in_the_way(root) from e
         self.path = root
         self.fd = _open_dir(None, os.fspath(root), root)
         try:
@@ -146,6 +150,21 @@ def _open_dir(dir_fd: int | None, name: str, path: Path) -> int:
         if st is None:
             raise
         raise _unsafe(path, st, "a folder") from e
+
+
+def _in_the_way(root: Path) -> UnsafeDestinationError:
+    """Why ``root`` cannot be made a folder: the first of it and its ancestors that is not one."""
+    for path in reversed((root, *root.parents)):
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode) and not path.is_dir():
+                target = "does not exist" if not path.exists() else "is not a folder"
+                return UnsafeDestinationError(f"is a symbolic link to {os.readlink(path)}, which {target}: marin "
+                                              "writes a folder there", path=str(path), expected="a folder",
+                                              actual=f"a symbolic link to what {target}")
+            if not path.is_dir():
+                return _unsafe(path, st, "a folder")
+    return UnsafeDestinationError("cannot be made a folder", path=str(root), expected="a folder")
 
 
 def _unsafe(path: Path, st: os.stat_result, wanted: str = "a regular file") -> UnsafeDestinationError:

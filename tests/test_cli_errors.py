@@ -65,6 +65,18 @@ def test_every_error_type_maps_to_a_documented_exit_code_and_none_to_the_interna
     assert set(code for _, _, code in ERROR_TABLE) <= set(documented)
 
 
+def test_the_systems_refusals_name_the_path_and_exit_with_their_documented_code():
+    import errno
+
+    documented = _documented_codes()
+    for exc in (PermissionError(errno.EACCES, "Permission denied", "/data/x"),
+                PermissionError(errno.EPERM, "Operation not permitted", "/data/x"),
+                OSError(errno.EROFS, "Read-only file system", "/data/x")):
+        message, code = describe(exc)
+        assert message.startswith(f"/data/x: {exc.strerror}") and "permissions" in documented[code]
+    assert describe(OSError(errno.EIO, "Input/output error", "/data/x")) is None  # not a refusal: a bug or a disk
+
+
 def test_errors_are_also_stdlib_errors_and_keep_their_fields():
     e = E.ShardChecksumError("sha256 differs", path="p", expected="aa", actual="bb")
     assert isinstance(e, ValueError) and isinstance(e, E.MarinDataError)

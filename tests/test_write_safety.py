@@ -88,6 +88,36 @@ def test_cli_names_the_link_with_its_own_exit_code_and_a_linked_dest_is_the_user
     assert load_corpus(real).shards
 
 
+@pytest.mark.parametrize("dest", ["dangling", "below-a-file"])  # DEST a file is click's usage error (exit 2)
+def test_a_dest_that_cannot_be_a_folder_is_named_with_exit_16(source, tmp_path, dest):
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    (tmp_path / "file").write_bytes(PRECIOUS)
+    (tmp_path / "below-a-file").symlink_to(tmp_path / "file")  # DEST's parent is then a file
+    target = tmp_path / dest / ("sub" if dest == "below-a-file" else "")
+    out = run_cli("download", source, "--to", target)
+    says = {"dangling": f"{tmp_path / 'dangling'}: is a symbolic link to {tmp_path / 'gone'}, which does not exist",
+            "below-a-file": f"{tmp_path / 'below-a-file'}: is a symbolic link to {tmp_path / 'file'}, which is not a "
+                            "folder"}[dest]
+    assert out.returncode == 16 and says in out.stderr, out.stderr
+    assert not (tmp_path / "gone").exists() and (tmp_path / "file").read_bytes() == PRECIOUS
+
+
+def test_a_dest_the_system_refuses_is_named_with_exit_18(source):
+    import errno
+
+    refused = Path("/sys/marin-test")  # EPERM even for root (EROFS where /sys is mounted read-only)
+    try:
+        refused.mkdir()
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            pytest.skip(f"/sys refuses with {e!r} here")
+    else:
+        refused.rmdir()
+        pytest.skip("/sys accepts a new folder here")
+    out = run_cli("download", source, "--to", refused)
+    assert out.returncode == 18 and f"{refused}: " in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("what", ["folder-as-shard", "file-as-folder"])
 def test_a_folder_where_a_shard_goes_or_a_file_where_a_folder_goes_is_refused_untouched(source, tmp_path, what):
     dest = tmp_path / "dest"

@@ -6,11 +6,12 @@ Subclasses come before their parents: the first matching row wins. The traceback
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 
 from marin_data import errors as E
 
-__all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "ERROR_TABLE", "describe"]
+__all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "EXIT_DENIED", "ERROR_TABLE", "describe"]
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1  # verify found missing/modified/unlisted files; some downloads failed
@@ -74,8 +75,16 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
 ]
 
 
+EXIT_DENIED = 18  # the system refused access to a path: permissions, or a read-only file system
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 def describe(exc: BaseException) -> tuple[str, int] | None:
     """Message and exit code for a known error, or None for an unexpected exception."""
+    if type(exc) in (PermissionError, OSError) and exc.errno in _DENIED:  # the system's, by errno, not marin's
+        where = exc.filename if exc.filename is not None else "a path"
+        return (f"{where}: {exc.strerror}\n  -> check the permissions of that path (or choose another destination), "
+                "then run the same command again: finished work is kept"), EXIT_DENIED
     for etype, fmt, code in ERROR_TABLE:
         if isinstance(exc, etype):
             return fmt(exc), code
