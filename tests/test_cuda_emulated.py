@@ -165,6 +165,20 @@ def test_route_topk_equals_the_reference(kern, E, k, n_group, topk_group, mode):
             assert got[0].tolist() == [slow_topk_ids(row, k) for row in score.tolist()]
 
 
+@pytest.mark.parametrize("resident,blocks", [("3", 6), ("1", 2), ("100", 16), ("0", 16), ("-1", 16)])
+def test_route_grid_holds_the_blocks_that_can_be_resident_and_routes_the_same(kern, host_lib, monkeypatch,
+                                                                              resident, blocks):
+    """Two emulated SMs; 200 tokens would take 50 blocks of 4 warps. The persistent grid holds what can be
+    resident at once, at most 8 per SM; a zero or failed occupancy answer falls back to 8 per SM."""
+    monkeypatch.setenv("CUDA_EMU_RESIDENT_BLOCKS", resident)
+    host_lib.cuda_emu_last_grid_blocks.restype = ctypes.c_uint64
+    logits = torch.randn(200, 64, generator=gen(11)) * 3
+    args = (6, "sigmoid", 2.5, True, 1, 1)
+    got = kern.route_topk(logits, None, *args)
+    assert host_lib.cuda_emu_last_grid_blocks() == blocks
+    assert_routes_match(got, ops.route_topk(logits, None, *args), logits, None, "sigmoid")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("E,k", [(7, 2), (200, 8), (512, 16)])
 def test_route_topk_16_bit_logits(kern, E, k, dtype):

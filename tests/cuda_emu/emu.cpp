@@ -137,10 +137,6 @@ std::string last_message;
 uint64_t seed = 0;
 uint64_t launches = 0;
 
-int env_int(const char* name, int fallback) {
-  const char* value = getenv(name);
-  return value != nullptr && *value ? atoi(value) : fallback;
-}
 
 // Switches from the running fiber (or the scheduler when `from` < 0) to `to` (the scheduler when < 0).
 // `final`: the fiber that switches away never resumes (it returned, or its launch failed).
@@ -453,6 +449,11 @@ void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* context) {
   }
 }
 
+int env_int(const char* name, int fallback) {
+  const char* value = getenv(name);
+  return value != nullptr && *value ? atoi(value) : fallback;
+}
+
 }  // namespace cuda_emu
 
 using cuda_emu::last_error;
@@ -501,6 +502,11 @@ cudaError_t cudaDriverGetVersion(int* version) {
 cudaError_t cudaRuntimeGetVersion(int* version) {
   *version = CUDART_VERSION;
   return cudaSuccess;
+}
+
+// Blocks in the grid of the latest launch (tests check how a launcher sized it).
+extern "C" uint64_t cuda_emu_last_grid_blocks() {
+  return static_cast<uint64_t>(cuda_emu::grid_dim.x) * cuda_emu::grid_dim.y * cuda_emu::grid_dim.z;
 }
 
 // The seed of the thread order at barriers and of the shared-memory garbage (tests vary it).

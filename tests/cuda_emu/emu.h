@@ -67,9 +67,16 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream = nullptr);
 cudaError_t cudaDriverGetVersion(int* version);
 cudaError_t cudaRuntimeGetVersion(int* version);
+namespace cuda_emu {
+int env_int(const char* name, int fallback);
+}
+// The emulation has no registers: threads bound the resident blocks, unless CUDA_EMU_RESIDENT_BLOCKS says
+// otherwise (tests set it to reach the code that sizes a grid from it; a negative value fails the call).
 template <typename Kernel>
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int block_size, size_t) {
-  *blocks = block_size > 0 ? 2048 / block_size : 0;  // the emulation has no registers: threads bound it
+  const int resident = cuda_emu::env_int("CUDA_EMU_RESIDENT_BLOCKS", block_size > 0 ? 2048 / block_size : 0);
+  if (resident < 0) return cudaErrorInvalidValue;
+  *blocks = resident;
   return cudaSuccess;
 }
 #define CUDART_VERSION 13000
