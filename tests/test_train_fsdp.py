@@ -44,7 +44,7 @@ def _worker(rank: int, world: int, out: str, corpus: str, cfg: TrainConfig, kill
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{out}/init", rank=rank, world_size=world)
-    cfg = replace(cfg, batch_size=GLOBAL_BATCH // world)
+    cfg = replace(cfg, batch_size=cfg.batch_size // world)  # cfg.batch_size is the global batch here
     cfg = resume_config(cfg, world)
     if kill_at_save:
         saves, save = [], checkpoint.dcp.save
@@ -55,8 +55,8 @@ def _worker(rank: int, world: int, out: str, corpus: str, cfg: TrainConfig, kill
             if len(saves) == kill_at_save:
                 os.kill(os.getpid(), signal.SIGKILL)
         checkpoint.dcp.save = save_then_die
-    loader = make_loader(load_corpus(corpus), LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size,
-                                                           seed=cfg.seed), cache_dir=f"{out}/cache{rank}")
+    config = LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed, segments=True)
+    loader = make_loader(load_corpus(corpus), config, cache_dir=f"{out}/cache{rank}")
     seen = []
 
     class Recording:
@@ -121,6 +121,11 @@ def _run_layouts(root: Path) -> dict:
     for name, world in (("w2ep1", 2), ("w1ep1", 1)):
         shutil.copytree(root / "ckpt", root / f"ckpt_{name}")
         out[f"resume_{name}"] = run(root / name, corpus, world, replace(CFG, checkpoint_dir=str(root / f"ckpt_{name}")))
+    six = replace(CFG, batch_size=6)  # a global batch that 3 ranks divide
+    out["w1_b6"] = run(root / "w1_b6", corpus, 1, six)
+    uneven = replace(six, checkpoint_dir=str(root / "ckpt_w3"))
+    out["w3_until3"] = run(root / "w3_until3", corpus, 3, replace(uneven, steps=3))
+    out["resume_w3_w2ep2"] = run(root / "w3_w2ep2", corpus, 2, replace(uneven, ep=2))
     return out
 
 
@@ -166,6 +171,18 @@ def test_a_world_4_checkpoint_resumes_at_world_2_and_1(runs, name):
     served = sorted(i for r in resumed["ranks"] for batch in r["seen"] for i in batch)
     want = sorted(i for r in whole["ranks"] for batch in r["seen"][3:] for i in batch)
     assert served == want == list(range(3 * GLOBAL_BATCH, 6 * GLOBAL_BATCH))
+
+
+def test_an_unevenly_sharded_checkpoint_resumes_in_another_layout(runs):
+    """World 3 splits the 8 experts 3/3/2 and the norms' 64 weights 22/22/20 (as 11-way data parallelism
+    splits the 535B model's); its checkpoint resumes at world 2 x EP 2 as a world-1 run continues."""
+    whole, first, resumed = runs["w1_b6"], runs["w3_until3"], runs["resume_w3_w2ep2"]
+    assert sorted(r["experts_local_shape"][0] for r in first["ranks"]) == [2, 3, 3]
+    assert sorted(r["local"]["blocks.0.attn_norm.weight"] for r in first["ranks"]) == [20, 22, 22]
+    assert first["steps"] == [1, 2, 3] and resumed["steps"] == [4, 5, 6]
+    assert close(first["loss"] + resumed["loss"], whole["loss"])
+    assert close(resumed["grad_norm"], whole["grad_norm"][3:])
+    assert_states_close(resumed["state"], whole["state"], CFG)
 
 
 def test_a_kill_during_a_save_resumes_from_the_previous_checkpoint(runs, tmp_path):
