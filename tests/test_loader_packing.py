@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from loader_checks import check_batch, check_permutation, reference_tokens, window_ids, window_of
@@ -91,6 +93,11 @@ def test_without_segments_a_batch_holds_the_same_tokens_and_no_document_arrays(s
     for tensors in (to_tensors(batch), to_tensors(batch, one_storage=True)):
         assert sorted(tensors) == ["index", "input_ids", "labels", "subset"]
         assert np.array_equal(tensors["labels"].numpy(), full.labels)
+        for sent in (tensors, pickle.loads(pickle.dumps(tensors))):  # as a DataLoader worker hands it over
+            with pytest.raises(KeyError, match=r"segment_ids.*LoaderConfig\(segments=True\)"):
+                sent["segment_ids"]
+            with pytest.raises(KeyError, match="^'nope'$"):
+                sent["nope"]
 
 
 def test_a_window_that_starts_at_a_document_start_has_no_carried_over_segment(make_corpus, tmp_path):

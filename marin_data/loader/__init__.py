@@ -32,6 +32,7 @@ _EXPORTS = {
     "TokenLoader": "dataset",
     "make_loader": "make",
     "to_tensors": "dataset",
+    "BatchTensors": "dataset",
     "distributed_rank": "dataset",
     "RankRows": "ranks",
     "DecodedShard": "cache",

@@ -41,7 +41,7 @@ from marin_data.loader.packing import Batch, batch_layout, new_batch
 from marin_data.loader.ranks import RankRows
 from marin_data.loader.stream import SPLITS, STREAM_FORMAT, TokenStream
 
-__all__ = ["TokenDataset", "TokenLoader", "to_tensors", "distributed_rank"]
+__all__ = ["TokenDataset", "TokenLoader", "BatchTensors", "to_tensors", "distributed_rank"]
 
 _END = object()
 
@@ -62,7 +62,18 @@ def distributed_rank(rank: int | None = None, world_size: int | None = None) -> 
 _TORCH = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
 
 
-def to_tensors(batch: Batch, *, one_storage: bool = False) -> dict[str, torch.Tensor]:
+class BatchTensors(dict):
+    """A batch's tensors by name (`to_tensors`): a plain dict, except that asking for the document arrays of a
+    loader made without them says how to get them."""
+
+    def __missing__(self, key):
+        if key in ("segment_ids", "positions"):
+            raise KeyError(f"{key!r}: this loader delivers no document ids or positions; make it with "
+                           "LoaderConfig(segments=True)")
+        raise KeyError(key)
+
+
+def to_tensors(batch: Batch, *, one_storage: bool = False) -> BatchTensors:
     """The batch contract of `packing` as torch tensors viewing the batch's buffer (no copy).
 
     ``one_storage``: make every tensor a view of one torch storage. A DataLoader worker hands each storage
@@ -71,16 +82,16 @@ def to_tensors(batch: Batch, *, one_storage: bool = False) -> dict[str, torch.Te
     """
     segments = batch.segment_ids is not None
     if not one_storage:  # numpy slices wrapped one by one: slicing a torch tensor costs ~2 us per view
-        out = {"input_ids": torch.from_numpy(batch.input_ids), "labels": torch.from_numpy(batch.labels),
-               "subset": torch.from_numpy(batch.subset), "index": torch.from_numpy(batch.index)}
+        out = BatchTensors(input_ids=torch.from_numpy(batch.input_ids), labels=torch.from_numpy(batch.labels),
+                           subset=torch.from_numpy(batch.subset), index=torch.from_numpy(batch.index))
         if segments:
             out["segment_ids"] = torch.from_numpy(batch.segment_ids)
             out["positions"] = torch.from_numpy(batch.positions)
         return out
     buffer = torch.from_numpy(batch.buffer)
     rows, seq_len = batch.input_ids.shape
-    return {name: buffer[offset : offset + size].view(_TORCH[dtype]).view(shape)
-            for name, offset, size, shape, dtype in batch_layout(rows, seq_len, segments)}
+    return BatchTensors((name, buffer[offset : offset + size].view(_TORCH[dtype]).view(shape))
+                        for name, offset, size, shape, dtype in batch_layout(rows, seq_len, segments))
 
 
 class TokenDataset(IterableDataset):
