@@ -200,7 +200,8 @@ def main() -> None:
             med = {(k, w): statistics.median(rows[steps, warmup, k, w]) for k, w in kinds}
             lit = rows.get((steps, warmup, "litdata", 0))
             print(f"\n{steps} steps timed after {warmup} untimed\n")
-            print("| what | M tokens/s | vs floor | vs LitData, 0 workers | runs (M tokens/s) |\n|---|---:|---:|---:|---|")
+            print("| what | M tokens/s | vs floor | vs LitData, 0 workers | runs (M tokens/s) |")
+            print("|---|---:|---:|---:|---|")
             for kind, workers in kinds:
                 label = {"floor": "floor", "marin": "marin, in-process",
                          "marin-segments": "marin, in-process, segments=True"}.get(kind, f"{kind}, {workers} workers")

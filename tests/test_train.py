@@ -28,8 +28,8 @@ def corpus(tmp_path_factory):
 
 
 def loader_for(corpus, cfg: TrainConfig, cache: Path, **kw):
-    return make_loader(corpus, LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed, segments=True),
-                       cache_dir=cache, **kw)
+    config = LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed, segments=True)
+    return make_loader(corpus, config, cache_dir=cache, **kw)
 
 
 def digest(model: torch.nn.Module) -> str:
