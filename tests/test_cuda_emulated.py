@@ -409,14 +409,9 @@ def test_experts_between_the_kernels_read_no_unused_row(kern, hidden):
     """permute -> GroupedExperts -> unpermute and back on the kernels, with NaN in every unused row of routed
     and grad_routed (what the kernels may leave there): the output, the input and weight gradients equal the
     reference chain's (autograd through the reference ops), and are finite."""
-    from marin_model.moe import GroupedExperts, _grouped_mm_ok
+    from test_moe import unused_rows_case
 
-    torch.manual_seed(16)
-    T, K, E, L = 30, 2, 4, 16
-    experts = GroupedExperts(E, L, hidden)
-    assert _grouped_mm_ok(torch.zeros(1, L), hidden) == (hidden == 24)
-    x, weights, probe = torch.randn(T, L), torch.rand(T, K), torch.randn(T, L)
-    ids = torch.randint(-1, E, (T, K), dtype=torch.int32)
+    experts, E, x, weights, probe, ids = unused_rows_case(30, hidden, seed=16)
     params = [experts.w13_EL2F, experts.w2_EFL]
     routed, row_of, src_of, offsets = kern.permute(x, ids, E, 8, 0)
     routed = routed.masked_fill(~used_rows(src_of)[:, None], float("nan")).requires_grad_()

@@ -90,16 +90,22 @@ def test_grouped_experts_equal_a_loop_over_groups():
         torch.testing.assert_close(y_RL[a:b], want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("hidden", [24, 10])  # 24: torch._grouped_mm; 10 (40-byte rows): the loop over experts
-def test_unused_routed_rows_reach_no_output_or_gradient(hidden):
-    """permute -> experts -> unpermute with the unused rows of routed (past offsets[E]) zero or NaN: the same
-    output and the same finite gradients (input, combine weights, expert weights) to the bit."""
-    torch.manual_seed(0)
-    T, K, E, L = 20, 2, 4, 16
+def unused_rows_case(T: int, hidden: int, seed: int):
+    """Experts (4 of width 16, ``hidden`` wide: 24 runs torch._grouped_mm, 10 the loop over experts) and
+    ``T`` tokens routed to 2 of them or dropped (-1): ``(experts, E, x_TL, weights_TK, probe_TL, ids_TK)``."""
+    torch.manual_seed(seed)
+    K, E, L = 2, 4, 16
     experts = GroupedExperts(E, L, hidden)
     assert _grouped_mm_ok(torch.zeros(1, L), hidden) == (hidden == 24)
     x_TL, weights_TK, probe_TL = torch.randn(T, L), torch.rand(T, K), torch.randn(T, L)
-    ids_TK = torch.randint(-1, E, (T, K), dtype=torch.int32)
+    return experts, E, x_TL, weights_TK, probe_TL, torch.randint(-1, E, (T, K), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("hidden", [24, 10])
+def test_unused_routed_rows_reach_no_output_or_gradient(hidden):
+    """permute -> experts -> unpermute with the unused rows of routed (past offsets[E]) zero or NaN: the same
+    output and the same finite gradients (input, combine weights, expert weights) to the bit."""
+    experts, E, x_TL, weights_TK, probe_TL, ids_TK = unused_rows_case(20, hidden, seed=0)
     results = []
     for fill in (0.0, float("nan")):
         x, weights = x_TL.clone().requires_grad_(), weights_TK.clone().requires_grad_()
