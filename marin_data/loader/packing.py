@@ -261,10 +261,14 @@ def pack_rows(table: ShardTable, subset: np.ndarray, start: np.ndarray, seq_len:
     """
     segment_ids, positions = (out.segment_ids, out.positions) if out.segment_ids is not None else _NO_SEGMENTS
     table.batches += 1
-    while _fill_batch(table.tokens, table.offsets, table.slot_of, table.used, table.batches, subset, start,
-                      table.cum_flat, table.cum_offsets, out.input_ids, out.labels, out.subset, segment_ids,
-                      positions, _ramp(seq_len)) >= 0:
+    for _ in range(2):  # `slots` opens every shard the batch reads, so the second call never misses
+        missing = _fill_batch(table.tokens, table.offsets, table.slot_of, table.used, table.batches, subset, start,
+                              table.cum_flat, table.cum_offsets, out.input_ids, out.labels, out.subset, segment_ids,
+                              positions, _ramp(seq_len))
+        if missing < 0:
+            return
         table.slots(shard_rows(subset, start, table.cum_flat, table.cum_offsets)[0])
+    raise AssertionError(f"shard {missing} is not in the shard table after opening it")
 
 
 _NO_SEGMENTS = (np.zeros((0, 0), np.int32), np.zeros((0, 0), np.int32))
