@@ -27,9 +27,13 @@ shard cache (`marin_data.loader.remote.cache`) is a bounded LRU store behind the
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import json
 import logging
+import mmap
 import os
+import sys
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -223,23 +227,43 @@ def _map(tokens_path: Path, offsets_path: Path) -> DecodedShard:
 
 
 _MADV_POPULATE_READ = 22  # Linux 5.14+; Python 3.11's mmap module does not name it
+_filler: ThreadPoolExecutor | None = None
+_filler_lock = threading.Lock()
 
 
 def map_npy(path: Path) -> np.memmap:
-    """A read-only memory map of a ``.npy`` file, its page tables filled at once.
+    """A read-only memory map of a ``.npy`` file whose page tables a background thread fills.
 
     Without the fill, the first read of each part of the file in this process is a page fault (one per
     folio, which the kernel maps whole): the loader took 6 of them per 8 x 4096 batch at first and still 1-2
     through its first ~1,000 batches (*measured*), ~5-10 us each (estimated from the step times). Filling
-    the tables of a 45 MB shard took 0.7-4 ms, and of a whole 576 MB corpus about what touching every page
-    did (13 vs 12-17 ms); it is paid once, when the shard is opened. Where the kernel lacks
-    ``MADV_POPULATE_READ`` the map is faulted in as it is read.
+    the tables of a 45 MB shard took 0.7-4 ms from the page cache, and of a whole 576 MB corpus about what
+    touching every page did (13 vs 12-17 ms). On a thread, because a file not in the page cache is read
+    whole by the fill (~28 ms per 45 MB shard here): the loader goes on meanwhile, and its own reads of
+    pages not yet there fault as before. Where the kernel lacks ``MADV_POPULATE_READ`` nothing is filled.
     """
+    global _filler
     array = np.load(path, mmap_mode="r")
-    if array.nbytes:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            array._mmap.madvise(_MADV_POPULATE_READ)
+    if array.nbytes and sys.platform == "linux":
+        with _filler_lock:
+            if _filler is None:
+                _filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="marin-map-fill")
+        _filler.submit(_fill_page_tables, array)  # the task holds the map until it is done
     return array
+
+
+def _fill_page_tables(array: np.ndarray) -> int:
+    """0, or the errno of a fill that failed (which only leaves the faults to come). ctypes releases the GIL."""
+    page = mmap.PAGESIZE
+    start = array.ctypes.data // page * page
+    done = _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(array.ctypes.data + array.nbytes - start),
+                           _MADV_POPULATE_READ)
+    return 0 if done == 0 else ctypes.get_errno()
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *, verify: bool) -> None:
