@@ -260,3 +260,28 @@ def test_a_filled_map_is_read_without_page_faults(tmp_path):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     assert int(mapped[::1024].sum(dtype=np.int64)) == sum(range(0, 8 << 20, 1024))  # one read per 4 KiB page
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 5  # unfilled: ~20 (2 MiB folios) or more
+
+
+def _fill_in_child(path: str, out) -> None:
+    from marin_data.loader import cache
+
+    cache.map_npy(path)
+    out.put(cache._filler[1].submit(int, 7).result(timeout=20))  # the child's filler runs tasks
+
+
+def test_a_forked_worker_gets_its_own_filler_thread(tmp_path):
+    import multiprocessing
+
+    from marin_data.loader import cache
+
+    np.save(tmp_path / "t.npy", np.arange(1000, dtype=np.uint32))
+    cache.map_npy(tmp_path / "t.npy")  # the parent's filler thread exists before the fork
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_fill_in_child, args=(str(tmp_path / "t.npy"), out))
+    child.start()
+    try:
+        assert out.get(timeout=30) == 7
+    finally:
+        child.join(timeout=30)
+    assert child.exitcode == 0

@@ -227,7 +227,7 @@ def _map(tokens_path: Path, offsets_path: Path) -> DecodedShard:
 
 
 _MADV_POPULATE_READ = 22  # Linux 5.14+; Python 3.11's mmap module does not name it
-_filler: ThreadPoolExecutor | None = None
+_filler: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to: a forked child needs its own)
 _filler_lock = threading.Lock()
 
 
@@ -246,9 +246,9 @@ def map_npy(path: Path) -> np.memmap:
     array = np.load(path, mmap_mode="r")
     if array.nbytes and sys.platform == "linux":
         with _filler_lock:
-            if _filler is None:
-                _filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="marin-map-fill")
-        _filler.submit(_fill_page_tables, array)  # the task holds the map until it is done
+            if _filler is None or _filler[0] != os.getpid():  # a forked DataLoader worker has no filler thread
+                _filler = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="marin-map-fill"))
+        _filler[1].submit(_fill_page_tables, array)  # the task holds the map until it is done
     return array
 
 
