@@ -285,3 +285,30 @@ def test_a_forked_worker_gets_its_own_filler_thread(tmp_path):
     finally:
         child.join(timeout=30)
     assert child.exitcode == 0
+
+
+def _decode_in_child(cache, shard, out) -> None:
+    cache.open(shard)  # decodes, and publishes on a thread of this process
+    cache.wait()
+    out.put(True)
+
+
+def test_a_forked_worker_publishes_its_decodes_on_its_own_thread(make_corpus, tmp_path):
+    import multiprocessing
+
+    from marin_data.loader.cache import sealed
+
+    corpus = make_corpus({"a": [30, 30]})
+    cache = DecodedShardCache(corpus.root, tmp_path / "cache")
+    first, second = corpus.shards
+    cache.open(first)  # the parent's publishing thread exists before the fork
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_decode_in_child, args=(cache, second, out))
+    child.start()
+    try:
+        assert out.get(timeout=30)
+    finally:
+        child.join(timeout=30)
+    cache.wait()
+    assert child.exitcode == 0 and all(sealed(cache.paths(s)[0].parent, s) for s in (first, second))

@@ -90,7 +90,7 @@ class DecodedShardCache:
         self.max_open = max_open
         self.verify = verify
         self._open: OrderedDict[str, DecodedShard] = OrderedDict()
-        self._publisher: ThreadPoolExecutor | None = None
+        self._publisher: tuple[int, ThreadPoolExecutor] | None = None  # `_own_thread`
 
     def __getstate__(self) -> dict:  # DataLoader workers get the settings, not open maps or threads
         return {**self.__dict__, "_open": OrderedDict(), "_publisher": None}
@@ -126,9 +126,9 @@ class DecodedShardCache:
 
     def wait(self) -> None:
         """Block until every decode this cache started is stored under its final name."""
-        if self._publisher is not None:
-            self._publisher.shutdown(wait=True)
-            self._publisher = None
+        if self._publisher is not None and self._publisher[0] == os.getpid():
+            self._publisher[1].shutdown(wait=True)
+        self._publisher = None
 
     def _decode(self, shard: ShardRecord, *, wait: bool) -> DecodedShard:
         """Decode into temporary files, map them, and publish them (now, or on the background thread)."""
@@ -162,9 +162,8 @@ class DecodedShardCache:
         else:
             with _pending_lock:
                 _pending[str(tokens_path)] = decoded
-            if self._publisher is None:
-                self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="marin-decode-publish")
-            self._publisher.submit(_publish, publish, lock, shard, str(tokens_path))
+            self._publisher = _own_thread(self._publisher, "marin-decode-publish")
+            self._publisher[1].submit(_publish, publish, lock, shard, str(tokens_path))
         return decoded
 
 
@@ -227,8 +226,16 @@ def _map(tokens_path: Path, offsets_path: Path) -> DecodedShard:
 
 
 _MADV_POPULATE_READ = 22  # Linux 5.14+; Python 3.11's mmap module does not name it
-_filler: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to: a forked child needs its own)
+_filler: tuple[int, ThreadPoolExecutor] | None = None  # `_own_thread`
 _filler_lock = threading.Lock()
+
+
+def _own_thread(pool: tuple[int, ThreadPoolExecutor] | None, name: str) -> tuple[int, ThreadPoolExecutor]:
+    """``pool`` (process id, one-thread pool) if this process made it, else a new one: a forked child (a
+    DataLoader worker) inherits the parent's pool object but not its thread, and would queue work forever."""
+    if pool is None or pool[0] != os.getpid():
+        pool = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix=name))
+    return pool
 
 
 def map_npy(path: Path) -> np.memmap:
@@ -246,8 +253,7 @@ def map_npy(path: Path) -> np.memmap:
     array = np.load(path, mmap_mode="r")
     if array.nbytes and sys.platform == "linux":
         with _filler_lock:
-            if _filler is None or _filler[0] != os.getpid():  # a forked DataLoader worker has no filler thread
-                _filler = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="marin-map-fill"))
+            _filler = _own_thread(_filler, "marin-map-fill")
         _filler[1].submit(_fill_page_tables, array)  # the task holds the map until it is done
     return array
 
