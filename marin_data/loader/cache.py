@@ -254,16 +254,22 @@ def map_npy(path: Path) -> np.memmap:
     if array.nbytes and sys.platform == "linux":
         with _filler_lock:
             _filler = _own_thread(_filler, "marin-map-fill")
-        _filler[1].submit(_fill_page_tables, array)  # the task holds the map until it is done
+        # The task keeps the mapping, not the array: whoever watches the array's lifetime (the remote shard
+        # cache pins a shard while its arrays live) sees it end when the caller drops it.
+        _filler[1].submit(_fill_pages, array.ctypes.data, array.nbytes, array._mmap)
     return array
 
 
 def _fill_page_tables(array: np.ndarray) -> int:
-    """0, or the errno of a fill that failed (which only leaves the faults to come). ctypes releases the GIL."""
-    page = mmap.PAGESIZE
-    start = array.ctypes.data // page * page
-    done = _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(array.ctypes.data + array.nbytes - start),
-                           _MADV_POPULATE_READ)
+    """0, or the errno of a fill that failed (which only leaves the faults to come)."""
+    return _fill_pages(array.ctypes.data, array.nbytes)
+
+
+def _fill_pages(address: int, size: int, mapping: mmap.mmap | None = None) -> int:
+    """`_fill_page_tables` of ``size`` bytes at ``address``, inside ``mapping`` (kept open until done). ctypes
+    releases the GIL."""
+    start = address // mmap.PAGESIZE * mmap.PAGESIZE
+    done = _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + size - start), _MADV_POPULATE_READ)
     return 0 if done == 0 else ctypes.get_errno()
 
 
