@@ -38,7 +38,7 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
         pin_memory: pin batches for faster host-to-GPU copies.
         prefetch: batches built ahead (a thread in-process; DataLoader's prefetch factor with workers). The
             thread overlaps building a batch with a step that releases the GIL (a GPU step); a loop that only
-            takes batches runs fastest with 0 (docs/benchmarks.md: 587M vs 156M tokens/s at 8 x 4096).
+            takes batches runs fastest with 0 (docs/benchmarks.md: 566M vs 148M tokens/s at 8 x 4096).
         cache_dir: where decoded shards are kept (`cache.default_cache_dir`).
         state: a `state_dict()` to resume from; ``strict=False`` accepts one of another stream.
         verify_shards: check each local shard's SHA-256 against the index before its first use (remote shards
