@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs="+", default=[2000], help="batches timed per measurement (each)")
     ap.add_argument("--warmup", type=int, nargs="+", default=[100],
                     help="batches taken first in every measurement, untimed (each): a loader opens the shards it "
-                         "starts on (marin maps them whole); 3 times a fresh process's first batches")
+                         "starts on (marin maps them); 3 times a fresh process's first batches")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     ap.add_argument("--marin-python", help="the Python of marin's venv: also time marin's loader")

@@ -70,9 +70,10 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python -m marin_data ARGS`` in a fresh process, as a user would run it."""
+    """``python -m marin_data ARGS`` in a fresh process, as a user would run it. A crash (a signal) prints
+    every thread's Python stack to its stderr (``PYTHONFAULTHANDLER``), which a failed assertion shows."""
     return subprocess.run([sys.executable, "-m", "marin_data", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=timeout)
+                          cwd=ROOT, env={"PYTHONFAULTHANDLER": "1", **os.environ, **(env or {})}, timeout=timeout)
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:

@@ -249,7 +249,7 @@ def test_a_filled_map_is_read_without_page_faults(tmp_path):
     import resource
     import sys
 
-    from marin_data.loader.cache import _fill_page_tables
+    from marin_data.loader.cache import _fill_pages
 
     if sys.platform != "linux":
         pytest.skip("MADV_POPULATE_READ is Linux's")
@@ -257,7 +257,7 @@ def test_a_filled_map_is_read_without_page_faults(tmp_path):
 
     def faults_reading(fill: bool) -> int:
         mapped = np.load(tmp_path / "t.npy", mmap_mode="r")
-        if fill and (failed := _fill_page_tables(mapped)) != 0:
+        if fill and (failed := _fill_pages(mapped.ctypes.data, mapped.nbytes)) != 0:
             pytest.skip(f"this kernel does not fill page tables (errno {failed})")
         np.add.reduce(np.arange(4096)[::1024], dtype=np.int64)  # numpy's buffers are in place before counting
         before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt  # this thread's: not a filler thread's

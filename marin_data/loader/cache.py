@@ -260,14 +260,9 @@ def map_npy(path: Path) -> np.memmap:
     return array
 
 
-def _fill_page_tables(array: np.ndarray) -> int:
-    """0, or the errno of a fill that failed (which only leaves the faults to come)."""
-    return _fill_pages(array.ctypes.data, array.nbytes)
-
-
 def _fill_pages(address: int, size: int, mapping: mmap.mmap | None = None) -> int:
-    """`_fill_page_tables` of ``size`` bytes at ``address``, inside ``mapping`` (kept open until done). ctypes
-    releases the GIL."""
+    """Fill the page tables of ``size`` bytes at ``address``, inside ``mapping`` (kept open until done): 0,
+    or the errno of a fill that failed (which only leaves the faults to come). ctypes releases the GIL."""
     start = address // mmap.PAGESIZE * mmap.PAGESIZE
     done = _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + size - start), _MADV_POPULATE_READ)
     return 0 if done == 0 else ctypes.get_errno()
