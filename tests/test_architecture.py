@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("marin_data", "marin_model", "marin_train")
 # The data path, in order: a module may import from its own stage and the stages before it. `testing` and
 # `cli` come last; nothing in the library imports them.
-DATA_STAGES = ("marin_data.errors marin_data.retry marin_data.atomic marin_data.lock marin_data.ui marin_data.layout",
+DATA_STAGES = ("marin_data.errors marin_data.retry marin_data.atomic marin_data.lock marin_data.ui marin_data.layout "
+               "marin_data.parquet_io",
                "marin_data.raw", "marin_data.engines", "marin_data.corpus", "marin_data.stores", "marin_data.transfer",
                "marin_data.docs", "marin_data.mirror", "marin_data.loader", "marin_data.testing", "marin_data.cli")
 
@@ -142,3 +143,33 @@ def test_data_stages_import_only_from_stages_before_them():
         backward += [f"{module} -> {t}" for t in sorted(targets)
                      if (there := stage_of(t)) is not None and there > here]
     assert backward == []
+
+
+# pyarrow's Parquet readers and the wrappers that make Python-owned memory readable by them.
+_PARQUET_READERS = {"ParquetFile", "read_table", "ParquetDataset", "BufferReader", "PythonFile"}
+
+
+def parquet_reads_outside(allowed: str, files: dict[str, Path]) -> list[str]:
+    """``module:line name`` of every reference to a pyarrow Parquet reader outside the module ``allowed``."""
+    found = []
+    for mod, path in files.items():
+        if mod == allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name in _PARQUET_READERS:
+                found.append(f"{mod}:{node.lineno} {name}")
+    return found
+
+
+def test_parquet_reader_check_finds_a_planted_read(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import pyarrow as pa, pyarrow.parquet as pq\nt = pq.ParquetFile(pa.BufferReader(b''))\n")
+    assert parquet_reads_outside("marin_data.parquet_io", {"planted": planted}) == \
+        ["planted:2 ParquetFile", "planted:2 BufferReader"]
+
+
+def test_every_parquet_read_goes_through_open_parquet():
+    """A Python-owned source decoded on pyarrow's thread pool can abort the process at exit
+    (`marin_data.parquet_io` says how); `open_parquet` decodes such sources on the calling thread."""
+    assert parquet_reads_outside("marin_data.parquet_io", module_files()) == []

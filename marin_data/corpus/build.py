@@ -46,6 +46,7 @@ from marin_data.engines import Engine, make_engine
 from marin_data.errors import CorpusConflictError, ShardFormatError, TokenizerMismatchError, UnreadableInputError
 from marin_data.layout import DATA, LOCK_NAME, MANIFEST, SHARDS_INDEX, SOURCES, STAGING, SUMS, TOKENIZER
 from marin_data.lock import corpus_lock
+from marin_data.parquet_io import open_parquet
 from marin_data.raw.documents import (DEFAULT_MAX_DOC_BYTES, TOO_LONG, Document, expand_inputs, read_documents,
                                       source_names)
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer, tokenizer_from_bytes
@@ -245,9 +246,7 @@ def pack_shard(job: PackJob) -> ShardStats:
 
 def _read_docs(path: str, first: int, end: int) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Documents ``[first, end)`` of a staging file, reading only the row groups that hold them."""
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(path)
+    pf = open_parquet(path)
     starts = np.concatenate([[0], np.cumsum([pf.metadata.row_group(i).num_rows
                                              for i in range(pf.metadata.num_row_groups)])])
     groups = list(range(int(np.searchsorted(starts, first, "right")) - 1, int(np.searchsorted(starts, end, "left"))))

@@ -37,6 +37,7 @@ from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_f
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnknownSubsetError, UnsafePathError
 from marin_data.layout import (COMMIT, LISTED, LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER,
                                UNLISTED)
+from marin_data.parquet_io import open_parquet
 from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = [
@@ -260,17 +261,11 @@ def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord], *,
 def read_shard_index(source: str | os.PathLike | bytes, metadata: Iterable[str] = ()) -> list[ShardRecord]:
     """Read ``shards.parquet`` (a path, or its bytes as fetched); raise `InvalidManifestError` on a malformed
     index, an unsafe path, or one that contradicts itself (`_check_paths`; ``metadata`` are the manifest's
-    other files, whose names a shard may not take either).
-
-    Bytes are read through an Arrow buffer, not a Python file object: Arrow's I/O threads then never need the
-    GIL, which a read-ahead still pending at interpreter exit cannot get (the process aborts with
-    "terminate called without an active exception", apache/arrow#34314)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    other files, whose names a shard may not take either). Fetched bytes are decoded on the calling thread
+    (`marin_data.parquet_io`)."""
     path = "shards.parquet (fetched)" if isinstance(source, bytes) else source
     try:
-        with pq.ParquetFile(pa.BufferReader(source) if isinstance(source, bytes) else source) as pf:
+        with open_parquet(source) as pf:
             table = pf.read(columns=list(_INDEX_COLUMNS))  # no pyarrow.dataset import
         cols = {c: table.column(c).to_pylist() for c in _INDEX_COLUMNS}
     except (OSError, KeyError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage

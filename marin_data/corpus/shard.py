@@ -20,6 +20,7 @@ from marin_data.atomic import atomic_path, sha256_file
 from marin_data.corpus.arrays import numbers, strings
 from marin_data.errors import ShardFormatError
 from marin_data.layout import DATA
+from marin_data.parquet_io import open_parquet
 from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = [
@@ -125,10 +126,9 @@ def write_shard(
 
 def read_shard(path: str | os.PathLike) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Read a whole shard: ``(ids, tokens [N] uint32, offsets [docs + 1] int64)``."""
-    import pyarrow.parquet as pq
-
     try:
-        table = pq.read_table(path)
+        with open_parquet(path) as pf:
+            table = pf.read()
         column = table.column("tokens").combine_chunks()
         ids = table.column("id").to_pylist()
     except (OSError, ValueError, KeyError) as e:
@@ -156,10 +156,9 @@ def inspect_shard(path: str | os.PathLike) -> ShardInspection:
             dictionary-encoded.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        pf = open_parquet(path)
     except (OSError, ValueError) as e:
         raise ShardFormatError(f"not a readable Parquet file (truncated or half-written?): {e}",
                                path=str(path)) from e

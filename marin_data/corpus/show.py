@@ -17,6 +17,7 @@ from pathlib import Path
 from marin_data.corpus.manifest import Corpus, ShardRecord, load_corpus, select_subsets
 from marin_data.errors import InvalidManifestError, ShardFormatError, ShardMissingError
 from marin_data.layout import TOKENIZER
+from marin_data.parquet_io import open_parquet
 from marin_data.raw.tokenizer import LoadedTokenizer, tokenizer_from_bytes
 
 __all__ = ["ShownDocument", "show_documents", "shards_to_show", "decode_rows"]
@@ -43,12 +44,10 @@ def decode_rows(files: Iterator[tuple[ShardRecord, object]], tokenizer: LoadedTo
                 doc_id: str | None) -> list[ShownDocument]:
     """The first ``n`` documents of the first shard, or the one with id ``doc_id`` (searched shard by shard,
     reading the ``id`` column first). ``files`` yields each shard with a file object pyarrow can read."""
-    import pyarrow.parquet as pq
-
     out: list[ShownDocument] = []
     for shard, source in files:
         try:
-            with pq.ParquetFile(source, pre_buffer=False) as pf:  # no read-ahead left pending (arrow#34314)
+            with open_parquet(source, pre_buffer=False) as pf:  # decoded on this thread, no read-ahead left pending
                 for group in range(pf.num_row_groups):
                     if doc_id is not None:
                         ids = pf.read_row_group(group, columns=["id"]).column("id").to_pylist()

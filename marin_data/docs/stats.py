@@ -37,6 +37,7 @@ import numpy as np
 
 from marin_data.corpus.manifest import Corpus, ShardRecord
 from marin_data.errors import ShardFormatError
+from marin_data.parquet_io import open_parquet
 from marin_data.ui import progress
 
 __all__ = ["PERCENTILES", "SCAN_TOKENS", "BUCKET_ROWS", "LengthStats", "SubsetStats", "Duplicates", "CorpusStats",
@@ -215,14 +216,13 @@ def _scan(root, shards: Sequence[ShardRecord], bar, digests: _DigestBuckets,
     describe bytes that differ from the ones the manifest vouches for.
     """
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     acc = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     for shard in shards:
         path = root / shard.path
         docs = tokens = 0
         try:
-            pf = pq.ParquetFile(path)
+            pf = open_parquet(path)
             for rg in range(pf.metadata.num_row_groups):
                 for chunk in pf.read_row_group(rg, columns=["tokens"]).column("tokens").chunks:
                     lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False).astype(np.int64)

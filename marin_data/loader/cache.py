@@ -46,6 +46,7 @@ import numpy as np
 from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
 from marin_data.corpus.manifest import ShardRecord
 from marin_data.errors import ShardChecksumError, ShardFormatError, ShardMissingError
+from marin_data.parquet_io import open_parquet
 
 __all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "default_cache_dir", "map_npy", "SEAL", "sealed"]
 
@@ -281,8 +282,6 @@ def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_pa
         ShardChecksumError: ``verify`` and its SHA-256 or size differ from the index's.
         ShardFormatError: unreadable, or its document/token counts differ from the index's.
     """
-    import pyarrow.parquet as pq
-
     if not source.exists():
         raise ShardMissingError(f"shard of subset {shard.subset!r} is not on local disk", path=str(source))
     if verify and (actual := sha256_file(source)) != (shard.sha256, shard.bytes):
@@ -290,7 +289,8 @@ def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_pa
                                  "listed in the shard index: the file was modified", path=str(source),
                                  expected=shard.sha256, actual=actual[0])
     try:
-        column = pq.read_table(source, columns=["tokens"]).column("tokens")
+        with open_parquet(source) as pf:
+            column = pf.read(columns=["tokens"]).column("tokens")
     except (OSError, ValueError, KeyError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
         raise ShardFormatError(f"not a readable shard: {e}", path=str(source)) from e
     spans = [(np.asarray(c.offsets, dtype=np.int64), c) for c in column.chunks]

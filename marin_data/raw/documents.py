@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from marin_data.errors import BadRecordError, UnreadableInputError
+from marin_data.parquet_io import open_parquet
 
 __all__ = [
     "Document",
@@ -328,10 +329,9 @@ def _is_unicode(text: str) -> bool:
 def _read_parquet(path: Path, source: str, text_field: str, id_field: str,
                   on_bad: OnBad | None, max_doc_bytes: int) -> Iterator[Document]:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        pf = open_parquet(path)
     except (OSError, pa.ArrowException) as e:
         raise UnreadableInputError(f"not a readable Parquet file: {e}", path=str(path)) from e
     names = pf.schema_arrow.names
