@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from marin_data.corpus.build import sources_path
-from marin_data.corpus.manifest import Manifest, ShardRecord, SubsetInfo, commit_corpus, load_corpus
+from marin_data.corpus.commit import commit_corpus
+from marin_data.corpus.manifest import Manifest, load_corpus
+from marin_data.corpus.records import ShardRecord, SubsetInfo
 from marin_data.corpus.shard import shard_path
 from marin_data.docs.croissant import render_croissant
 from marin_data.docs.questions import Metadata

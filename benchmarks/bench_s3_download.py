@@ -42,7 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from marin_data.corpus.manifest import Manifest, ShardRecord, SubsetInfo, commit_corpus
+from marin_data.corpus.commit import commit_corpus
+from marin_data.corpus.manifest import Manifest
+from marin_data.corpus.records import ShardRecord, SubsetInfo
 from marin_data.layout import TOKENIZER
 from marin_data.raw.tokenizer import TokenizerInfo
 from marin_data.testing.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_server

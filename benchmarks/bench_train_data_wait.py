@@ -65,7 +65,9 @@ def quarter_corpus(sample: Path, dest: Path) -> tuple[int, int]:
     """Write the quarter run's corpus (see the module docstring); return (steps per pass, cache bytes)."""
     import numpy as np
 
-    from marin_data.corpus.manifest import Manifest, ShardRecord, SubsetInfo, commit_corpus, load_corpus
+    from marin_data.corpus.commit import commit_corpus
+    from marin_data.corpus.manifest import Manifest, load_corpus
+    from marin_data.corpus.records import ShardRecord, SubsetInfo
     from marin_data.corpus.shard import read_shard, shard_path, write_shard
     from marin_data.layout import TOKENIZER
     from marin_data.loader.remote.cache import decoded_bytes

@@ -29,7 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.corpus.manifest import Manifest, ShardRecord, SubsetInfo, commit_corpus, load_corpus
+from marin_data.corpus.commit import commit_corpus
+from marin_data.corpus.manifest import Manifest, load_corpus
+from marin_data.corpus.records import ShardRecord, SubsetInfo
 from marin_data.corpus.shard import shard_path, write_shard
 from marin_data.corpus.verify import verify_corpus
 from marin_data.layout import TOKENIZER

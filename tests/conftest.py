@@ -10,15 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marin_data.corpus.manifest import (
-    MAX_FILES_PER_REPO,
-    Corpus,
-    Manifest,
-    ShardRecord,
-    SubsetInfo,
-    commit_corpus,
-    load_corpus,
-)
+from marin_data.corpus.commit import MAX_FILES_PER_REPO, commit_corpus
+from marin_data.corpus.manifest import Corpus, Manifest, load_corpus
+from marin_data.corpus.records import ShardRecord, SubsetInfo
 from marin_data.corpus.shard import shard_path, write_shard
 from marin_data.layout import TOKENIZER
 from marin_data.raw.tokenizer import TokenizerInfo
@@ -40,7 +34,7 @@ def build_corpus(
 
     Documents have random lengths in ``doc_tokens`` and random token ids in [1, VOCAB), each followed by
     EOS (id 0), so tests can find document boundaries. Deterministic in ``seed``. ``max_files_per_repo``
-    spreads the subsets over Hub repos as `marin_data.corpus.manifest.assign_repos` packs them.
+    spreads the subsets over Hub repos as `marin_data.corpus.commit.assign_repos` packs them.
     """
     root = Path(root)
     rng = np.random.default_rng(seed)

@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from marin_data.cli import main
-from marin_data.corpus.manifest import commit_corpus, load_corpus
+from marin_data.corpus.commit import commit_corpus
+from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.mirrors import record_mirrors
 from marin_data.corpus.shard import read_shard, write_shard
 from marin_data.docs.questions import QUESTIONS, SUBSET_QUESTIONS, not_answered

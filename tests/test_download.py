@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from s3_env import FAST, bucket_url, copy_corpus, fault_corpus, moto, proxy, run_cli, s3_client  # noqa: F401
 
-from marin_data.corpus.manifest import load_corpus, read_shard_index, write_shard_index
+from marin_data.corpus.index import read_shard_index, write_shard_index
+from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.record import read_download_record
 from marin_data.corpus.verify import verify_corpus
 from marin_data.errors import ManifestHashMismatchError, RemoteError, UnsafePathError

@@ -9,7 +9,10 @@ import subprocess
 import pyarrow.parquet as pq
 import pytest
 
-from marin_data.corpus.manifest import ShardRecord, assign_repos, load_corpus, safe_relpath, select_subsets
+from marin_data.corpus.commit import assign_repos
+from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.names import safe_relpath, select_subsets
+from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.shard import TOKENS_VALUES, inspect_shard, read_shard
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnsafePathError
 from marin_data.layout import MANIFEST, SHARDS_INDEX

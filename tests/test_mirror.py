@@ -24,7 +24,7 @@ from shard_env import tiny_tokenizer  # noqa: F401 - a fixture
 from huggingface_hub import HfApi, HfFileSystem, get_hf_file_metadata, hf_hub_download, hf_hub_url, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
-from marin_data.corpus.manifest import commit_corpus
+from marin_data.corpus.commit import commit_corpus
 from marin_data.testing.mirror import running_mirror
 
 REPO = "marin/tiny"

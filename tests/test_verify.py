@@ -15,7 +15,7 @@ import pytest
 
 from marin_data.atomic import sha256_file
 from marin_data.cli import main
-from marin_data.corpus.manifest import commit_corpus
+from marin_data.corpus.commit import commit_corpus
 from marin_data.corpus.shard import read_shard, write_shard
 from marin_data.corpus.verify import ProblemKind, verify_corpus
 from marin_data.layout import LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, TOKENIZER, UNLISTED

@@ -15,7 +15,8 @@ from conftest import build_corpus
 from shard_env import make_texts, run_cli, tiny_tokenizer, write_jsonl  # noqa: F401 - a fixture
 
 from marin_data.atomic import atomic_write_bytes
-from marin_data.corpus.manifest import commit_corpus, load_corpus
+from marin_data.corpus.commit import commit_corpus
+from marin_data.corpus.manifest import load_corpus
 from marin_data.cli._errors import EXIT_USAGE, describe
 from marin_data.errors import InvalidManifestError, RemoteError, UnsafeDestinationError
 from marin_data.layout import LOCK_NAME, PARTIAL_SUFFIX, RANGES_SUFFIX, RECORD

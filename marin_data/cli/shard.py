@@ -9,7 +9,7 @@ import click
 
 from marin_data.cli._engine_options import engine_kwargs, engine_options
 from marin_data.corpus.build import DEFAULT_SHARD_TOKENS, ShardReport, shard_subset
-from marin_data.corpus.manifest import check_subset_name
+from marin_data.corpus.names import check_subset_name
 from marin_data.errors import InvalidManifestError
 from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES
 from marin_data.ui import format_table, human_bytes

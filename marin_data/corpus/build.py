@@ -31,16 +31,10 @@ import numpy as np
 
 from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
 from marin_data.corpus.arrays import numbers, strings, view
-from marin_data.corpus.manifest import (
-    Corpus,
-    Manifest,
-    ShardRecord,
-    SubsetInfo,
-    check_subset_name,
-    commit_corpus,
-    finish_commit,
-    load_corpus,
-)
+from marin_data.corpus.commit import commit_corpus, finish_commit
+from marin_data.corpus.manifest import Corpus, Manifest, load_corpus
+from marin_data.corpus.names import check_subset_name
+from marin_data.corpus.records import ShardRecord, SubsetInfo
 from marin_data.corpus.shard import TOKENS_VALUES, ShardStats, shard_path, shard_schema, write_shard
 from marin_data.engines import Engine, make_engine
 from marin_data.errors import CorpusConflictError, ShardFormatError, TokenizerMismatchError, UnreadableInputError

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from marin_data.corpus.manifest import SubsetInfo, load_corpus
+from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.mirrors import read_mirrors
+from marin_data.corpus.records import SubsetInfo
 from marin_data.raw.tokenizer import TokenizerInfo
 from marin_data.ui import format_table, human_bytes
 

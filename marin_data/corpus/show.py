@@ -14,7 +14,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from marin_data.corpus.manifest import Corpus, ShardRecord, load_corpus, select_subsets
+from marin_data.corpus.manifest import Corpus, load_corpus
+from marin_data.corpus.names import select_subsets
+from marin_data.corpus.records import ShardRecord
 from marin_data.errors import InvalidManifestError, ShardFormatError, ShardMissingError
 from marin_data.layout import TOKENIZER
 from marin_data.parquet_io import open_parquet

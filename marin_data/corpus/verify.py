@@ -23,8 +23,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from marin_data.atomic import sha256_file
-from marin_data.corpus.manifest import Corpus, ShardRecord, load_corpus, select_subsets
+from marin_data.corpus.manifest import Corpus, load_corpus
+from marin_data.corpus.names import select_subsets
 from marin_data.corpus.record import read_download_record
+from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.shard import inspect_shard
 from marin_data.engines import Engine, make_engine
 from marin_data.engines.local import default_workers

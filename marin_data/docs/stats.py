@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.corpus.manifest import Corpus, ShardRecord
+from marin_data.corpus.manifest import Corpus
+from marin_data.corpus.records import ShardRecord
 from marin_data.errors import ShardFormatError
 from marin_data.parquet_io import open_parquet
 from marin_data.ui import progress

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marin_data.atomic import atomic_write_bytes, sha256_file
-from marin_data.corpus.manifest import Corpus, commit_corpus, finish_commit, load_corpus
+from marin_data.corpus.commit import commit_corpus, finish_commit
+from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.corpus.mirrors import read_mirrors
 from marin_data.corpus.sample import SAMPLE_JSON, SAMPLE_META
 from marin_data.docs.card import render_card

@@ -44,7 +44,7 @@ from typing import Protocol
 import numpy as np
 
 from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
-from marin_data.corpus.manifest import ShardRecord
+from marin_data.corpus.records import ShardRecord
 from marin_data.errors import ShardChecksumError, ShardFormatError, ShardMissingError
 from marin_data.parquet_io import open_parquet
 

@@ -43,7 +43,7 @@ from fractions import Fraction
 import numba
 import numpy as np
 
-from marin_data.corpus.manifest import select_subsets
+from marin_data.corpus.names import select_subsets
 from marin_data.errors import LoaderConfigError
 from marin_data.loader.shuffle.feistel import feistel1
 from marin_data.loader.shuffle.keys import derive_key, sub_key

@@ -43,7 +43,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from marin_data.corpus.manifest import ShardRecord
+from marin_data.corpus.records import ShardRecord
 from marin_data.loader.cache import ShardSource
 
 __all__ = ["SubsetTokens", "Batch", "batch_layout", "new_batch", "shard_rows", "ShardTable", "pack_rows"]

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from marin_data.corpus.manifest import Corpus, load_corpus, select_subsets, shards_fingerprint
+from marin_data.corpus.manifest import Corpus, load_corpus, shards_fingerprint
+from marin_data.corpus.names import select_subsets
 from marin_data.errors import LoaderConfigError
 from marin_data.loader.cache import DecodedShardCache, ShardSource
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1

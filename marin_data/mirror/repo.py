@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marin_data.atomic import sha256_file
-from marin_data.corpus.manifest import Manifest, read_shard_index
+from marin_data.corpus.index import read_shard_index
+from marin_data.corpus.manifest import Manifest
 from marin_data.layout import MANIFEST, SHARDS_INDEX
 from marin_data.stores.hub_ids import LFS_SAMPLE_BYTES, git_blob_sha1, git_blob_sha1_file, is_lfs, lfs_pointer
 

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from marin_data.corpus.manifest import MAX_FILES_PER_FOLDER, MAX_FILES_PER_REPO  # the Hub's limits, re-exported
+from marin_data.corpus.commit import MAX_FILES_PER_FOLDER, MAX_FILES_PER_REPO  # the Hub's limits, re-exported
 
 __all__ = [
     "LFS_SAMPLE_BYTES",

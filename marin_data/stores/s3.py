@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from marin_data.corpus.manifest import safe_relpath
+from marin_data.corpus.names import safe_relpath
 from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
 from marin_data.retry import parse_retry_after, status_error
 from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.corpus.manifest import Corpus, Manifest, ShardRecord, SubsetInfo, commit_corpus, summarize_subsets
+from marin_data.corpus.commit import commit_corpus
+from marin_data.corpus.manifest import Corpus, Manifest, summarize_subsets
+from marin_data.corpus.records import ShardRecord, SubsetInfo
 from marin_data.layout import TOKENIZER
 from marin_data.raw.tokenizer import TokenizerInfo
 

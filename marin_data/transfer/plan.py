@@ -11,7 +11,9 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from marin_data.corpus.manifest import Manifest, read_shard_index, select_subsets
+from marin_data.corpus.index import read_shard_index
+from marin_data.corpus.manifest import Manifest
+from marin_data.corpus.names import select_subsets
 from marin_data.errors import (
     InvalidManifestError,
     ManifestHashMismatchError,

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marin_data.atomic import sha256_file
-from marin_data.corpus.manifest import Corpus, finish_commit, load_corpus
+from marin_data.corpus.commit import finish_commit
+from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.errors import ObjectTooLargeError, RemoteError, ShardChecksumError
 from marin_data.layout import CARD, MANIFEST, UNLISTED
 from marin_data.lock import corpus_lock

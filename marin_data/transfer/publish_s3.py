@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marin_data.atomic import sha256_file
-from marin_data.corpus.manifest import finish_commit, load_corpus
+from marin_data.corpus.commit import finish_commit
+from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.mirrors import record_mirrors
 from marin_data.errors import (
     MarinDataError,

@@ -12,8 +12,10 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 
+from marin_data.corpus.index import read_shard_index
 from marin_data.corpus.info import CorpusInfo
-from marin_data.corpus.manifest import Manifest, ShardRecord, read_shard_index, summarize_subsets
+from marin_data.corpus.manifest import Manifest, summarize_subsets
+from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.show import ShownDocument, decode_rows, shards_to_show
 from marin_data.errors import InvalidManifestError
 from marin_data.layout import MANIFEST, TOKENIZER

@@ -22,7 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from marin_data.atomic import sha256_file
-from marin_data.corpus.manifest import load_corpus, select_subsets
+from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.names import select_subsets
 from marin_data.corpus.verify import Problem, ProblemKind, VerifyReport
 from marin_data.layout import MANIFEST
 from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call

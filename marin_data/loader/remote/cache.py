@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.corpus.manifest import ShardRecord
+from marin_data.corpus.records import ShardRecord
 from marin_data.errors import CorpusLockedError, LoaderConfigError, ShardFormatError
 from marin_data.layout import PARTIAL_SUFFIX
 from marin_data.loader.cache import SEAL, DecodedShard, DecodedShardCache, map_npy, sealed

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from marin_data.atomic import atomic_write_bytes
-from marin_data.corpus.manifest import Corpus, ShardRecord, load_corpus
+from marin_data.corpus.manifest import Corpus, load_corpus
+from marin_data.corpus.records import ShardRecord
 from marin_data.layout import MANIFEST, SHARDS_INDEX
 from marin_data.loader.cache import default_cache_dir
 from marin_data.loader.dataset import TokenDataset, TokenLoader, distributed_rank
