@@ -2,8 +2,9 @@
 
     JAX_PLATFORMS=cpu /tmp/levanter-venv/bin/python scripts/levanter_load_check.py CACHE_OR_STORE CORPUS [--subset S]
 
-Run it in the venv that ``scripts/make_levanter_fixtures.py`` describes (real Levanter); marin is never imported,
-the corpus is read with pyarrow alone. A cell is a directory holding ``shard_ledger.json``, and the search does not
+Run it in the venv that ``scripts/make_levanter_fixtures.py`` describes (real Levanter 0.2.20, which opens only
+blosc clevel 5, so a zstd clevel 1 cache is reported as refused; 0.2.227 in Python 3.12 opens both). marin is never
+imported: the corpus is read with pyarrow alone. A cell is a directory holding ``shard_ledger.json``, and the search does not
 go below one (a sharded cache's parts, and the per-source caches ``build_or_load_cache`` leaves inside a
 consolidated one, are not cells). A cell's path under CACHE_OR_STORE is its subset name; each is opened with
 ``TreeCache.load`` and its rows are compared, in order, with ``CORPUS/data/<subset>/part-*.parquet`` (columns
@@ -17,6 +18,7 @@ cache Levanter refuses to open); 2 nothing to compare at the paths given.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -58,17 +60,35 @@ def corpus_rows(shards: list[Path]):
                 yield doc_id, values[offsets[i]:offsets[i + 1]]
 
 
+class Refused(Exception):
+    """Levanter could not open or read a cache: a finding for the table, not a crash of this script."""
+
+
+def refusal(exc: Exception) -> Refused:
+    message = str(exc)
+    if "Incompatible" in message:  # tensorstore's reason sits after a long spec, e.g. "clevel": 1 vs 5
+        message = message[message.rindex("Incompatible"):].split(" [")[0]
+    return Refused(f"{type(exc).__name__}: {message.splitlines()[0][:160]}")
+
+
 def levanter_rows(cache_root: Path):
-    """(dtype, a generator of every row's tokens as int64), as real Levanter reads them."""
+    """(dtype, a generator of every row's tokens as int64), as real Levanter reads them; raises Refused."""
     from levanter.store.cache import TreeCache
 
-    cache = TreeCache.load(str(cache_root), {"input_ids": np.zeros(0, dtype=np.int32)})
-    n = len(cache)
-    first = cache.get_batch_sync([0])[0]["input_ids"] if n else np.zeros(0, dtype=np.int32)
+    try:
+        cache = TreeCache.load(str(cache_root), {"input_ids": np.zeros(0, dtype=np.int32)})
+        n = len(cache)
+        first = cache.get_batch_sync([0])[0]["input_ids"] if n else np.zeros(0, dtype=np.int32)
+    except Exception as exc:  # noqa: BLE001 -- whatever Levanter raises is the finding
+        raise refusal(exc) from exc
 
     def rows():
         for start in range(0, n, BATCH_ROWS):
-            for row in cache.get_batch_sync(list(range(start, min(n, start + BATCH_ROWS)))):
+            try:
+                batch = cache.get_batch_sync(list(range(start, min(n, start + BATCH_ROWS))))
+            except Exception as exc:  # noqa: BLE001
+                raise refusal(exc) from exc
+            for row in batch:
                 yield row["input_ids"].astype(np.int64)
 
     return str(first.dtype), rows()
@@ -82,30 +102,36 @@ def compare_cell(subset: str, cache_root: Path | None, shards: list[Path] | None
         result["result"] = "only in the corpus" if cache_root is None else "only in the cache"
         return result
     try:
-        dtype, rows = levanter_rows(cache_root)
+        dtype, ours = levanter_rows(cache_root)
         result["dtype"] = dtype
-        ours = list(rows)
-    except Exception as exc:  # noqa: BLE001 -- a cache Levanter refuses is a finding, reported in the table
-        message = str(exc)
-        if "Incompatible" in message:  # tensorstore's reason sits after a long spec, e.g. "clevel": 1 vs 5
-            message = message[message.rindex("Incompatible"):].split(" [")[0]
-        result["result"] = f"levanter refused it: {type(exc).__name__}: {message.splitlines()[0][:160]}"
+        counts = {"rows": 0, "corpus rows": 0, "tokens": 0, "corpus tokens": 0}
+        for row, (a, b) in enumerate(itertools.zip_longest(ours, corpus_rows(shards))):  # streamed, in row order
+            if a is not None:
+                counts["rows"] += 1
+                counts["tokens"] += len(a)
+            if b is not None:
+                counts["corpus rows"] += 1
+                counts["corpus tokens"] += len(b[1])
+            if result["result"] == "ok" and a is not None and b is not None:
+                result["result"] = first_difference(subset, row, a, *b, check_ids)
+    except Refused as exc:
+        result["result"] = f"levanter refused it: {exc}"
         return result
-    theirs = list(corpus_rows(shards))
-    result |= {"rows": len(ours), "corpus rows": len(theirs), "tokens": sum(map(len, ours)),
-               "corpus tokens": sum(len(t) for _, t in theirs)}
-    for row, (a, (doc_id, b)) in enumerate(zip(ours, theirs)):
-        if not np.array_equal(a, b):
-            at = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
-            result["result"] = (f"row {row} differs at token {at}: levanter {a[at:at + 3].tolist()} (length {len(a)})"
-                                f" vs corpus {b[at:at + 3].tolist()} (length {len(b)})")
-            return result
-        if check_ids and doc_id != f"{subset}:{row}":
-            result["result"] = f"row {row} has id {doc_id!r}, expected {subset + ':' + str(row)!r}"
-            return result
-    if len(ours) != len(theirs):
-        result["result"] = f"row counts differ: levanter {len(ours)}, corpus {len(theirs)}"
+    result |= counts
+    if result["result"] == "ok" and counts["rows"] != counts["corpus rows"]:
+        result["result"] = f"row counts differ: levanter {counts['rows']}, corpus {counts['corpus rows']}"
     return result
+
+
+def first_difference(subset: str, row: int, a: np.ndarray, doc_id: str, b: np.ndarray, check_ids: bool) -> str:
+    """"ok", or what differs between Levanter's row and the corpus's."""
+    if not np.array_equal(a, b):
+        at = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+        return (f"row {row} differs at token {at}: levanter {a[at:at + 3].tolist()} (length {len(a)}) vs corpus "
+                f"{b[at:at + 3].tolist()} (length {len(b)})")
+    if check_ids and doc_id != f"{subset}:{row}":
+        return f"row {row} has id {doc_id!r}, expected {subset + ':' + str(row)!r}"
+    return "ok"
 
 
 def table(rows: list[dict]) -> str:
