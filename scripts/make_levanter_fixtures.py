@@ -289,8 +289,8 @@ def expected(out: Path, made: dict[str, dict]) -> dict:
     caches = {}
     for name, how in made.items():
         long = how.pop("long", {})
-        # Levanter 0.2.20 opens an array with its own codec (blosc clevel 5) as a constraint, and tensorstore
-        # refuses a zstd clevel 1 array against it ("Incompatible clevel: 1 vs 5"); under the newer spec it opens.
+        # Levanter 0.2.20 opens an array against its own spec (chunk grid, inner chunks, blosc clevel 5), so
+        # tensorstore refuses zstd clevel 1 ('Incompatible "clevel": 1 vs 5'); under the newer spec it opens.
         with newer_codec() if how["made_by"] == MADE_BY_PATCHED else nullcontext():
             caches[name] = how | read_back(name, long)
     files = {p.relative_to(out).as_posix(): {"bytes": p.stat().st_size,
