@@ -119,7 +119,10 @@ step bench bench.log 80 "$PY" benchmarks/bench_kernels_gpu.py "${BENCH[@]}" --bu
 
 # The sanitizers get the rest of the budget: memcheck 60% of it, racecheck what memcheck leaves.
 SMALL='tiny_batches or misaligned or one_expert or serve or (equals_the_reference and 512-8-16-4 and sigmoid) or (route_topk_backward and True-sigmoid-dtype0) or (unpermute and 300-2-7-33)'
-SANITIZE=("$SANITIZER" --error-exitcode 3 --report-api-errors no)  # torch's own probing calls return errors
+# --report-api-errors no: torch's own probing calls return errors, which are not the kernels' memory errors;
+# --launch-timeout 0: the default gives the target 10 s to connect, which pytest importing torch can miss (and
+# then hang: https://github.com/proteneer/timemachine/pull/668); the step's limit bounds the wait instead.
+SANITIZE=("$SANITIZER" --error-exitcode 3 --report-api-errors no --launch-timeout 0)
 SANITIZED_TESTS=("$PY" -m pytest --noconftest -p no:cacheprovider -p no:xdist -q -rfEs tests/test_cuda_ops.py -k "$SMALL")
 if [ "$DRY_RUN" = 1 ]; then
   step sanitize_host sanitize.log $((BUDGET - (SECONDS - START))) "$PY" -m pytest --noconftest -p no:cacheprovider \
