@@ -26,7 +26,8 @@
 #                    and UBSan in their place (tests/test_cuda_emulated.py's sanitizer test).
 # Each file is written as its step runs, so a run cut short still leaves what finished. summary.txt is the
 # file to read first: the environment, then one line per step (verdict, time, limit). 7 files in all (the
-# device tool brings back 8). Exit status: non-zero if the build or the tests fail.
+# device tool brings back 8). Exit status: non-zero if the build, the occupancy check or the tests fail; a
+# failed build ends the run (every later step would build the library again).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-out/gpu_check}
@@ -83,7 +84,17 @@ if [ -x "$SANITIZER" ]; then "$SANITIZER" --version | tail -n 2; else echo "no c
 step env summary.txt 20 bash -c "$ENVIRONMENT"
 if [ "$DRY_RUN" = 1 ]; then echo "dry run (--cpu): no GPU steps, the benchmark on the CPU" >> "$SUMMARY"; fi
 
-step build build.log 120 "$PY" -m marin_model.cuda --build || STATUS=1
+finish() {
+  echo "total: $((SECONDS - START))s of ${BUDGET}s, status $STATUS" | tee -a "$SUMMARY"
+  exit "$STATUS"
+}
+
+if ! step build build.log 120 "$PY" -m marin_model.cuda --build; then
+  # Every later step would build the library again, each within its own limit: stop here instead.
+  STATUS=1
+  echo "not run: occupancy, tests, bench, sanitize (they need the library; build.log says why)" | tee -a "$SUMMARY"
+  finish
+fi
 { echo "== ptxas report"; cat "$MARIN_CUDA_BUILD_DIR"/libmarin_kernels-*.log; } >> "$OUT_DIR/build.log" 2>&1
 
 # The driver the library's static runtime needs, and how many blocks of each kernel fit on one SM.
@@ -159,5 +170,4 @@ CUEOF
   rm -rf "$PROBE_DIR"
 fi
 
-echo "total: $((SECONDS - START))s of ${BUDGET}s, status $STATUS" | tee -a "$SUMMARY"
-exit "$STATUS"
+finish
