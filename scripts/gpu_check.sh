@@ -115,8 +115,13 @@ sed -n '/^== occupancy/,$p' "$OUT_DIR/build.log" | grep -E "^(library runtime|di
 # --noconftest: tests/conftest.py serves the data tests and imports modules this machine lacks.
 # OMP_NUM_THREADS: the workers' CPU references would otherwise each start a thread per core.
 PYTEST=("$PY" -m pytest --noconftest -p no:cacheprovider -q -rfEs --durations=15)
+# A test past 100 s is stopped, so one hang (in NCCL, say) does not take the step's junit.xml with it: under
+# xdist by ending its worker (the thread method also stops a hang inside C code), which xdist replaces.
 if "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTEST+=(--timeout=100); fi
-if "$PY" -c "import xdist" 2>/dev/null; then PYTEST+=(-n "$([ "$DRY_RUN" = 1 ] && echo 2 || echo 4)"); fi
+if "$PY" -c "import xdist" 2>/dev/null; then
+  PYTEST+=(-n "$([ "$DRY_RUN" = 1 ] && echo 2 || echo 4)")
+  if "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTEST+=(--timeout-method=thread); fi
+fi
 step tests tests.log 150 env OMP_NUM_THREADS=4 "${PYTEST[@]}" --junitxml="$OUT_DIR/junit.xml" \
   tests/test_cuda_ops.py tests/test_cuda_build.py tests/test_train_cuda.py || STATUS=1
 
