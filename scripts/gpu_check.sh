@@ -65,8 +65,10 @@ step() {
   return "$rc"
 }
 
-SANITIZER=$(command -v compute-sanitizer || echo "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/compute-sanitizer")
-export PY SANITIZER
+# The nvcc the build takes (the PATH, $CUDA_HOME, /usr/local/cuda*, ...), and the compute-sanitizer beside it.
+NVCC=$(timeout 60 "$PY" -c "from marin_model.cuda.build import find_nvcc; print(find_nvcc() or 'nvcc')" 2>/dev/null || echo nvcc)
+SANITIZER=$(command -v compute-sanitizer || echo "$(dirname "$(command -v "$NVCC" || echo /usr/local/cuda/bin/nvcc)")/compute-sanitizer")
+export PY NVCC SANITIZER
 ENVIRONMENT='
 nvidia-smi || true
 "$PY" -c "import sys, torch
@@ -77,7 +79,7 @@ if torch.cuda.is_available():
     print(p.name, f\"sm_{p.major}{p.minor},\", p.multi_processor_count, \"SMs,\", p.total_memory >> 30, \"GiB\")
 else:
     print(\"no GPU\")"
-nvcc --version || true
+"$NVCC" --version || true
 "$PY" -c "import triton; print(\"triton\", triton.__version__)" || true
 if [ -x "$SANITIZER" ]; then "$SANITIZER" --version | tail -n 2; else echo "no compute-sanitizer"; fi
 '
@@ -164,7 +166,7 @@ int main() {
 }
 CUEOF
   export PROBE_DIR
-  if step sanitize_probe sanitize.log 30 bash -c 'nvcc -o "$PROBE_DIR/probe" "$PROBE_DIR/probe.cu" &&
+  if step sanitize_probe sanitize.log 30 bash -c '"$NVCC" -o "$PROBE_DIR/probe" "$PROBE_DIR/probe.cu" &&
       "$SANITIZER" --tool memcheck --error-exitcode 3 "$PROBE_DIR/probe"'; then
     step sanitize_memcheck sanitize.log $(((BUDGET - (SECONDS - START)) * 6 / 10)) \
       env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "${SANITIZE[@]}" --tool memcheck "${SANITIZED_TESTS[@]}"
