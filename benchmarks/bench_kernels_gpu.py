@@ -106,19 +106,27 @@ class Timer:
 
     def __init__(self, device: str, warmup_ms: float, rep_ms: float):
         self.device, self.warmup_ms, self.rep_ms = device, warmup_ms, rep_ms
-        self.do_bench = None
+        self.do_bench, self.why_not_triton = None, "no triton"
         if device == "cuda":
             try:
                 from triton.testing import do_bench
+
+                # Triton compiles its driver helper with the host C compiler and Python's headers on first use:
+                # try it once, so a machine without the headers still gets a table.
+                probe = torch.zeros(1, device="cuda")
+                do_bench(lambda: probe.add_(1), warmup=1, rep=1)
                 self.do_bench = do_bench
-            except ImportError:
+            except Exception as error:  # noqa: BLE001 - any failure: the events below time the same thing
+                self.why_not_triton = f"{type(error).__name__}: {str(error)[:200]}"
                 self.flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
 
     @property
     def method(self) -> str:
         if self.device != "cuda":
             return "time.perf_counter (CPU smoke test)"
-        return "triton.testing.do_bench" if self.do_bench else "torch.cuda.Event with an L2 flush"
+        if self.do_bench:
+            return "triton.testing.do_bench"
+        return f"torch.cuda.Event with an L2 flush (triton's do_bench unavailable: {self.why_not_triton})"
 
     def __call__(self, fn, sets) -> float:
         cycle = itertools.cycle(sets)

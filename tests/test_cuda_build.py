@@ -34,10 +34,15 @@ ARCHS = ["90", "100"]  # the default build: H200 and GB200
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    """The default build, in ``$MARIN_CUDA_BUILD_DIR`` when it is set (scripts/gpu_check.sh sets it, so its
+    build is found cached rather than compiled twice), else in a folder of this test session, shared by its
+    workers (file lock), so a checkout's own cuda/build is left alone."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not found (set MARIN_NVCC or CUDA_HOME): cannot build cuda/")
+    if os.environ.get("MARIN_CUDA_BUILD_DIR"):
+        return build.build_library(archs=ARCHS)
     base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # one build per test session: workers share it (file lock)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent
     return build.build_library(out_dir=base / "cuda-build", archs=ARCHS)
 

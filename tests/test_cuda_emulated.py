@@ -13,7 +13,9 @@ checked to be left unwritten.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import itertools
 import math
 import os
 import subprocess
@@ -27,6 +29,7 @@ from marin_model import ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_emu"))
 from host_build import asan_runtime, build_host_library  # noqa: E402
+from op_checks import opcheck_cases, opcheck_specified  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ["sigmoid", "softmax_topk", "topk_softmax"]
@@ -61,9 +64,11 @@ def host_lib():
 
 
 @pytest.fixture(autouse=True)
-def _seeded(host_lib, request):
-    """A new thread order and shared-memory garbage per test, reproducible from the test's name."""
-    host_lib.cuda_emu_set_seed(sum(request.node.name.encode()) * 7919)
+def _seeded(request):
+    """A new thread order and shared-memory garbage per test, reproducible from the test's name (in the tests
+    that run kernels: the sanitizer test only starts a child, and needs no plain build)."""
+    if {"host_lib", "kern"} & set(request.fixturenames):
+        request.getfixturevalue("host_lib").cuda_emu_set_seed(sum(request.node.name.encode()) * 7919)
 
 
 @pytest.fixture
@@ -428,6 +433,67 @@ def test_experts_between_the_kernels_read_no_unused_row(kern, hidden):
     for a, b in zip(got, want):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@contextlib.contextmanager
+def ops_on_the_host_kernels(fill=None):
+    """For the duration, CPU tensors take the host build's entry points in the marin:: ops, so opcheck and
+    AOTAutograd reach the kernels. ``fill(call, routed_RH, src_of_R)``, when given, then writes into the
+    routed and grad_routed outputs of permute and unpermute_backward, once per call."""
+    from marin_model.cuda import dispatch
+
+    calls = itertools.count()
+
+    def filled(entry):
+        def run(*args):
+            out = entry(*args)  # permute: (routed, row_of, src_of, offsets); unpermute_backward: src_of is args[3]
+            fill(next(calls), out[0], out[2] if entry is dispatch.permute else args[3])
+            return out
+        return run
+
+    served = {"route_topk": dispatch.route_topk, "route_topk_backward": dispatch.route_topk_backward,
+              "permute": dispatch.permute, "unpermute": dispatch.unpermute,
+              "unpermute_backward": dispatch.unpermute_backward}
+    if fill is not None:
+        served.update(permute=filled(dispatch.permute), unpermute_backward=filled(dispatch.unpermute_backward))
+    for name, entry in served.items():
+        getattr(ops, name).register_kernel("cpu", entry)
+    try:
+        yield
+    finally:  # back to each op's own body (custom_op keeps it as _init_fn)
+        for name in served:
+            getattr(ops, name).register_kernel("cpu", getattr(ops, name)._init_fn)  # noqa: SLF001
+
+
+def fill_unused_rows(value):
+    """A fill that writes value(call) into the unused rows (src_of -2): what a GPU may leave there."""
+    def fill(call, routed_RH, src_of_R):
+        routed_RH[src_of_R == -2] = value(call)
+    return fill
+
+
+@pytest.mark.parametrize("fill", [fill_unused_rows(lambda call: float("nan")),
+                                  fill_unused_rows(lambda call: 1000.0 + call)], ids=["nan", "per-call"])
+def test_opcheck_on_the_host_kernels(host_lib, fill):
+    """tests/test_cuda_ops.py's opcheck, on the kernels built for the host. The unused rows are left
+    unwritten, and on a GPU hold whatever the allocator's block held: with NaN, or a value that changes per
+    call, there (the contract allows both) the check passes, as it compares only the specified rows."""
+    with ops_on_the_host_kernels(fill):
+        for op, args in opcheck_cases("cpu"):
+            opcheck_specified(op, args)
+
+
+@pytest.mark.parametrize("op_name", ["permute", "unpermute_backward"])
+def test_opcheck_still_sees_a_change_in_a_specified_row(host_lib, op_name):
+    """The counterpart: a value that changes per call in the last row before offsets[E] breaks the contract,
+    and the check fails on it."""
+    def fill(call, routed_RH, src_of_R):
+        routed_RH[int((src_of_R != -2).sum()) - 1] = 1000.0 + call
+
+    with ops_on_the_host_kernels(fill):
+        op, args = next((op, args) for op, args in opcheck_cases("cpu") if op is getattr(ops, op_name))
+        with pytest.raises(AssertionError, match="different in eager-mode PyTorch vs AOTDispatcher"):
+            opcheck_specified(op, args)
 
 
 def test_unpermute_treats_rows_out_of_range_as_dropped(kern):

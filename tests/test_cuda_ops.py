@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from cuda_env import cuda_kernels  # noqa: F401 - autouse fixture
+from op_checks import opcheck_cases, opcheck_specified
 
 from marin_model import ops
 from marin_model.cuda import dispatch
@@ -229,24 +230,11 @@ def test_nan_and_infinite_logits_lse_and_unpermute_edge_cases():
 
 
 def test_opcheck_on_cuda_tensors():
-    """torch.library.opcheck with the kernels: schema, autograd registration, fake-tensor agreement (and the
-    compiled path where outputs allow: route_topk's first output is integer, see tests/test_ops.py)."""
-    g = gen(23)
-    logits = torch.randn(64, 384, generator=g).cuda().requires_grad_()
-    ids, weights, _, _ = ops.route_topk(logits.detach(), None, 8, "sigmoid", 2.5, True, 1, 1)
-    x = torch.randn(64, 32, generator=g).cuda().requires_grad_()
-    routed, row_of, src_of, _ = ops.permute(x.detach(), ids, 384, 16, 0)
-    no_aot = {"test_utils": ("test_schema", "test_autograd_registration", "test_faketensor")}
-    cases = [
-        (ops.route_topk, (logits, torch.randn(384, generator=g).cuda(), 8, "sigmoid", 2.5, True, 12, 4), no_aot),
-        (ops.route_topk_backward, (torch.randn(64, 8, generator=g).cuda(), torch.randn(64, generator=g).cuda(),
-                                   logits.detach(), ids, weights, "softmax_topk", 1.0, True), {}),
-        (ops.permute, (x, ids, 384, 16, 0), {}),
-        (ops.unpermute, (routed.clone().requires_grad_(), row_of, src_of, weights.clone().requires_grad_()), {}),
-        (ops.unpermute_backward, (torch.randn(64, 32, generator=g).cuda(), routed, row_of, src_of, weights), {}),
-    ]
-    for op, args, kwargs in cases:
-        torch.library.opcheck(op, args, **kwargs)
+    """torch.library.opcheck with the kernels: schema, autograd registration, fake-tensor agreement, and eager
+    against compiled (AOTDispatcher) on the rows the contract specifies (tests/op_checks.py; the emulated suite
+    runs the same check on the host build)."""
+    for op, args in opcheck_cases("cuda"):
+        opcheck_specified(op, args)
 
 
 # ------------------------------------------------------------------------------------- composed, gradients
