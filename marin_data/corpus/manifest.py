@@ -47,6 +47,14 @@ __all__ = [
     "SubsetInfo",
     "FileRecord",
     "ShardRecord",
+    "SHARD",
+    "OFFSETS",
+    "META",
+    "KINDS",
+    "MARIN",
+    "LEVANTER_STORE",
+    "LEVANTER_CACHE",
+    "FORMATS",
     "Manifest",
     "Corpus",
     "safe_relpath",
@@ -64,6 +72,13 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+# `Manifest.format`: what the shards are. MARIN (the default): Parquet shards under data/<subset>/. A Levanter
+# cache pinned in place (`marin_data.levanter.pinned`): a store, each subset the cache at the folder of its
+# name, or one cache at the corpus root holding the one subset.
+MARIN = "marin"
+LEVANTER_STORE = "levanter-store"
+LEVANTER_CACHE = "levanter-cache"
+FORMATS = (MARIN, LEVANTER_STORE, LEVANTER_CACHE)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # The Hub's limits (docs/design.md, "The corpus format"): about 100,000 files per repo, fewer than 10,000 per folder.
 MAX_FILES_PER_FOLDER = 10_000
@@ -87,15 +102,24 @@ class FileRecord:
     sha256: str
 
 
+# What a row of the shard index is. A Parquet corpus has shards only; a pinned Levanter cache lists every
+# file of a subset, so that each is fetched and hashed with it (docs/design.md, "Levanter caches").
+SHARD = "shard"  # what the loader decodes: a Parquet shard, or a data chunk file of a cache
+OFFSETS = "offsets"  # a cache's offsets chunk file: the document boundaries of its subset
+META = "meta"  # a cache's small file: a ledger, a zarr.json, a .success or .stats.json
+KINDS = (SHARD, OFFSETS, META)
+
+
 @dataclass(frozen=True)
 class ShardRecord:
     path: str  # relative POSIX path inside the corpus, e.g. data/pretrain/code/part-00000.parquet
     subset: str
     bytes: int
     sha256: str
-    docs: int
+    docs: int  # a cache's data chunk file: the documents that start in it
     tokens: int
-    row_groups: int
+    row_groups: int  # a cache's data chunk file: its stored inner chunks
+    kind: str = SHARD
 
 
 @dataclass
@@ -108,6 +132,8 @@ class Manifest:
     # subset -> the Hub repo that holds its shards: 1 the main repo org/name, n > 1 org/name-partN
     repos: dict[str, int] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    # what the shards are: MARIN, or a Levanter cache pinned in place (`marin_data.levanter.pinned`)
+    format: str = MARIN
 
     def to_json(self) -> bytes:
         """Canonical bytes: sorted keys, no timestamps, so equal corpora have equal manifest digests."""
@@ -120,6 +146,8 @@ class Manifest:
             "files": {k: asdict(v) for k, v in sorted(self.files.items())},
             "repos": dict(sorted(self.repos.items())),
         }
+        if self.format != MARIN:  # written only when not the default: existing manifests keep their bytes
+            doc["format"] = self.format
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -142,7 +170,11 @@ class Manifest:
                 subsets={str(k): SubsetInfo(**v) for k, v in doc["subsets"].items()},
                 files={safe_relpath(k, where=path): FileRecord(**v) for k, v in doc["files"].items()},
                 repos={str(k): int(v) for k, v in doc.get("repos", {}).items()},
+                format=doc.get("format", MARIN),
             )
+            if manifest.format not in FORMATS:
+                raise InvalidManifestError(f"unknown format {manifest.format!r} (this marin reads "
+                                           f"{', '.join(FORMATS)})", path=path, actual=manifest.format)
         except InvalidManifestError:
             raise
         except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -192,9 +224,9 @@ def safe_relpath(path: str, *, where: str = MANIFEST) -> str:
 
 
 def check_subset_name(name: str, where: str) -> None:
-    """Subset names are relative paths (``pretrain/dclm``) that become folders under ``data/``: plain
-    components of letters, digits, ``_``, ``.`` and ``-``, never ``.`` or ``..``."""
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", name) or any(
+    """Subset names are relative paths (``pretrain/dclm``, a Levanter store's ``cluster=3/quality=4``) that
+    become folders: plain components of letters, digits, ``_``, ``.``, ``-`` and ``=``, never ``.`` or ``..``."""
+    if not re.fullmatch(r"[A-Za-z0-9_.\-=]+(/[A-Za-z0-9_.\-=]+)*", name) or any(
         part in (".", "..") for part in name.split("/")
     ):
         raise InvalidManifestError(f"invalid subset name {name!r}", path=where, actual=name)
@@ -230,14 +262,16 @@ def select_subsets(available: Iterable[str], patterns: Sequence[str] | None, *,
 
 
 _INDEX_COLUMNS = ("path", "subset", "bytes", "sha256", "docs", "tokens", "row_groups")
+_KIND = "kind"  # written only when some row is not a SHARD, so a Parquet corpus's index keeps its bytes
 
 
-def _index_schema():
+def _index_schema(kinds: bool = False):
     import pyarrow as pa
 
     return pa.schema([
         ("path", pa.string()), ("subset", pa.string()), ("bytes", pa.int64()), ("sha256", pa.string()),
         ("docs", pa.int64()), ("tokens", pa.int64()), ("row_groups", pa.int32()),
+        *([(_KIND, pa.string())] if kinds else []),
     ])
 
 
@@ -250,7 +284,7 @@ def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord], *,
     from marin_data.corpus.arrays import numbers, strings
 
     rows = sorted(shards, key=lambda s: (s.subset, s.path))
-    schema = _index_schema()
+    schema = _index_schema(kinds=any(s.kind != SHARD for s in rows))
     values = {f.name: [getattr(s, f.name) for s in rows] for f in schema}
     table = pa.table({f.name: strings(values[f.name]) if f.type == pa.string() else
                       numbers(values[f.name], f.type.to_pandas_dtype()) for f in schema}, schema=schema)
@@ -266,12 +300,15 @@ def read_shard_index(source: str | os.PathLike | bytes, metadata: Iterable[str] 
     path = "shards.parquet (fetched)" if isinstance(source, bytes) else source
     try:
         with open_parquet(source) as pf:
-            table = pf.read(columns=list(_INDEX_COLUMNS))  # no pyarrow.dataset import
-        cols = {c: table.column(c).to_pylist() for c in _INDEX_COLUMNS}
+            columns = [*_INDEX_COLUMNS, *([_KIND] if _KIND in pf.schema_arrow.names else [])]
+            table = pf.read(columns=columns)  # no pyarrow.dataset import
+        cols = {c: table.column(c).to_pylist() for c in columns}
     except (OSError, KeyError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
         raise InvalidManifestError(f"unreadable shard index: {e}", path=str(path)) from e
-    shards = [ShardRecord(*values) for values in zip(*(cols[c] for c in _INDEX_COLUMNS))]
+    shards = [ShardRecord(*values) for values in zip(*(cols[c] for c in columns))]
     for s in shards:
+        if s.kind not in KINDS:
+            raise InvalidManifestError(f"row {s.path} is of unknown kind {s.kind!r}", path=str(path), actual=s.kind)
         safe_relpath(s.path, where=str(path))
         check_subset_name(s.subset, str(path))
         _check_digest(s.sha256, f"{path} row {s.path}")
@@ -312,12 +349,12 @@ def sums_text(entries: Iterable[tuple[str, str]]) -> str:
 def summarize_subsets(shards: Iterable[ShardRecord], licenses: dict[str, str]) -> dict[str, SubsetInfo]:
     """Per-subset totals computed from the shard rows (the manifest never holds a typed-in number)."""
     totals: dict[str, list[int]] = {}
-    for s in shards:
+    for s in shards:  # every row's bytes count (they are all fetched); only shards count as shards
         t = totals.setdefault(s.subset, [0, 0, 0, 0])
         t[0] += s.docs
         t[1] += s.tokens
         t[2] += s.bytes
-        t[3] += 1
+        t[3] += s.kind == SHARD
     return {
         name: SubsetInfo(docs=d, tokens=t, bytes=b, shards=n, license=licenses.get(name, "unknown"))
         for name, (d, t, b, n) in sorted(totals.items())

@@ -53,6 +53,14 @@ class ProblemKind(str, enum.Enum):
     BAD_FORMAT = "bad_format"
     WRONG_TOKENIZER = "wrong_tokenizer"
     COUNT_MISMATCH = "count_mismatch"
+    # a Levanter cache's structure (`marin_data.levanter.checks`)
+    BAD_CACHE_FILE = "bad_cache_file"  # a ledger, zarr.json or chunk file missing, malformed or damaged
+    UNFINISHED = "unfinished"  # the ledger is not finished, or a sub-cache has no .success
+    BAD_OFFSETS = "bad_offsets"  # offsets[0] != rows, decreasing, or the last != the ledger's tokens
+    WRONG_DTYPE = "wrong_dtype"
+    STATS_MISMATCH = "stats_mismatch"  # .stats.json disagrees with the ledger
+    OUT_OF_VOCAB = "out_of_vocab"  # a token id outside [0, vocabulary)
+    MISSING_BOS = "missing_bos"  # a document whose first token is not the expected BOS
 
 
 @dataclass(frozen=True)
