@@ -13,7 +13,7 @@ __all__ = ["CHUNK", "INNER", "VOCAB", "BOS", "documents", "make_cache", "make_st
 
 CHUNK = 1024  # elements per chunk file
 INNER = 256  # elements per inner chunk
-VOCAB = 500
+VOCAB = 400  # the tiny tokenizer of `shard_env.train_tiny`
 BOS = 1
 
 

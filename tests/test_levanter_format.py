@@ -199,7 +199,7 @@ def test_detect_tells_a_cache_a_store_and_a_corpus_apart(tmp_path, make_corpus):
 def test_an_unrecognised_tree_is_an_error_naming_what_was_expected(tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x/notes.txt").write_text("hello")
-    with pytest.raises(UnknownSourceError, match="neither manifest.json .* nor shard_ledger.json .*notes.txt"):
+    with pytest.raises(UnknownSourceError, match="no manifest.json .* and no shard_ledger.json .*notes.txt"):
         detect(tmp_path / "x")
     make_store(tmp_path / "s", {"cluster=0/quality=0": 10})
     (tmp_path / "s/stray.bin").write_bytes(b"1")

@@ -9,12 +9,14 @@ import os
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from marin_data.corpus.manifest import check_subset_name
+from marin_data.corpus.manifest import Manifest, check_subset_name
 from marin_data.errors import InvalidManifestError, UnknownSourceError
-from marin_data.layout import MANIFEST
-from marin_data.levanter.ledger import LEDGER, STATS
+from marin_data.layout import LOCK_NAME, MANIFEST, STAGING
+from marin_data.levanter.ledger import LEDGER
+from marin_data.levanter.pinned import is_pinned_cache
+from marin_data.levanter.source import read_file
 from marin_data.stores import open_store
-from marin_data.stores.base import Store
+from marin_data.stores.base import METADATA_LIMIT, Store
 
 __all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells"]
 
@@ -32,6 +34,7 @@ class Source:
     kind: str
     store: Store
     cells: tuple[str, ...] = ()
+    pinned_cache: bool = False  # a corpus whose manifest pins Levanter caches (`marin_data.levanter.adopt`)
 
 
 def detect(url: str | os.PathLike, **store_options) -> Source:
@@ -46,10 +49,13 @@ def detect_store(store: Store) -> Source:
 
     Raises:
         UnknownSourceError: none of these, or a tree with files outside every cache.
+        InvalidManifestError: a ``manifest.json`` that does not parse.
         RemoteError: the store cannot be listed.
     """
     if store.head(MANIFEST) is not None:
-        return Source(CORPUS, store)
+        data = read_file(store, MANIFEST, limit=METADATA_LIMIT)
+        manifest = Manifest.from_json(data or b"", store.describe(MANIFEST))
+        return Source(CORPUS, store, pinned_cache=is_pinned_cache(manifest))
     if store.head(LEDGER) is not None:
         return Source(CACHE, store)
     return Source(STORE, store, find_cells(store))
@@ -57,9 +63,9 @@ def detect_store(store: Store) -> Source:
 
 def find_cells(store: Store) -> tuple[str, ...]:
     """The cache roots of a tree: folders holding a ``shard_ledger.json`` that no other cache root holds
-    (a sharded cache's sub-caches have ledgers too). Every other file must lie inside one of them, or sit
-    beside one as Marin's ``.stats.json`` does."""
-    files = [o.path for o in store.list()]
+    (a sharded cache's sub-caches have ledgers too). Every other file must lie inside one of them (Marin's
+    ``.stats.json`` sits inside its cache's root)."""
+    files = [o.path for o in store.list() if o.path.split("/")[0] not in (LOCK_NAME, STAGING)]  # a writer's own
     ledgers = sorted({str(PurePosixPath(p).parent) for p in files if PurePosixPath(p).name == LEDGER})
     roots: list[str] = []
     for folder in ledgers:  # sorted: a root comes before the folders inside it
@@ -68,10 +74,9 @@ def find_cells(store: Store) -> tuple[str, ...]:
     if not roots:
         shown = ", ".join(files[:_SHOWN]) or "no files at all"
         raise UnknownSourceError(
-            f"neither {MANIFEST} (a marin corpus) nor {LEDGER} (a Levanter cache) at its root or in any folder "
+            f"no {MANIFEST} (a marin corpus) and no {LEDGER} (a Levanter cache) at its root or in any folder "
             f"below it (found: {shown})", path=store.url, expected=[MANIFEST, LEDGER])
-    stray = [p for p in files if not any(p.startswith(r + "/") for r in roots)
-             and not (PurePosixPath(p).name == STATS)]
+    stray = [p for p in files if not any(p.startswith(r + "/") for r in roots)]
     if stray:
         raise UnknownSourceError(
             f"{len(stray)} files lie outside every Levanter cache of this tree ({', '.join(stray[:_SHOWN])}"
