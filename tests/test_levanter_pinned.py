@@ -176,3 +176,22 @@ def test_info_show_and_verify_an_unpinned_store_over_s3_and_the_hub(store, moto,
         done = cli("verify", bucket_url, "--endpoint-url", moto)
         assert done.returncode == 1 and "cluster=0/quality=4/input_ids/offsets/zarr.json" in done.stdout
     assert VOCAB == 400
+
+
+def test_a_parquet_corpus_is_written_without_the_new_fields(make_corpus):
+    """Existing corpora keep their manifest bytes (and so their pinned sha256): `format` and the index's
+    `kind` column are written only when not the default."""
+    import pyarrow.parquet as pq
+
+    corpus = make_corpus({"a": [5, 5]})
+    assert "format" not in json.loads((corpus.root / "manifest.json").read_bytes())
+    assert "kind" not in pq.read_schema(corpus.root / "shards.parquet").names
+    assert {s.kind for s in corpus.shards} == {SHARD}
+
+
+def test_the_loader_refuses_a_pinned_cache_by_name(pinned):
+    from marin_data.errors import LoaderConfigError
+    from marin_data.loader import make_loader
+
+    with pytest.raises(LoaderConfigError, match="pinned Levanter cache"):
+        make_loader(pinned)

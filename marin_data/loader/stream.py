@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from marin_data.corpus.manifest import Corpus, load_corpus, select_subsets, shards_fingerprint
+from marin_data.corpus.manifest import MARIN, Corpus, load_corpus, select_subsets, shards_fingerprint
 from marin_data.errors import LoaderConfigError
 from marin_data.loader.cache import DecodedShardCache, ShardSource
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
@@ -183,6 +183,9 @@ class TokenStream:
                  source: ShardSource | None = None, cache_dir: str | os.PathLike | None = None,
                  verify_shards: bool = True) -> None:
         corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
+        if corpus.manifest.format != MARIN:
+            raise LoaderConfigError(f"a pinned Levanter cache ({corpus.manifest.format}): the loader streams "
+                                    "Parquet corpora only so far", path=str(corpus.root), actual=corpus.manifest.format)
         counts = {"seq_len": config.seq_len, "batch_size": config.batch_size, "shuffle_window": config.shuffle_window}
         wrong = {k: v for k, v in counts.items() if not isinstance(v, (int, np.integer)) or isinstance(v, bool)}
         if wrong:
