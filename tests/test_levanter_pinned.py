@@ -38,7 +38,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def store(tmp_path) -> Path:
-    make_store(tmp_path / "store", CELLS)
+    make_store(tmp_path / "store", {k: v for k, v in CELLS.items() if k != "cluster=1/quality=4"})
     make_cache(tmp_path / "store/cluster=1/quality=4", 30, seed=9, layout="sharded", parts=2, dtype="int64",
                stats=True)  # a sharded, int64 cell among consolidated int32 ones
     return tmp_path / "store"
@@ -87,6 +87,9 @@ def test_verify_on_a_pinned_store_hashes_and_checks_structure(pinned):
     assert ("cluster=0/quality=4/input_ids/data/c/1", ProblemKind.MODIFIED) in found
     done = cli("verify", pinned)
     assert done.returncode == 1 and "cluster=0/quality=4/input_ids/data/c/1" in done.stdout
+    (pinned / "cluster=1/quality=4/extra").write_bytes(b"x")  # a file nothing lists, in a chosen cell
+    found = {(p.path, p.kind) for p in verify_source(pinned, subsets=["cluster=1/*"]).problems}
+    assert found == {("cluster=1/quality=4/extra", ProblemKind.UNLISTED)}
 
 
 def test_adopt_refuses_a_defective_cache_and_writes_nothing(store, tiny_tokenizer):
@@ -106,6 +109,9 @@ def test_adopt_refuses_a_defective_cache_and_writes_nothing(store, tiny_tokenize
 
 def test_a_single_cache_is_one_subset_at_the_corpus_root(tmp_path, tiny_tokenizer):
     make_cache(tmp_path / "train", 80, dtype="int64")
+    done = cli("show", tmp_path / "train", "--tokenizer", tiny_tokenizer, "--row", 79, "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["id"] == "79"
+    assert cli("show", tmp_path / "train", "-n", 1).returncode == 2  # a cache carries no tokenizer
     done = cli("adopt", tmp_path / "train", "--tokenizer", tiny_tokenizer, "--name", "fineweb-10M")
     assert done.returncode == 0, done.stderr
     corpus = load_corpus(tmp_path / "train")

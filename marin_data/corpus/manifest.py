@@ -35,8 +35,8 @@ from pathlib import Path
 
 from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnknownSubsetError, UnsafePathError
-from marin_data.layout import (COMMIT, LISTED, LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER,
-                               UNLISTED)
+from marin_data.layout import (COMMIT, DATA, LISTED, LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS,
+                               TOKENIZER, UNLISTED)
 from marin_data.parquet_io import open_parquet
 from marin_data.raw.tokenizer import TokenizerInfo
 
@@ -58,6 +58,7 @@ __all__ = [
     "Manifest",
     "Corpus",
     "safe_relpath",
+    "subset_folder",
     "check_subset_name",
     "select_subsets",
     "read_shard_index",
@@ -201,6 +202,12 @@ class Corpus:
     def shards_of(self, subsets: Iterable[str]) -> list[ShardRecord]:
         wanted = set(subsets)
         return [s for s in self.shards if s.subset in wanted]
+
+
+def subset_folder(manifest: Manifest, subset: str) -> str:
+    """The folder that holds ``subset``'s files: ``data/<subset>`` in a Parquet corpus, ``<subset>`` in a
+    pinned Levanter store, the root ("") for a single pinned cache."""
+    return {MARIN: f"{DATA}/{subset}", LEVANTER_STORE: subset, LEVANTER_CACHE: ""}[manifest.format]
 
 
 def safe_relpath(path: str, *, where: str = MANIFEST) -> str:

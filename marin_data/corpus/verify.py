@@ -23,13 +23,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from marin_data.atomic import sha256_file
-from marin_data.corpus.manifest import Corpus, ShardRecord, load_corpus, select_subsets
+from marin_data.corpus.manifest import Corpus, ShardRecord, load_corpus, select_subsets, subset_folder
 from marin_data.corpus.record import read_download_record
 from marin_data.corpus.shard import inspect_shard
 from marin_data.engines import Engine, make_engine
 from marin_data.engines.local import default_workers
 from marin_data.errors import InvalidManifestError, ShardFormatError
-from marin_data.layout import DATA, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
+from marin_data.layout import LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.ui import progress as progress_bar
 
 __all__ = ["IGNORED_NAMES", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind", "Problem", "VerifyReport",
@@ -313,15 +313,16 @@ def _inspect(path: Path, shard: ShardRecord, tokenizer_sha256: str) -> list[Prob
 def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], list[str]]:
     """Files under the tree that nothing lists (``unlisted``) and leftover ``*.part`` files (``partial``).
 
-    ``chosen=None`` walks the whole corpus; otherwise only ``data/<subset>/`` of the chosen subsets,
-    without descending into the folders of subsets that were not chosen (``data/a/b`` inside ``data/a``).
+    ``chosen=None`` walks the whole corpus; otherwise only the chosen subsets' folders (`subset_folder`:
+    ``data/<subset>/`` of a Parquet corpus), without descending into the folders of subsets that were not
+    chosen (``data/a/b`` inside ``data/a``).
     """
     known = {MANIFEST, MIRRORS, RECORD, *UNLISTED_ON_PURPOSE, *corpus.manifest.files, *(s.path for s in corpus.shards)}
     if chosen is None:
         tops, skip = [""], set(IGNORED_NAMES)
     else:
-        tops = [f"{DATA}/{s}" for s in chosen]
-        skip = {f"{DATA}/{s}" for s in corpus.manifest.subsets} - set(tops)
+        tops = [subset_folder(corpus.manifest, s) for s in chosen]
+        skip = {subset_folder(corpus.manifest, s) for s in corpus.manifest.subsets} - set(tops)
     unlisted: set[str] = set()
     partial: set[str] = set()
     for top in tops:
