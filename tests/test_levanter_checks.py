@@ -69,6 +69,11 @@ def test_a_missing_ledger_in_a_store_cell(tmp_path):
         found(tmp_path)
 
 
+def test_a_missing_ledger_in_a_sub_cache(sharded):
+    (sharded / "part-00001-of-00003/shard_ledger.json").unlink()
+    assert found(sharded) == {("part-00001-of-00003/shard_ledger.json", ProblemKind.BAD_CACHE_FILE)}
+
+
 def test_a_missing_zarr_json(cache):
     (cache / "input_ids/offsets/zarr.json").unlink()
     assert found(cache) == {("input_ids/offsets/zarr.json", ProblemKind.BAD_CACHE_FILE)}

@@ -73,6 +73,8 @@ def test_adopt_lists_every_file_of_each_cell_under_its_subset(pinned):
         assert info.shards == len(shards) > 1 and info.tokens == sum(s.tokens for s in shards)
     assert verify_corpus(pinned).ok
     assert cli("info", pinned).returncode == 0
+    sums = subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=pinned, capture_output=True, text=True)
+    assert sums.returncode == 0, sums.stdout  # coreutils alone checks every Levanter file
 
 
 def test_verify_on_a_pinned_store_hashes_and_checks_structure(pinned):
@@ -120,6 +122,12 @@ def test_a_single_cache_is_one_subset_at_the_corpus_root(tmp_path, tiny_tokenize
     assert verify_source(tmp_path / "train", tokens=True).ok
     with pytest.raises(CorpusConflictError):
         adopt(tmp_path / "train", tokenizer=str(tiny_tokenizer))
+    make_store(tmp_path / "repo", {"train": 10})
+    (tmp_path / "repo/README.md").write_text("a Hub repo's own card")
+    assert verify_source(tmp_path / "repo").ok  # the card of a repo of caches is no stray file
+    with pytest.raises(CorpusConflictError, match="README.md already there"):
+        adopt(tmp_path / "repo", tokenizer=str(tiny_tokenizer))
+    assert (tmp_path / "repo/README.md").read_text() == "a Hub repo's own card"
 
 
 def test_publish_to_s3_and_download_a_glob_of_cells_pinned(pinned, moto, bucket_url, tmp_path):

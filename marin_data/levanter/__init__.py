@@ -19,16 +19,26 @@ The public API (docs/design.md, "Levanter caches", says why it looks like this):
   checks; ``verify_source(url, ...) -> VerifyReport`` runs them (and, on a pinned corpus, the hashes).
 - ``write_cache(root, documents, dtype=, codec=LZ4|ZSTD, chunk=, inner=, layout=, parts=, tokenizer=,
   vocab_size=) -> Ledger``: a cache with Levanter's exact specs.
-- ``adopt(path, tokenizer=, name=) -> str``: pin a cache or store in place; returns the manifest sha256.
+- ``adopt(path, tokenizer=, name=, license=) -> AdoptReport``: pin a cache or store in place (its
+  ``manifest_sha256`` is the new root of trust); `cell_prefixes(manifest)` maps a pinned corpus's subsets
+  to their cache roots.
+- ``cache_info(url) -> CacheInfo`` and ``show_cache(url, tokenizer=, subset=, n=, row=)``: ``info`` and
+  ``show`` on an unpinned cache or store.
 """
 
+from marin_data.levanter.adopt import AdoptReport, adopt
 from marin_data.levanter.arraymeta import LZ4, ZSTD, ArrayMeta, Blosc
 from marin_data.levanter.cache import CachePart, ChunkFile, LevanterCache, chunk_documents, open_cache
 from marin_data.levanter.checks import check_cache
 from marin_data.levanter.chunkfile import decode_chunk
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
 from marin_data.levanter.ledger import Ledger
+from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
+from marin_data.levanter.summary import CacheInfo, cache_info, show_cache
+from marin_data.levanter.verify import verify_source
 from marin_data.levanter.writer import write_cache
 
-__all__ = ["LZ4", "ZSTD", "ArrayMeta", "Blosc", "CachePart", "ChunkFile", "LevanterCache", "open_cache", "chunk_documents",
-           "check_cache", "decode_chunk", "CACHE", "CORPUS", "STORE", "Source", "detect", "Ledger", "write_cache"]
+__all__ = ["AdoptReport", "adopt", "LZ4", "ZSTD", "ArrayMeta", "Blosc", "CachePart", "ChunkFile", "LevanterCache",
+           "open_cache", "chunk_documents", "check_cache", "decode_chunk", "CACHE", "CORPUS", "STORE", "Source",
+           "detect", "Ledger", "cell_prefixes", "is_pinned_cache", "CacheInfo", "cache_info", "show_cache",
+           "verify_source", "write_cache"]

@@ -79,7 +79,8 @@ def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, v
         workers: hashing threads (default: one per available core).
 
     Raises:
-        UnknownSourceError: ``path`` holds no cache; CorpusConflictError: it is a corpus already.
+        UnknownSourceError: ``path`` holds no cache; CorpusConflictError: it is a corpus already, or holds a
+            file adopt would write (a Hub repo's ``README.md``).
         CacheFormatError, CacheUnfinishedError, CacheCheckError: a structural check failed (nothing written).
         InvalidTokenizerError: the tokenizer cannot be loaded.
     """
@@ -87,6 +88,10 @@ def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, v
     found = detect(root)
     if found.kind == CORPUS:
         raise CorpusConflictError(f"already a marin corpus ({MANIFEST} is there): nothing to adopt", path=str(root))
+    taken = [n for n in (TOKENIZER, CARD, CROISSANT, SHARDS_INDEX, SUMS) if (root / n).exists()]
+    if taken:
+        raise CorpusConflictError(f"{', '.join(taken)} already there: adopt writes its own and overwrites no file; "
+                                  "move them away first", path=str(root), actual=taken)
     loaded = load_tokenizer(tokenizer)
     name = name or _subset_name(root.resolve().name)
     cells = {_subset_name(name): ""} if found.kind == CACHE else {c: c for c in found.cells}

@@ -11,7 +11,7 @@ from pathlib import PurePosixPath
 
 from marin_data.corpus.manifest import Manifest, check_subset_name
 from marin_data.errors import InvalidManifestError, UnknownSourceError
-from marin_data.layout import LOCK_NAME, MANIFEST, STAGING
+from marin_data.layout import CARD, LOCK_NAME, MANIFEST, STAGING
 from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.pinned import is_pinned_cache
 from marin_data.levanter.source import read_file
@@ -65,7 +65,8 @@ def find_cells(store: Store) -> tuple[str, ...]:
     """The cache roots of a tree: folders holding a ``shard_ledger.json`` that no other cache root holds
     (a sharded cache's sub-caches have ledgers too). Every other file must lie inside one of them (Marin's
     ``.stats.json`` sits inside its cache's root)."""
-    files = [o.path for o in store.list() if o.path.split("/")[0] not in (LOCK_NAME, STAGING)]  # a writer's own
+    # a writer's own files, and the card a Hub repo of caches has at its root, belong to no cache
+    files = [o.path for o in store.list() if o.path.split("/")[0] not in (LOCK_NAME, STAGING) and o.path != CARD]
     ledgers = sorted({str(PurePosixPath(p).parent) for p in files if PurePosixPath(p).name == LEDGER})
     roots: list[str] = []
     for folder in ledgers:  # sorted: a root comes before the folders inside it
