@@ -73,6 +73,8 @@ def test_adopt_lists_every_file_of_each_cell_under_its_subset(pinned):
         assert info.shards == len(shards) > 1 and info.tokens == sum(s.tokens for s in shards)
     assert verify_corpus(pinned).ok
     assert cli("info", pinned).returncode == 0
+    done = cli("show", pinned, "--subset", "cluster=1/quality=4", "--row", 29, "--json")  # its own tokenizer
+    assert done.returncode == 0 and json.loads(done.stdout)["id"] == "cluster=1/quality=4:29", done.stderr
     sums = subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=pinned, capture_output=True, text=True)
     assert sums.returncode == 0, sums.stdout  # coreutils alone checks every Levanter file
 

@@ -19,7 +19,8 @@ __all__ = ["command"]
 @click.option("--subset", metavar="NAME", help="The subset (a name, or a pattern matching one); a single Levanter "
                                              "cache has none.")
 @click.option("--tokenizer", metavar="TOK", help="A Levanter cache not pinned yet: the tokenizer to decode with "
-                                                 "(a tokenizer.json path or a Hub repo id); a cache carries none.")
+                                                 "(a tokenizer.json path or a Hub repo id); a cache carries none "
+                                                 "until `marin-data adopt` pins it.")
 @click.option("--row", type=click.IntRange(min=0), metavar="N", help="A Levanter cache: show row N instead.")
 @click.option("-n", "n", type=click.IntRange(min=1), default=5, show_default=True,
               help="How many documents, from the start of the subset's first shard.")
@@ -56,14 +57,17 @@ def command(corpus: str, subset: str | None, tokenizer: str | None, row: int | N
         raise click.UsageError(f"{corpus!r} is no folder (a published corpus is named s3://... or hf://...)")
     found = detect(corpus, **options)
     if found.kind != CORPUS or found.pinned_cache:
-        if found.kind == CORPUS:
-            raise click.UsageError("showing a pinned Levanter cache is not supported yet: show an unpinned copy "
-                                   "with --tokenizer")
-        if tokenizer is None or doc_id or manifest_sha256:
-            raise click.UsageError("a Levanter cache carries no tokenizer: pass --tokenizer (and --row, not --id)")
+        if found.kind != CORPUS and tokenizer is None:
+            raise click.UsageError("a Levanter cache carries no tokenizer: pass --tokenizer (the one it was built "
+                                   "with)")
+        if found.kind == CORPUS and tokenizer:
+            raise click.UsageError("a pinned Levanter cache decodes with its own tokenizer: drop --tokenizer")
+        if doc_id:
+            raise click.UsageError("a Levanter cache's rows have no ids: pass --row N")
         from marin_data.levanter.summary import show_cache
 
-        docs = show_cache(corpus, tokenizer=tokenizer, subset=subset, n=n, row=row, **options)
+        docs = show_cache(corpus, tokenizer=tokenizer, subset=subset, n=n, row=row, manifest_sha256=manifest_sha256,
+                          **options)
     elif subset is None or tokenizer or row is not None:
         raise click.UsageError("a marin corpus: --subset is required; --tokenizer and --row apply to Levanter caches")
     elif is_url(corpus):

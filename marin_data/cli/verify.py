@@ -148,6 +148,7 @@ def _human(report: VerifyReport) -> str:
         f"{'OK' if report.ok else 'FAILED'}:{deep} {report.files_checked} files, {human_bytes(report.bytes_checked)} "
         f"in {report.seconds:.2f}s ({human_bytes(report.bytes_per_second)}/s, {report.workers} workers), "
         f"{len(report.subsets)} subset{'s' * (len(report.subsets) != 1)}{downloaded}; "
-        f"manifest sha256 {report.manifest_sha256}"
+        + (f"manifest sha256 {report.manifest_sha256}" if report.manifest_sha256 else
+           "not pinned: structure checked, no hashes (`marin-data adopt` pins it)")
     )
     return "\n".join(lines)

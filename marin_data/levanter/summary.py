@@ -2,24 +2,29 @@
 
 `cache_info` reads the ledgers, ``zarr.json`` files and the listing (no chunk data): per cell its rows,
 tokens, data chunk files and bytes, token type and codec. `show_cache` decodes the first documents of a
-cell (or the one whose row number is given) with a tokenizer the caller names, since a cache carries none.
-Nothing here is checked against a hash: a cache has none until it is adopted.
+cell (or the one whose row number is given) with a tokenizer the caller names, since a cache carries none
+until it is adopted (a pinned one is shown with its own). Nothing here is checked against a hash.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from marin_data.corpus.info import subsets_table
-from marin_data.corpus.manifest import SubsetInfo, select_subsets
+from marin_data.corpus.manifest import Manifest, SubsetInfo, select_subsets
 from marin_data.corpus.show import ShownDocument
-from marin_data.errors import UnknownSubsetError
+from marin_data.errors import InvalidTokenizerError, ManifestHashMismatchError, UnknownSubsetError
+from marin_data.layout import MANIFEST, TOKENIZER
 from marin_data.levanter.cache import LevanterCache, open_cache
-from marin_data.levanter.detect import CACHE, STORE, Source, detect
-from marin_data.raw.tokenizer import load_tokenizer
+from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
+from marin_data.levanter.pinned import cell_prefixes
+from marin_data.levanter.source import read_file
+from marin_data.raw.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_from_bytes
+from marin_data.stores.base import METADATA_LIMIT
 
 __all__ = ["CacheInfo", "cache_info", "show_cache", "open_cells"]
 
@@ -80,19 +85,52 @@ def cache_info(url: str | os.PathLike, **store_options) -> CacheInfo:
                             for k, c in cells.items()})
 
 
-def show_cache(url: str | os.PathLike, *, tokenizer: str, subset: str | None = None, n: int = 5,
-               row: int | None = None, **store_options) -> list[ShownDocument]:
-    """Decode ``n`` documents from the start of a cell (or the one document ``row``) with ``tokenizer``.
+def _pinned(found: Source, subset: str | None, manifest_sha256: str | None) -> tuple[str, LevanterCache,
+                                                                                     LoadedTokenizer]:
+    """A pinned corpus's cell and its own tokenizer (checked against the manifest, itself against the pin)."""
+    data = read_file(found.store, MANIFEST, limit=METADATA_LIMIT) or b""
+    digest = hashlib.sha256(data).hexdigest()
+    if manifest_sha256 and digest != manifest_sha256.strip().lower():
+        raise ManifestHashMismatchError(f"manifest sha256 is {digest}, but {manifest_sha256} was pinned",
+                                        path=found.store.describe(MANIFEST), expected=manifest_sha256, actual=digest)
+    manifest = Manifest.from_json(data, found.store.describe(MANIFEST))
+    prefixes = cell_prefixes(manifest)
+    if subset is None and len(prefixes) > 1:
+        raise UnknownSubsetError(f"{len(prefixes)} subsets: name one with --subset", expected=sorted(prefixes))
+    (cell,) = select_subsets(prefixes, [subset] if subset else None)[:1] or [""]
+    tok = read_file(found.store, TOKENIZER, limit=METADATA_LIMIT) or b""
+    loaded = tokenizer_from_bytes(tok, manifest.tokenizer, where=found.store.describe(TOKENIZER))
+    return cell, open_cache(found.store, prefixes[cell]), loaded
+
+
+def show_cache(url: str | os.PathLike, *, tokenizer: str | None = None, subset: str | None = None, n: int = 5,
+               row: int | None = None, manifest_sha256: str | None = None, **store_options) -> list[ShownDocument]:
+    """Decode ``n`` documents from the start of a cell (or the one document ``row``).
+
+    An unpinned cache or store is decoded with ``tokenizer`` (it carries none); a pinned one (`adopt`) with
+    its own ``tokenizer.json``, checked against its manifest (and that against ``manifest_sha256``).
+    Shown tokens are not checked against their sha256 (`verify` does that).
 
     Raises:
-        as `cache_info`; UnknownSubsetError: a store without ``subset``, or a row past the end.
+        as `cache_info`; UnknownSubsetError: a store without ``subset``, or a row past the end;
+        InvalidTokenizerError: no ``tokenizer`` for an unpinned cache, or one given for a pinned one.
     """
     found = detect(url, **store_options)
-    if found.kind == STORE and not subset:
-        raise UnknownSubsetError(f"a store of {len(found.cells)} caches: name one with --subset",
-                                 expected=list(found.cells))
-    (cell, cache), = open_cells(found, [subset] if subset else None).items()
-    loaded = load_tokenizer(tokenizer)
+    if found.kind == CORPUS:
+        if tokenizer is not None or not found.pinned_cache:
+            raise InvalidTokenizerError("a corpus decodes with its own tokenizer: pass no --tokenizer"
+                                        if found.pinned_cache else "a Parquet corpus: `marin-data show` reads it",
+                                        path=str(url))
+        cell, cache, loaded = _pinned(found, subset, manifest_sha256)
+    else:
+        if tokenizer is None:
+            raise InvalidTokenizerError("a Levanter cache carries no tokenizer: name the one it was built with",
+                                        path=str(url))
+        if found.kind == STORE and not subset:
+            raise UnknownSubsetError(f"a store of {len(found.cells)} caches: name one with --subset",
+                                     expected=list(found.cells))
+        (cell, cache), = open_cells(found, [subset] if subset else None).items()
+        loaded = load_tokenizer(tokenizer)
     first = row or 0
     if first >= cache.rows:
         raise UnknownSubsetError(f"row {first} is past the cache's {cache.rows} rows", actual=first)

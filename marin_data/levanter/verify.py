@@ -9,6 +9,7 @@ are still checked. The report is the one ``verify`` prints for a corpus (`Verify
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -27,19 +28,28 @@ __all__ = ["verify_source", "check_cells"]
 
 
 def check_cells(store: Store, cells: dict[str, str], *, tokens: bool = False, vocab_size: int | None = None,
-                expect_bos: int | None = None, workers: int | None = None) -> list[Problem]:
-    """The structural findings of each cell (subset name -> its cache root on ``store``), cells in parallel."""
-    def one(prefix: str) -> list[Problem]:
+                expect_bos: int | None = None, workers: int | None = None) -> tuple[list[Problem], int, int]:
+    """The structural findings of each cell (subset name -> its cache root on ``store``), cells in parallel,
+    how many chunk files were examined and how many token bytes decoded."""
+    lock, decoded = threading.Lock(), [0]
+
+    def count(n: int) -> None:
+        with lock:
+            decoded[0] += n
+
+    def one(prefix: str) -> tuple[list[Problem], int]:
         try:
             cache = open_cache(store, prefix, require_finished=False)
         except CacheFormatError as e:
             where = e.path or store.describe(prefix)
             rel = where[len(store.url.rstrip("/")) + 1:] if where.startswith(store.url.rstrip("/") + "/") else where
-            return [Problem(rel, ProblemKind.BAD_CACHE_FILE, e.message)]
-        return check_cache(cache, tokens=tokens, vocab_size=vocab_size, expect_bos=expect_bos)
+            return [Problem(rel, ProblemKind.BAD_CACHE_FILE, e.message)], 0
+        files = sum(len(p.data_chunks()) + len(p.offsets_chunks()) for p in cache.parts)
+        return check_cache(cache, tokens=tokens, vocab_size=vocab_size, expect_bos=expect_bos, on_bytes=count), files
 
     with ThreadPoolExecutor(max_workers=max(1, min(workers or default_workers(), len(cells) or 1))) as pool:
-        return [p for found in pool.map(one, cells.values()) for p in found]
+        results = list(pool.map(one, cells.values()))
+    return [p for found, _ in results for p in found], sum(n for _, n in results), decoded[0]
 
 
 def verify_source(url: str | os.PathLike, *, subsets: list[str] | None = None, tokens: bool = False,
@@ -66,15 +76,15 @@ def verify_source(url: str | os.PathLike, *, subsets: list[str] | None = None, t
             raise InvalidManifestError("a corpus of Parquet shards, not of Levanter caches", path=str(url))
         hashed = verify_corpus(url, subsets=subsets, workers=workers, progress=progress)
         cells = {s: p for s, p in cell_prefixes(corpus.manifest).items() if s in hashed.subsets}
-        problems = check_cells(found.store, cells, tokens=tokens, expect_bos=expect_bos, workers=workers,
-                               vocab_size=vocab_size or corpus.manifest.tokenizer.vocab_size)
+        problems, _, _ = check_cells(found.store, cells, tokens=tokens, expect_bos=expect_bos, workers=workers,
+                                  vocab_size=vocab_size or corpus.manifest.tokenizer.vocab_size)
         return replace(hashed, deep=tokens, seconds=time.perf_counter() - t0,
                        problems=tuple(sorted([*hashed.problems, *problems], key=lambda p: (p.path, p.kind.value))))
     cells = {"": ""} if found.kind == CACHE else {c: c for c in select_subsets(found.cells, subsets, what="cell")}
     if found.kind == CACHE and subsets:
         raise UnknownSubsetError("--subset selects cells of a store; this is one cache", actual=subsets)
-    problems = check_cells(found.store, cells, tokens=tokens, vocab_size=vocab_size, expect_bos=expect_bos,
-                           workers=workers)
+    problems, files, nbytes = check_cells(found.store, cells, tokens=tokens, vocab_size=vocab_size,
+                                  expect_bos=expect_bos, workers=workers)
     return VerifyReport(root=str(url), manifest_sha256="", subsets=tuple(c for c in cells if c), deep=tokens,
-                        files_checked=0, bytes_checked=0, seconds=time.perf_counter() - t0, workers=1,
+                        files_checked=files, bytes_checked=nbytes, seconds=time.perf_counter() - t0, workers=1,
                         problems=tuple(sorted(problems, key=lambda p: (p.path, p.kind.value))), partial_files=())
