@@ -134,6 +134,16 @@ def test_a_missing_and_a_damaged_chunk_file(cache):
                             ("input_ids/data/c/1", ProblemKind.BAD_CACHE_FILE)}
 
 
+def test_a_chunk_file_larger_than_its_array_allows_is_refused_unread(cache):
+    from marin_data.levanter.cache import max_chunk_file_bytes
+
+    meta = parse_array_meta((cache / "input_ids/data/zarr.json").read_bytes(), "zarr.json")
+    path = cache / "input_ids/data/c/0"
+    path.write_bytes(b"\0" * (max_chunk_file_bytes(meta) + 1) + path.read_bytes()[-meta.index_bytes:])
+    assert found(cache) == found(cache, tokens=True) == {("input_ids/data/c/0", ProblemKind.BAD_CACHE_FILE)}
+    assert "larger than" in verify_source(cache, tokens=True).problems[0].message
+
+
 def test_token_ids_outside_the_vocabulary(cache):
     rewrite_chunk(cache / "input_ids/data", 1, lambda v: v.__setitem__(17, VOCAB))
     assert found(cache) == set()  # the metadata checks do not decode tokens
