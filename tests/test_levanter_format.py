@@ -205,3 +205,24 @@ def test_an_unrecognised_tree_is_an_error_naming_what_was_expected(tmp_path):
     (tmp_path / "s/stray.bin").write_bytes(b"1")
     with pytest.raises(UnknownSourceError, match="outside every Levanter cache .*stray.bin"):
         detect(tmp_path / "s")
+
+
+def test_the_streaming_writer_spans_offsets_and_data_over_many_chunk_files(tmp_path):
+    from dataclasses import replace
+
+    from marin_data.levanter.writer import CacheWriter
+
+    data = ArrayMeta(dtype="int64", chunk=64, inner=16, blosc=ZSTD)
+    writer = CacheWriter(tmp_path, data, replace(data, dtype="int64"), metadata={"tokenizer": "t"})
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 100, int(rng.integers(0, 9))) for _ in range(300)]  # empty documents too
+    for i in range(0, 300, 37):
+        batch = docs[i:i + 37]
+        writer.write(np.concatenate(batch), [len(d) for d in batch])
+    ledger = writer.close()
+    cache = open_cache(LocalStore(tmp_path))
+    (part,) = cache.parts
+    assert (ledger.total_num_rows, len(part.offsets_chunks()) > 3, len(part.data_chunks()) > 3) == (300, True, True)
+    assert np.array_equal(cache.document_ends(part), np.cumsum([len(d) for d in docs]))
+    assert np.array_equal(zarr.open_array(tmp_path / "input_ids/data", mode="r")[:cache.tokens], flat(docs))
+    assert int(zarr.open_array(tmp_path / "input_ids/offsets", mode="r")[0]) == 300

@@ -18,7 +18,9 @@ The public API (docs/design.md, "Levanter caches", says why it looks like this):
 - ``check_cache(cache, tokens=False, vocab_size=None, expect_bos=None) -> list[Problem]``: the structural
   checks; ``verify_source(url, ...) -> VerifyReport`` runs them (and, on a pinned corpus, the hashes).
 - ``write_cache(root, documents, dtype=, codec=LZ4|ZSTD, chunk=, inner=, layout=, parts=, tokenizer=,
-  vocab_size=) -> Ledger``: a cache with Levanter's exact specs.
+  vocab_size=) -> Ledger``: a cache with Levanter's exact specs; ``CacheWriter(root, data_meta,
+  offsets_meta, metadata=)`` with ``write(tokens, lengths)`` and ``close() -> Ledger`` streams one
+  consolidated cache in bounded memory.
 - ``adopt(path, tokenizer=, name=, license=) -> AdoptReport``: pin a cache or store in place (its
   ``manifest_sha256`` is the new root of trust); `cell_prefixes(manifest)` maps a pinned corpus's subsets
   to their cache roots.
@@ -36,9 +38,9 @@ from marin_data.levanter.ledger import Ledger
 from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
 from marin_data.levanter.summary import CacheInfo, cache_info, show_cache
 from marin_data.levanter.verify import verify_source
-from marin_data.levanter.writer import write_cache
+from marin_data.levanter.writer import CacheWriter, write_cache
 
 __all__ = ["AdoptReport", "adopt", "LZ4", "ZSTD", "ArrayMeta", "Blosc", "CachePart", "ChunkFile", "LevanterCache",
            "open_cache", "chunk_documents", "check_cache", "decode_chunk", "CACHE", "CORPUS", "STORE", "Source",
            "detect", "Ledger", "cell_prefixes", "is_pinned_cache", "CacheInfo", "cache_info", "show_cache",
-           "verify_source", "write_cache"]
+           "verify_source", "CacheWriter", "write_cache"]

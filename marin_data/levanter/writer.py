@@ -1,7 +1,8 @@
 """Writing Levanter caches with Levanter's exact array specs (`marin_data.levanter.arraymeta`): what the
 tests build caches with, and what converting a corpus to caches is a thin layer over.
 
-`write_cache` writes one cache root from documents (arrays of token ids) in either layout: ``consolidated``
+`CacheWriter` writes one consolidated cache from batches of documents in bounded memory (what a converter
+streams into); `write_cache` writes one cache root from documents (arrays of token ids) in either layout: ``consolidated``
 (``input_ids/{offsets,data}`` at the root) or ``sharded`` (``parts`` sub-caches ``part-NNNNN-of-MMMMM/``,
 each consolidated with its own ledger and ``.success``, and a top ledger that adds them up). The ledger's
 ``preprocessor_metadata`` records the tokenizer's name and vocabulary. Every file is written atomically, the
@@ -27,7 +28,7 @@ from marin_data.levanter.chunkfile import encode_chunk
 from marin_data.levanter.ledger import CONSOLIDATED, LEDGER, SHARDED, STATS, SUCCESS, TOKENS_FIELD, Ledger, \
     render_ledger
 
-__all__ = ["part_name", "write_cache"]
+__all__ = ["part_name", "write_cache", "CacheWriter"]
 
 
 def part_name(i: int, n: int) -> str:
@@ -86,26 +87,95 @@ def write_cache(
     if stats:
         atomic_write_bytes(root / STATS, json.dumps({"total_tokens": ledger.tokens,
                                                      "total_elements": ledger.total_num_rows}).encode(), root=root)
-    atomic_write_bytes(root / LEDGER, render_ledger(ledger), root=root)
+    if layout == SHARDED:  # the top ledger last: it vouches for sub-caches complete on disk
+        atomic_write_bytes(root / LEDGER, render_ledger(ledger), root=root)
     return ledger
+
+
+class _ArrayWriter:
+    """One array written chunk file by chunk file: values are buffered up to a chunk, then encoded and
+    written. With ``hold_first`` the first chunk is kept until `finish` (offsets[0] is the row count, known
+    only at the end: at most one chunk of int64, 1 GiB at Levanter's grid)."""
+
+    def __init__(self, folder: Path, meta: ArrayMeta, top: Path, *, hold_first: bool = False) -> None:
+        self.folder, self.meta, self.top, self.hold_first = folder, meta, top, hold_first
+        self.buffer = np.empty(0, meta.dtype)  # grows to at most one chunk
+        self.first: np.ndarray | None = None
+        self.k = 0  # the chunk file the buffer belongs to
+
+    def append(self, values: np.ndarray) -> None:
+        values = np.asarray(values, self.meta.dtype)
+        while len(values):
+            room = self.meta.chunk - len(self.buffer)
+            self.buffer = np.concatenate([self.buffer, values[:room]])
+            values = values[room:]
+            if len(self.buffer) == self.meta.chunk:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self.k == 0 and self.hold_first:
+            self.first = self.buffer
+        else:
+            atomic_write_bytes(self.folder / self.meta.chunk_key(self.k), encode_chunk(self.buffer, self.meta),
+                               root=self.top)
+        self.buffer, self.k = np.empty(0, self.meta.dtype), self.k + 1
+
+    def finish(self, first_value: int | None = None) -> None:
+        if len(self.buffer):
+            self._flush()
+        if self.first is not None:
+            self.first[0] = first_value
+            atomic_write_bytes(self.folder / self.meta.chunk_key(0), encode_chunk(self.first, self.meta),
+                               root=self.top)
+        atomic_write_bytes(self.folder / ZARR_JSON, render_array_meta(self.meta), root=self.top)
+
+
+class CacheWriter:
+    """Write one consolidated cache document batch by document batch, in bounded memory (one chunk of
+    tokens and the first chunk of offsets); `close` writes ``zarr.json`` files and the ledger last.
+
+    Args:
+        root: the cache root (created). ``top``: the folder atomic writes may not leave (default ``root``).
+        data, offsets: the two arrays' specs (`ArrayMeta`; offsets are int64).
+        metadata: the ledger's ``preprocessor_metadata``.
+        success: also write ``.success`` (a sub-cache of the sharded layout).
+    """
+
+    def __init__(self, root: str | os.PathLike, data: ArrayMeta, offsets: ArrayMeta, *,
+                 metadata: dict | None = None, top: str | os.PathLike | None = None, success: bool = False) -> None:
+        self.root, self.top = Path(root), Path(top or root)
+        self.metadata, self.success = metadata, success
+        self.data = _ArrayWriter(self.root / DATA_ARRAY, data, self.top)
+        self.offsets = _ArrayWriter(self.root / OFFSETS_ARRAY, offsets, self.top, hold_first=True)
+        self.offsets.append(np.zeros(1, np.int64))  # offsets[0]: the row count, set by `close`
+        self.rows = self.tokens = 0
+
+    def write(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append documents: ``tokens`` their ids concatenated, ``lengths`` each one's length."""
+        lengths = np.asarray(lengths, np.int64)
+        if int(lengths.sum()) != len(tokens) or np.any(lengths < 0):
+            raise ValueError(f"lengths add up to {int(lengths.sum())}, not the {len(tokens)} tokens given")
+        self.data.append(tokens)
+        self.offsets.append(self.tokens + np.cumsum(lengths))
+        self.rows, self.tokens = self.rows + len(lengths), self.tokens + len(tokens)
+
+    def close(self) -> Ledger:
+        """Write what is buffered, the ``zarr.json`` files and the ledger; return the ledger."""
+        self.data.finish()
+        self.offsets.finish(first_value=self.rows)
+        ledger = Ledger(total_num_rows=self.rows, shard_rows={"0": self.rows}, is_finished=True,
+                        finished_shards=["0"], field_counts={TOKENS_FIELD: self.tokens},
+                        preprocessor_metadata=self.metadata)
+        atomic_write_bytes(self.root / LEDGER, render_ledger(ledger), root=self.top)
+        if self.success:
+            atomic_write_bytes(self.root / SUCCESS, b"", root=self.top)
+        return ledger
 
 
 def _write_part(top: Path, root: Path, documents: Sequence[np.ndarray], data: ArrayMeta, offsets: ArrayMeta,
                 meta: dict | None, *, success: bool = False) -> Ledger:
-    lengths = np.fromiter((len(d) for d in documents), np.int64, len(documents))
-    values = np.concatenate([[len(documents)], np.cumsum(lengths)]).astype(np.int64)
-    tokens = np.concatenate([np.asarray(d, data.dtype) for d in documents]) if len(documents) else \
-        np.zeros(0, data.dtype)
-    for array, meta_, flat in ((DATA_ARRAY, data, tokens), (OFFSETS_ARRAY, offsets, values)):
-        atomic_write_bytes(root / array / ZARR_JSON, render_array_meta(meta_), root=top)
-        for k in range(-(-len(flat) // meta_.chunk)):
-            atomic_write_bytes(root / array / meta_.chunk_key(k),
-                               encode_chunk(flat[k * meta_.chunk:(k + 1) * meta_.chunk], meta_), root=top)
-    ledger = Ledger(total_num_rows=len(documents), shard_rows={"0": len(documents)}, is_finished=True,
-                    finished_shards=["0"], field_counts={TOKENS_FIELD: int(lengths.sum())},
-                    preprocessor_metadata=meta)
-    if root != top:
-        atomic_write_bytes(root / LEDGER, render_ledger(ledger), root=top)
-    if success:
-        atomic_write_bytes(root / SUCCESS, b"", root=top)
-    return ledger
+    writer = CacheWriter(root, data, offsets, metadata=meta, top=top, success=success)
+    if len(documents):
+        writer.write(np.concatenate([np.asarray(d, data.dtype) for d in documents]),
+                     np.fromiter((len(d) for d in documents), np.int64, len(documents)))
+    return writer.close()
