@@ -24,14 +24,15 @@ def read_file(store: Store, path: str, *, limit: int) -> bytes | None:
         RemoteError: the store failed past its retries.
     """
     def get() -> bytes:
-        out = bytearray()
+        pieces, size = [], 0  # joined once at the end: a growing buffer would copy a chunk file twice
         with store.read(path) as stream:
             for piece in stream:
-                out += piece
-                if len(out) > limit:
+                pieces.append(piece)
+                size += len(piece)
+                if size > limit:
                     raise CacheFormatError(f"larger than the {limit} bytes such a file may have",
                                            path=store.describe(path), expected=limit)
-        return bytes(out)
+        return b"".join(pieces)
 
     try:
         return retry_call(get, policy=DOWNLOAD_POLICY, what=store.describe(path))
