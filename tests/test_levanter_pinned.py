@@ -166,6 +166,7 @@ def test_publish_to_the_hub_serve_and_download_through_huggingface_hub(pinned, t
         assert verify_source(dest).ok and (dest / sub).exists()
 
 
+@pytest.mark.slow  # nine CLI processes against three stores
 def test_info_show_and_verify_an_unpinned_store_over_s3_and_the_hub(store, moto, bucket_url, tiny_tokenizer,
                                                                    tmp_path):
     bucket, prefix = bucket_url[len("s3://"):].split("/", 1)
