@@ -19,20 +19,15 @@ from numcodecs import blosc
 from marin_data.errors import CacheFormatError
 from marin_data.levanter.arraymeta import ArrayMeta
 
-__all__ = ["EMPTY", "read_index", "index_length", "decode_chunk", "encode_chunk"]
+__all__ = ["EMPTY", "read_index", "decode_chunk", "encode_chunk"]
 
 EMPTY = 2 ** 64 - 1
 _SHUFFLE = {"noshuffle": blosc.NOSHUFFLE, "shuffle": blosc.SHUFFLE, "bitshuffle": blosc.BITSHUFFLE}
 _BLOSC_HEADER = 16
 
 
-def index_length(meta: ArrayMeta) -> int:
-    """Bytes at the end of a chunk file that hold its index."""
-    return meta.index_bytes
-
-
 def read_index(tail: bytes, file_size: int, meta: ArrayMeta, where: str) -> np.ndarray:
-    """The ``[inner_per_chunk, 2]`` (offset, nbytes) table of a chunk file, from its last `index_length`
+    """The ``[inner_per_chunk, 2]`` (offset, nbytes) table of a chunk file, from its last ``meta.index_bytes``
     bytes, checked: crc32c, every stored range inside the data part of the file, no two overlapping.
     Entries of an inner chunk that is not stored are ``EMPTY``."""
     n = meta.inner_per_chunk
