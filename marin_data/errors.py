@@ -49,6 +49,7 @@ __all__ = [
     "CacheFormatError",
     "CacheUnfinishedError",
     "CacheCheckError",
+    "UnsupportedFormatError",
 ]
 
 
@@ -277,3 +278,8 @@ class CacheCheckError(ValueError, MarinDataError):
     def __init__(self, message: str, *, path: str | None = None, problems: list | tuple = ()) -> None:
         MarinDataError.__init__(self, message, path=path)
         self.problems = list(problems)
+
+
+class UnsupportedFormatError(ValueError, MarinDataError):
+    """A command that does not read this corpus's format yet (a pinned Levanter cache where Parquet is
+    expected): abort before reading or writing anything."""

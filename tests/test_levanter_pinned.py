@@ -206,9 +206,13 @@ def test_a_parquet_corpus_is_written_without_the_new_fields(make_corpus):
     assert {s.kind for s in corpus.shards} == {SHARD}
 
 
-def test_the_loader_refuses_a_pinned_cache_by_name(pinned):
-    from marin_data.errors import LoaderConfigError
+def test_the_loader_and_the_datasheet_refuse_a_pinned_cache_by_name(pinned):
+    from marin_data.errors import UnsupportedFormatError
     from marin_data.loader import make_loader
 
-    with pytest.raises(LoaderConfigError, match="pinned Levanter cache"):
+    with pytest.raises(UnsupportedFormatError, match="pinned Levanter cache"):
         make_loader(pinned)
+    before = tree_bytes(pinned)
+    done = cli("datasheet", pinned)  # it would read chunk files as Parquet and call them corrupt
+    assert done.returncode == 22 and "not supported yet" in done.stderr
+    assert tree_bytes(pinned) == before
