@@ -23,8 +23,11 @@ from marin_data.levanter.checks import check_cache
 from marin_data.levanter.detect import CACHE, CORPUS, detect
 from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
 from marin_data.stores.base import Store
+from marin_data.stores.local import LocalStore
 
-__all__ = ["verify_source", "check_cells"]
+__all__ = ["REMOTE_WORKERS", "verify_source", "check_cells"]
+
+REMOTE_WORKERS = 16  # cells checked at once over s3:// or hf://
 
 
 def check_cells(store: Store, cells: dict[str, str], *, tokens: bool = False, vocab_size: int | None = None,
@@ -47,7 +50,9 @@ def check_cells(store: Store, cells: dict[str, str], *, tokens: bool = False, vo
         files = sum(len(p.data_chunks()) + len(p.offsets_chunks()) for p in cache.parts)
         return check_cache(cache, tokens=tokens, vocab_size=vocab_size, expect_bos=expect_bos, on_bytes=count), files
 
-    with ThreadPoolExecutor(max_workers=max(1, min(workers or default_workers(), len(cells) or 1))) as pool:
+    # a remote store's checks wait on round trips (a ranged read per chunk file), not on cores
+    default = default_workers() if isinstance(store, LocalStore) else REMOTE_WORKERS
+    with ThreadPoolExecutor(max_workers=max(1, min(workers or default, len(cells) or 1))) as pool:
         results = list(pool.map(one, cells.values()))
     return [p for found, _ in results for p in found], sum(n for _, n in results), decoded[0]
 
