@@ -122,7 +122,7 @@ def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, v
                        bytes=sum(r.bytes for r in rows), seconds=seconds)
 
 
-def cache_rows(cache: LevanterCache, subset: str) -> dict[str, tuple[str, int, int]]:
+def cache_rows(cache: LevanterCache) -> dict[str, tuple[str, int, int]]:
     """Every chunk file of ``cache`` that the index lists apart: path -> (kind, tokens, documents starting in
     it). A data chunk file's documents are those whose first token lies in it (the last file also takes
     empty documents at the very end), so they add up to the cache's rows."""
@@ -141,7 +141,7 @@ def cache_rows(cache: LevanterCache, subset: str) -> dict[str, tuple[str, int, i
 
 
 def _jobs(root: Path, subset: str, cache: LevanterCache) -> list[_Job]:
-    known = cache_rows(cache, subset)
+    known = cache_rows(cache)
     data_meta = {c.path: p.data for p in cache.parts for c in p.data_chunks()}
     files = [o.path for o in LocalStore(root).list(cache.prefix)]
     if not cache.prefix:  # a single cache at the corpus root: our own files are no part of it
