@@ -45,6 +45,11 @@ __all__ = [
     "EngineError",
     "UnsafeDestinationError",
     "InsufficientSpaceError",
+    "UnknownSourceError",
+    "CacheFormatError",
+    "CacheUnfinishedError",
+    "CacheCheckError",
+    "UnsupportedFormatError",
 ]
 
 
@@ -249,3 +254,32 @@ class UnsafeDestinationError(OSError, MarinDataError):
 class InsufficientSpaceError(OSError, MarinDataError):
     """The destination's file system lacks the free space the files need (or refuses a file that large).
     Abort before writing them; free space or choose another destination, then run again to resume."""
+
+
+# --- Levanter token caches (`marin_data.levanter`) ------------------------------------------------------
+class UnknownSourceError(ValueError, MarinDataError):
+    """A path holds neither a marin corpus, nor a Levanter cache, nor a tree of caches: abort, guessing
+    nothing."""
+
+
+class CacheFormatError(ValueError, MarinDataError):
+    """A Levanter cache's file cannot be read as what it should be (a ledger, a ``zarr.json``, a chunk file):
+    missing, malformed, over its size bound or in a form this reader does not support."""
+
+
+class CacheUnfinishedError(CacheFormatError):
+    """A Levanter cache that its writer never finished: the ledger says so, or a sub-cache has no ``.success``."""
+
+
+class CacheCheckError(ValueError, MarinDataError):
+    """A Levanter cache reads but contradicts itself or its tokenizer (offsets, totals, ``.stats.json``,
+    vocabulary, BOS); ``problems`` lists every finding."""
+
+    def __init__(self, message: str, *, path: str | None = None, problems: list | tuple = ()) -> None:
+        MarinDataError.__init__(self, message, path=path)
+        self.problems = list(problems)
+
+
+class UnsupportedFormatError(ValueError, MarinDataError):
+    """A command that does not read this corpus's format yet (a pinned Levanter cache where Parquet is
+    expected): abort before reading or writing anything."""

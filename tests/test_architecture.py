@@ -19,7 +19,7 @@ PACKAGES = ("marin_data", "marin_model", "marin_train")
 DATA_STAGES = ("marin_data.errors marin_data.retry marin_data.atomic marin_data.lock marin_data.ui marin_data.layout "
                "marin_data.parquet_io",
                "marin_data.raw", "marin_data.engines", "marin_data.corpus", "marin_data.stores", "marin_data.transfer",
-               "marin_data.docs", "marin_data.mirror", "marin_data.loader", "marin_data.testing", "marin_data.cli")
+               "marin_data.levanter", "marin_data.docs", "marin_data.mirror", "marin_data.loader", "marin_data.testing", "marin_data.cli")
 
 
 def module_files() -> dict[str, Path]:

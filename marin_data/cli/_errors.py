@@ -30,6 +30,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.UnknownSubsetError, _with_fix("check the name: `marin-data info CORPUS` lists the subsets"), EXIT_USAGE),
     (E.InvalidManifestError, _with_fix("is this the root of a marin corpus? `marin-data info DIR` shows one"),
      EXIT_USAGE),
+    (E.UnknownSourceError, _with_fix("point at a marin corpus (manifest.json), a Levanter cache "
+                                     "(shard_ledger.json) or a folder of caches"), EXIT_USAGE),
     (E.VerificationFailedError, str, EXIT_PROBLEMS),
     (E.BadRecordError, _with_fix("fix the input, or pass --skip-bad to skip and count such records"), 3),
     (E.UnreadableInputError, _with_fix("check that the file exists, is readable and is not truncated"), 3),
@@ -56,6 +58,14 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                     "subsets"), 6),
     (E.ShardFormatError, _with_fix("the file is not a complete marin shard: delete it and re-create or "
                                    "re-fetch it"), 6),
+    (E.CacheUnfinishedError, _with_fix("the cache's writer did not finish it: finish or rebuild it with "
+                                       "Levanter; nothing was written"), 20),
+    (E.CacheFormatError, _with_fix("the file is not what a Levanter cache holds there: re-fetch or rebuild "
+                                   "the cache; nothing was written"), 19),
+    (E.CacheCheckError, _with_fix("`marin-data verify PATH` lists every finding; rebuild the cache (or pass "
+                                  "the tokenizer it was built with); nothing was written"), 21),
+    (E.UnsupportedFormatError, _with_fix("nothing was read or written; verify, info, show, publish, download "
+                                         "and serve read a pinned Levanter cache"), 22),
     (E.ObjectTooLargeError, _with_fix("re-shard with smaller shards (production shards are 256 MiB-2 GiB); "
                                       "nothing was uploaded"), 10),
     (E.TransferFailedError, _with_fix("finished files are kept: run the same command again to resume (a "

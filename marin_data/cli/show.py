@@ -16,7 +16,12 @@ __all__ = ["command"]
 
 @click.command("show")
 @click.argument("corpus", metavar="CORPUS|URL")
-@click.option("--subset", required=True, metavar="NAME", help="The subset (a name, or a pattern matching one).")
+@click.option("--subset", metavar="NAME", help="The subset (a name, or a pattern matching one); a single Levanter "
+                                             "cache has none.")
+@click.option("--tokenizer", metavar="TOK", help="A Levanter cache not pinned yet: the tokenizer to decode with "
+                                                 "(a tokenizer.json path or a Hub repo id); a cache carries none "
+                                                 "until `marin-data adopt` pins it.")
+@click.option("--row", type=click.IntRange(min=0), metavar="N", help="A Levanter cache: show row N instead.")
 @click.option("-n", "n", type=click.IntRange(min=1), default=5, show_default=True,
               help="How many documents, from the start of the subset's first shard.")
 @click.option("--id", "doc_id", metavar="ID", help="Show the document with this id instead.")
@@ -24,9 +29,9 @@ __all__ = ["command"]
 @click.option("--manifest-sha256", metavar="HEX", help="URL only: refuse a manifest with another sha256.")
 @store_options
 @hf_options
-def command(corpus: str, subset: str, n: int, doc_id: str | None, as_json: bool, manifest_sha256: str | None,
-            endpoint_url: str | None, profile: str | None, anonymous: bool, requester_pays: bool,
-            endpoint: str | None, token: str | None) -> None:
+def command(corpus: str, subset: str | None, tokenizer: str | None, row: int | None, n: int, doc_id: str | None,
+            as_json: bool, manifest_sha256: str | None, endpoint_url: str | None, profile: str | None,
+            anonymous: bool, requester_pays: bool, endpoint: str | None, token: str | None) -> None:
     """Decode documents of a subset of CORPUS (a local folder, s3://bucket/prefix or hf://datasets/org/name)
     back to text with the corpus's own tokenizer, as a dataset viewer shows rows.
 
@@ -40,19 +45,38 @@ def command(corpus: str, subset: str, n: int, doc_id: str | None, as_json: bool,
       marin-data show out/sample --subset code/python-stdlib --id 'json/decoder.py'
       marin-data show s3://open-data/marin --anonymous --subset pretrain/code -n 1 --json
       marin-data show hf://datasets/my-org/corpus --endpoint http://127.0.0.1:8080 --subset a
+      marin-data show /data/store --subset cluster=3/quality=4 --tokenizer meta-llama/Llama-3.1-8B -n 2
     """
+    from marin_data.cli.info import remote_options
+    from marin_data.levanter.detect import CORPUS, detect
+
     check_sha256(manifest_sha256)
-    if is_url(corpus):
-        from marin_data.cli.info import remote_options
+    options = remote_options(corpus, endpoint_url, profile, anonymous, requester_pays, endpoint, token) \
+        if is_url(corpus) else {}
+    if not is_url(corpus) and not Path(corpus).is_dir():
+        raise click.UsageError(f"{corpus!r} is no folder (a published corpus is named s3://... or hf://...)")
+    found = detect(corpus, **options)
+    if found.kind != CORPUS or found.pinned_cache:
+        if found.kind != CORPUS and tokenizer is None:
+            raise click.UsageError("a Levanter cache carries no tokenizer: pass --tokenizer (the one it was built "
+                                   "with)")
+        if found.kind == CORPUS and tokenizer:
+            raise click.UsageError("a pinned Levanter cache decodes with its own tokenizer: drop --tokenizer")
+        if doc_id:
+            raise click.UsageError("a Levanter cache's rows have no ids: pass --row N")
+        from marin_data.levanter.summary import show_cache
+
+        docs = show_cache(corpus, tokenizer=tokenizer, subset=subset, n=n, row=row, manifest_sha256=manifest_sha256,
+                          **options)
+    elif subset is None or tokenizer or row is not None:
+        raise click.UsageError("a marin corpus: --subset is required; --tokenizer and --row apply to Levanter caches")
+    elif is_url(corpus):
         from marin_data.transfer.remote_corpus import remote_show
 
-        options = remote_options(corpus, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
         docs = remote_show(corpus, subset=subset, n=n, doc_id=doc_id, manifest_sha256=manifest_sha256, **options)
     else:
         if manifest_sha256 or endpoint_url or profile or anonymous or requester_pays or endpoint or token:
             raise click.UsageError("--manifest-sha256 and the store options apply to s3:// and hf:// URLs only")
-        if not Path(corpus).is_dir():
-            raise click.UsageError(f"{corpus!r} is no folder (a published corpus is named s3://... or hf://...)")
         from marin_data.corpus.show import show_documents
 
         docs = show_documents(corpus, subset=subset, n=n, doc_id=doc_id)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from marin_data.atomic import atomic_path
 from marin_data.corpus.names import check_digest, check_subset_name, safe_relpath
-from marin_data.corpus.records import ShardRecord
+from marin_data.corpus.records import KINDS, SHARD, ShardRecord
 from marin_data.errors import InvalidManifestError
 from marin_data.layout import LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 from marin_data.parquet_io import open_parquet
@@ -22,14 +22,16 @@ from marin_data.parquet_io import open_parquet
 __all__ = ["read_shard_index", "write_shard_index"]
 
 _INDEX_COLUMNS = ("path", "subset", "bytes", "sha256", "docs", "tokens", "row_groups")
+_KIND = "kind"  # written only when some row is not a SHARD, so a Parquet corpus's index keeps its bytes
 
 
-def _index_schema():
+def _index_schema(kinds: bool = False):
     import pyarrow as pa
 
     return pa.schema([
         ("path", pa.string()), ("subset", pa.string()), ("bytes", pa.int64()), ("sha256", pa.string()),
         ("docs", pa.int64()), ("tokens", pa.int64()), ("row_groups", pa.int32()),
+        *([(_KIND, pa.string())] if kinds else []),
     ])
 
 
@@ -42,7 +44,7 @@ def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord], *,
     from marin_data.corpus.arrays import numbers, strings
 
     rows = sorted(shards, key=lambda s: (s.subset, s.path))
-    schema = _index_schema()
+    schema = _index_schema(kinds=any(s.kind != SHARD for s in rows))
     values = {f.name: [getattr(s, f.name) for s in rows] for f in schema}
     table = pa.table({f.name: strings(values[f.name]) if f.type == pa.string() else
                       numbers(values[f.name], f.type.to_pandas_dtype()) for f in schema}, schema=schema)
@@ -58,12 +60,15 @@ def read_shard_index(source: str | os.PathLike | bytes, metadata: Iterable[str] 
     path = "shards.parquet (fetched)" if isinstance(source, bytes) else source
     try:
         with open_parquet(source) as pf:
-            table = pf.read(columns=list(_INDEX_COLUMNS))  # no pyarrow.dataset import
-        cols = {c: table.column(c).to_pylist() for c in _INDEX_COLUMNS}
+            columns = [*_INDEX_COLUMNS, *([_KIND] if _KIND in pf.schema_arrow.names else [])]
+            table = pf.read(columns=columns)  # no pyarrow.dataset import
+        cols = {c: table.column(c).to_pylist() for c in columns}
     except (OSError, KeyError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
         raise InvalidManifestError(f"unreadable shard index: {e}", path=str(path)) from e
-    shards = [ShardRecord(*values) for values in zip(*(cols[c] for c in _INDEX_COLUMNS))]
+    shards = [ShardRecord(*values) for values in zip(*(cols[c] for c in columns))]
     for s in shards:
+        if s.kind not in KINDS:
+            raise InvalidManifestError(f"row {s.path} is of unknown kind {s.kind!r}", path=str(path), actual=s.kind)
         safe_relpath(s.path, where=str(path))
         check_subset_name(s.subset, str(path))
         check_digest(s.sha256, f"{path} row {s.path}")

@@ -27,21 +27,33 @@ from pathlib import Path
 
 from marin_data.corpus.index import read_shard_index
 from marin_data.corpus.names import check_digest, check_subset_name, safe_relpath
-from marin_data.corpus.records import FileRecord, ShardRecord, SubsetInfo
+from marin_data.corpus.records import SHARD, FileRecord, ShardRecord, SubsetInfo
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError
-from marin_data.layout import COMMIT, MANIFEST, SHARDS_INDEX
+from marin_data.layout import COMMIT, DATA, MANIFEST, SHARDS_INDEX
 from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = [
     "SCHEMA_VERSION",
+    "MARIN",
+    "LEVANTER_STORE",
+    "LEVANTER_CACHE",
+    "FORMATS",
     "Manifest",
     "Corpus",
     "load_corpus",
     "shards_fingerprint",
     "summarize_subsets",
+    "subset_folder",
 ]
 
 SCHEMA_VERSION = 1
+# `Manifest.format`: what the shards are. MARIN (the default): Parquet shards under data/<subset>/. A Levanter
+# cache pinned in place (`marin_data.levanter.pinned`): a store, each subset the cache at the folder of its
+# name, or one cache at the corpus root holding the one subset.
+MARIN = "marin"
+LEVANTER_STORE = "levanter-store"
+LEVANTER_CACHE = "levanter-cache"
+FORMATS = (MARIN, LEVANTER_STORE, LEVANTER_CACHE)
 
 
 @dataclass
@@ -54,6 +66,8 @@ class Manifest:
     # subset -> the Hub repo that holds its shards: 1 the main repo org/name, n > 1 org/name-partN
     repos: dict[str, int] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    # what the shards are: MARIN, or a Levanter cache pinned in place (`marin_data.levanter.pinned`)
+    format: str = MARIN
 
     def to_json(self) -> bytes:
         """Canonical bytes: sorted keys, no timestamps, so equal corpora have equal manifest digests."""
@@ -66,6 +80,8 @@ class Manifest:
             "files": {k: asdict(v) for k, v in sorted(self.files.items())},
             "repos": dict(sorted(self.repos.items())),
         }
+        if self.format != MARIN:  # written only when not the default: existing manifests keep their bytes
+            doc["format"] = self.format
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -88,7 +104,11 @@ class Manifest:
                 subsets={str(k): SubsetInfo(**v) for k, v in doc["subsets"].items()},
                 files={safe_relpath(k, where=path): FileRecord(**v) for k, v in doc["files"].items()},
                 repos={str(k): int(v) for k, v in doc.get("repos", {}).items()},
+                format=doc.get("format", MARIN),
             )
+            if manifest.format not in FORMATS:
+                raise InvalidManifestError(f"unknown format {manifest.format!r} (this marin reads "
+                                           f"{', '.join(FORMATS)})", path=path, actual=manifest.format)
         except InvalidManifestError:
             raise
         except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -117,15 +137,21 @@ class Corpus:
         return [s for s in self.shards if s.subset in wanted]
 
 
+def subset_folder(manifest: Manifest, subset: str) -> str:
+    """The folder that holds ``subset``'s files: ``data/<subset>`` in a Parquet corpus, ``<subset>`` in a
+    pinned Levanter store, the root ("") for a single pinned cache."""
+    return {MARIN: f"{DATA}/{subset}", LEVANTER_STORE: subset, LEVANTER_CACHE: ""}[manifest.format]
+
+
 def summarize_subsets(shards: Iterable[ShardRecord], licenses: dict[str, str]) -> dict[str, SubsetInfo]:
     """Per-subset totals computed from the shard rows (the manifest never holds a typed-in number)."""
     totals: dict[str, list[int]] = {}
-    for s in shards:
+    for s in shards:  # every row's bytes count (they are all fetched); only shards count as shards
         t = totals.setdefault(s.subset, [0, 0, 0, 0])
         t[0] += s.docs
         t[1] += s.tokens
         t[2] += s.bytes
-        t[3] += 1
+        t[3] += s.kind == SHARD
     return {
         name: SubsetInfo(docs=d, tokens=t, bytes=b, shards=n, license=licenses.get(name, "unknown"))
         for name, (d, t, b, n) in sorted(totals.items())

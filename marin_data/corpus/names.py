@@ -41,9 +41,9 @@ def safe_relpath(path: str, *, where: str = MANIFEST) -> str:
 
 
 def check_subset_name(name: str, where: str) -> None:
-    """Subset names are relative paths (``pretrain/dclm``) that become folders under ``data/``: plain
-    components of letters, digits, ``_``, ``.`` and ``-``, never ``.`` or ``..``."""
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", name) or any(
+    """Subset names are relative paths (``pretrain/dclm``, a Levanter store's ``cluster=3/quality=4``) that
+    become folders: plain components of letters, digits, ``_``, ``.``, ``-`` and ``=``, never ``.`` or ``..``."""
+    if not re.fullmatch(r"[A-Za-z0-9_.\-=]+(/[A-Za-z0-9_.\-=]+)*", name) or any(
         part in (".", "..") for part in name.split("/")
     ):
         raise InvalidManifestError(f"invalid subset name {name!r}", path=where, actual=name)

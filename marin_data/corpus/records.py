@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SubsetInfo", "FileRecord", "ShardRecord"]
+__all__ = ["SubsetInfo", "FileRecord", "ShardRecord", "SHARD", "OFFSETS", "META", "KINDS"]
+
+# What a row of the shard index is. A Parquet corpus has shards only; a pinned Levanter cache lists every
+# file of a subset, so that each is fetched and hashed with it (docs/design.md, "Levanter caches").
+SHARD = "shard"  # what the loader decodes: a Parquet shard, or a data chunk file of a cache
+OFFSETS = "offsets"  # a cache's offsets chunk file: the document boundaries of its subset
+META = "meta"  # a cache's small file: a ledger, a zarr.json, a .success or .stats.json
+KINDS = (SHARD, OFFSETS, META)
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class ShardRecord:
     subset: str
     bytes: int
     sha256: str
-    docs: int
+    docs: int  # a cache's data chunk file: the documents that start in it
     tokens: int
-    row_groups: int
+    row_groups: int  # a cache's data chunk file: its stored inner chunks
+    kind: str = SHARD

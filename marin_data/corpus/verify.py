@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from marin_data.atomic import sha256_file
-from marin_data.corpus.manifest import Corpus, load_corpus
+from marin_data.corpus.manifest import Corpus, load_corpus, subset_folder
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.record import read_download_record
 from marin_data.corpus.records import ShardRecord
@@ -31,7 +31,7 @@ from marin_data.corpus.shard import inspect_shard
 from marin_data.engines import Engine, make_engine
 from marin_data.engines.local import default_workers
 from marin_data.errors import InvalidManifestError, ShardFormatError
-from marin_data.layout import DATA, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
+from marin_data.layout import LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.ui import progress as progress_bar
 
 __all__ = ["IGNORED_NAMES", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind", "Problem", "VerifyReport",
@@ -55,6 +55,14 @@ class ProblemKind(str, enum.Enum):
     BAD_FORMAT = "bad_format"
     WRONG_TOKENIZER = "wrong_tokenizer"
     COUNT_MISMATCH = "count_mismatch"
+    # a Levanter cache's structure (`marin_data.levanter.checks`)
+    BAD_CACHE_FILE = "bad_cache_file"  # a ledger, zarr.json or chunk file missing, malformed or damaged
+    UNFINISHED = "unfinished"  # the ledger is not finished, or a sub-cache has no .success
+    BAD_OFFSETS = "bad_offsets"  # offsets[0] != rows, decreasing, or the last != the ledger's tokens
+    WRONG_DTYPE = "wrong_dtype"
+    STATS_MISMATCH = "stats_mismatch"  # .stats.json disagrees with the ledger
+    OUT_OF_VOCAB = "out_of_vocab"  # a token id outside [0, vocabulary)
+    MISSING_BOS = "missing_bos"  # a document whose first token is not the expected BOS
 
 
 @dataclass(frozen=True)
@@ -307,15 +315,16 @@ def _inspect(path: Path, shard: ShardRecord, tokenizer_sha256: str) -> list[Prob
 def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], list[str]]:
     """Files under the tree that nothing lists (``unlisted``) and leftover ``*.part`` files (``partial``).
 
-    ``chosen=None`` walks the whole corpus; otherwise only ``data/<subset>/`` of the chosen subsets,
-    without descending into the folders of subsets that were not chosen (``data/a/b`` inside ``data/a``).
+    ``chosen=None`` walks the whole corpus; otherwise only the chosen subsets' folders (`subset_folder`:
+    ``data/<subset>/`` of a Parquet corpus), without descending into the folders of subsets that were not
+    chosen (``data/a/b`` inside ``data/a``).
     """
     known = {MANIFEST, MIRRORS, RECORD, *UNLISTED_ON_PURPOSE, *corpus.manifest.files, *(s.path for s in corpus.shards)}
     if chosen is None:
         tops, skip = [""], set(IGNORED_NAMES)
     else:
-        tops = [f"{DATA}/{s}" for s in chosen]
-        skip = {f"{DATA}/{s}" for s in corpus.manifest.subsets} - set(tops)
+        tops = [subset_folder(corpus.manifest, s) for s in chosen]
+        skip = {subset_folder(corpus.manifest, s) for s in corpus.manifest.subsets} - set(tops)
     unlisted: set[str] = set()
     partial: set[str] = set()
     for top in tops:

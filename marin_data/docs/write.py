@@ -33,7 +33,7 @@ from pathlib import Path
 
 from marin_data.atomic import atomic_write_bytes, sha256_file
 from marin_data.corpus.commit import commit_corpus, finish_commit
-from marin_data.corpus.manifest import Corpus, load_corpus
+from marin_data.corpus.manifest import MARIN, Corpus, load_corpus
 from marin_data.corpus.mirrors import read_mirrors
 from marin_data.corpus.sample import SAMPLE_JSON, SAMPLE_META
 from marin_data.docs.card import render_card
@@ -42,6 +42,7 @@ from marin_data.docs.datasheet import render_datasheet
 from marin_data.docs.figures import composition_png, lengths_png
 from marin_data.docs.questions import load_metadata, require_complete
 from marin_data.docs.stats import SCAN_TOKENS, corpus_stats
+from marin_data.errors import UnsupportedFormatError
 from marin_data.layout import CARD, CROISSANT, DATASHEET, FIGURES, LISTED, SHARDS_INDEX, SUMS, TOKENIZER, UNLISTED
 from marin_data.lock import corpus_lock
 
@@ -145,6 +146,9 @@ def write_datasheet(
     """
     root = Path(corpus)
     loaded = load_corpus(root)  # fails cleanly on a non-corpus before any lock file is created
+    if loaded.manifest.format != MARIN:  # its rows are Zarr chunk files: nothing here reads them yet
+        raise UnsupportedFormatError(f"the datasheet of a pinned Levanter cache ({loaded.manifest.format}) is not "
+                                     "supported yet", path=str(root), actual=loaded.manifest.format)
     if meta is None and (root / SAMPLE_JSON).is_file():
         meta = SAMPLE_META
     if strict:  # refuse before touching anything (the lock file included); checked again under the lock

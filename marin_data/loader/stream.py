@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from marin_data.corpus.manifest import Corpus, load_corpus, shards_fingerprint
+from marin_data.corpus.manifest import MARIN, Corpus, load_corpus, shards_fingerprint
 from marin_data.corpus.names import select_subsets
-from marin_data.errors import LoaderConfigError
+from marin_data.errors import LoaderConfigError, UnsupportedFormatError
 from marin_data.loader.cache import DecodedShardCache, ShardSource
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
 from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
@@ -184,6 +184,10 @@ class TokenStream:
                  source: ShardSource | None = None, cache_dir: str | os.PathLike | None = None,
                  verify_shards: bool = True) -> None:
         corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
+        if corpus.manifest.format != MARIN:
+            raise UnsupportedFormatError(f"a pinned Levanter cache ({corpus.manifest.format}): the loader streams "
+                                         "Parquet corpora only so far", path=str(corpus.root),
+                                         actual=corpus.manifest.format)
         counts = {"seq_len": config.seq_len, "batch_size": config.batch_size, "shuffle_window": config.shuffle_window}
         wrong = {k: v for k, v in counts.items() if not isinstance(v, (int, np.integer)) or isinstance(v, bool)}
         if wrong:

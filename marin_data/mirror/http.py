@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 from werkzeug.wrappers import Request, Response
 
-from marin_data.mirror.repo import RepoStore, Snapshot
+from marin_data.mirror.repo import RepoStore, Snapshot, hidden_file
 
 __all__ = ["HubError", "BodyError", "json_response", "raw_segments", "repo_path", "snapshot_at", "read_body",
            "MAX_PATH_CHARS", "MAX_JSON_BODY", "MAIN_REVISIONS"]
@@ -115,7 +115,7 @@ def repo_path(segments: list[str], *, allow_empty: bool = False) -> str:
             or len(path) > MAX_PATH_CHARS):
         raise HubError(400, f"invalid path {path!r}: absolute, '..', '.', empty components and control "
                             "characters are refused")
-    if any(p.startswith(".") for p in parts):
+    if any(p.startswith(".") for p in parts[:-1]) or hidden_file(parts[-1]):
         raise HubError(404, f"{path}: hidden paths are not served", code="EntryNotFound")
     return path
 

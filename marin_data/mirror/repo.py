@@ -17,7 +17,8 @@ Cost control (hashing a 2 GiB shard per request would be absurd):
   replaces files by rename, which touches the folder); a file served is re-checked with ``fstat`` too, so an
   in-place edit is noticed on first use (`RepoStore.snapshot` is called again with ``refresh=True``).
 
-Hidden paths (any component starting with ``.``), our atomic-write temporaries (``*.<uuid8>.part``),
+Hidden paths (a folder or file name starting with ``.``, but a Levanter cache's ``.success`` and
+``.stats.json``), our atomic-write temporaries (``*.<uuid8>.part``),
 non-regular files, symlinked folders and symlinks whose target leaves ROOT are not part of a repo.
 """
 
@@ -38,9 +39,21 @@ from marin_data.atomic import sha256_file
 from marin_data.corpus.index import read_shard_index
 from marin_data.corpus.manifest import Manifest
 from marin_data.layout import MANIFEST, SHARDS_INDEX
+from marin_data.levanter.ledger import STATS, SUCCESS
 from marin_data.stores.hub_ids import LFS_SAMPLE_BYTES, git_blob_sha1, git_blob_sha1_file, is_lfs, lfs_pointer
 
-__all__ = ["FileEntry", "Snapshot", "ContentHashes", "RepoStore", "valid_repo_part", "split_repo_id", "file_stamp"]
+__all__ = ["FileEntry", "Snapshot", "ContentHashes", "RepoStore", "valid_repo_part", "split_repo_id", "file_stamp",
+           "hidden_file"]
+
+# A Levanter cache's own dot files: part of the data, served like any file (the Hub serves dot files too).
+SERVED_DOT_FILES = frozenset({SUCCESS, STATS})
+
+
+def hidden_file(name: str) -> bool:
+    """A file name that is never part of a repo: our writers' and git's dot files (``.marin.lock``,
+    ``.gitattributes``); a Levanter cache's ``.success`` and ``.stats.json`` are data."""
+    return name.startswith(".") and name not in SERVED_DOT_FILES
+
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +289,7 @@ class RepoStore:
             rel_dir = "" if rel_dir == "." else rel_dir
             folders.update(f"{rel_dir}/{d}".lstrip("/") for d in dirnames)
             for name in filenames:
-                if name.startswith(".") or _TEMP_FILE.search(name):
+                if hidden_file(name) or _TEMP_FILE.search(name):
                     continue
                 real = os.path.realpath(os.path.join(dirpath, name))
                 if not Path(real).is_relative_to(self.root):

@@ -29,7 +29,7 @@ from werkzeug.wrappers import Request, Response
 from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes
 from marin_data.layout import MANIFEST
 from marin_data.mirror.http import MAIN_REVISIONS, HubError, json_response, read_body, repo_path, snapshot_at
-from marin_data.mirror.repo import RepoStore, Snapshot, split_repo_id
+from marin_data.mirror.repo import RepoStore, Snapshot, hidden_file, split_repo_id
 from marin_data.stores.hub_ids import is_lfs
 
 __all__ = ["Uploads", "STAGING"]
@@ -295,7 +295,11 @@ def _write_path(path: object) -> str:
 
 
 def _hidden(path: object) -> bool:
-    return isinstance(path, str) and any(p.startswith(".") and p not in (".", "..") for p in path.split("/"))
+    if not isinstance(path, str):
+        return False
+    *folders, name = path.split("/")
+    return any(p.startswith(".") and p not in (".", "..") for p in folders) or (name not in ("", ".", "..")
+                                                                               and hidden_file(name))
 
 
 def _parents(path: str) -> list[str]:

@@ -1,0 +1,41 @@
+"""``marin-data adopt``: pin a Levanter cache or store in place (library: `marin_data.levanter.adopt`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from marin_data.ui import human_bytes
+
+__all__ = ["command"]
+
+
+@click.command("adopt")
+@click.argument("path", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--tokenizer", required=True, metavar="TOK",
+              help="The tokenizer the cache was built with: a tokenizer.json path or a Hugging Face repo id.")
+@click.option("--name", metavar="NAME", help="The corpus's name (default: the folder's); for one cache, its subset's.")
+@click.option("--license", "license_", default="unknown", show_default=True, metavar="SPDX",
+              help="The license recorded for every subset.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Hashing threads (default: one per core).")
+def command(path: Path, tokenizer: str, name: str | None, license_: str, workers: int | None) -> None:
+    """Pin the Levanter cache or store of caches at PATH in place, so that it becomes a marin corpus.
+
+    After the structural checks (as `marin-data verify PATH` runs them), every file is hashed and listed in
+    shards.parquet and SHA256SUMS, and manifest.json, tokenizer.json, the card (README.md) and croissant.json
+    are written beside the cache's files. No Levanter file is changed: Levanter still loads it. A store's
+    subsets are its cache folders (cluster=3/quality=4); one cache is one subset. Then verify, publish,
+    download --subset and serve work on it as on any corpus.
+
+    \b
+    EXAMPLES
+      marin-data adopt /data/marin-store --tokenizer meta-llama/Llama-3.1-8B --name marin-store
+      marin-data adopt ./fineweb-edu-10B/train --tokenizer ./llama3/tokenizer.json --license odc-by
+      marin-data verify /data/marin-store && marin-data publish /data/marin-store --to s3://bucket/store
+    """
+    from marin_data.levanter.adopt import adopt
+
+    report = adopt(path, tokenizer=tokenizer, name=name, license=license_, workers=workers)
+    click.echo(f"pinned {len(report.subsets)} subset{'s' * (len(report.subsets) != 1)}, {report.files:,} files, "
+               f"{human_bytes(report.bytes)} hashed in {report.seconds:.2f}s; manifest sha256 {report.manifest_sha256}")

@@ -1,0 +1,46 @@
+"""Levanter token caches (Zarr v3, as Levanter writes them): detect, read, check, write and pin in place.
+
+A cache root holds ``shard_ledger.json`` and the arrays ``input_ids/offsets`` and ``input_ids/data``, or, in
+the ``sharded`` layout, ``part-NNNNN-of-MMMMM/`` sub-caches; a *store* is a tree of cache roots whose
+folders are subset names (``cluster=3/quality=4``). Everything is read through `marin_data.stores`, so
+local paths, ``s3://`` and ``hf://`` behave alike, and every byte is hostile until checked.
+
+The public API (docs/design.md, "Levanter caches", says why it looks like this):
+
+- ``detect(url, **store_options) -> Source``: ``kind`` is ``"corpus"``, ``"cache"`` or ``"store"`` (with
+  ``cells``); anything else is an `UnknownSourceError`.
+- ``open_cache(store, prefix="") -> LevanterCache``: ledgers and ``zarr.json`` files, no data. Its
+  ``parts`` (`CachePart`) list ``data_chunks()`` and ``offsets_chunks()`` (`ChunkFile`: path, index,
+  ``[start, stop)``); ``read_chunk(chunk, meta)`` and ``document_ends(part)`` decode values.
+- ``decode_chunk(data, meta, count, where) -> ndarray``: the values of one chunk file from its bytes (decode
+  exactly the bytes you hashed); ``chunk_documents(tokens, ends, start) -> (tokens uint32, offsets int64)``
+  cuts a data chunk at document ends, the loader's local form.
+- ``check_cache(cache, tokens=False, vocab_size=None, expect_bos=None) -> list[Problem]``: the structural
+  checks; ``verify_source(url, ...) -> VerifyReport`` runs them (and, on a pinned corpus, the hashes).
+- ``write_cache(root, documents, dtype=, codec=LZ4|ZSTD, chunk=, inner=, layout=, parts=, tokenizer=,
+  vocab_size=) -> Ledger``: a cache with Levanter's exact specs; ``CacheWriter(root, data_meta,
+  offsets_meta, metadata=)`` with ``write(tokens, lengths)`` and ``close() -> Ledger`` streams one
+  consolidated cache in bounded memory.
+- ``adopt(path, tokenizer=, name=, license=) -> AdoptReport``: pin a cache or store in place (its
+  ``manifest_sha256`` is the new root of trust); `cell_prefixes(manifest)` maps a pinned corpus's subsets
+  to their cache roots.
+- ``cache_info(url) -> CacheInfo`` and ``show_cache(url, tokenizer=, subset=, n=, row=)``: ``info`` and
+  ``show`` on an unpinned cache or store.
+"""
+
+from marin_data.levanter.adopt import AdoptReport, adopt
+from marin_data.levanter.arraymeta import LZ4, ZSTD, ArrayMeta, Blosc
+from marin_data.levanter.cache import CachePart, ChunkFile, LevanterCache, chunk_documents, open_cache
+from marin_data.levanter.checks import check_cache
+from marin_data.levanter.chunkfile import decode_chunk
+from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
+from marin_data.levanter.ledger import Ledger
+from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
+from marin_data.levanter.summary import CacheInfo, cache_info, show_cache
+from marin_data.levanter.verify import verify_source
+from marin_data.levanter.writer import CacheWriter, write_cache
+
+__all__ = ["AdoptReport", "adopt", "LZ4", "ZSTD", "ArrayMeta", "Blosc", "CachePart", "ChunkFile", "LevanterCache",
+           "open_cache", "chunk_documents", "check_cache", "decode_chunk", "CACHE", "CORPUS", "STORE", "Source",
+           "detect", "Ledger", "cell_prefixes", "is_pinned_cache", "CacheInfo", "cache_info", "show_cache",
+           "verify_source", "CacheWriter", "write_cache"]

@@ -1,0 +1,162 @@
+"""``adopt``: pin a Levanter cache, or a store of them, in place, rewriting none of its bytes.
+
+After the structural checks (`check_cache`) pass, every file of every cell is hashed and becomes a row of
+``shards.parquet``: a data chunk file is a *shard* (its tokens, the documents that start in it, its stored
+inner chunks), an offsets chunk file an ``offsets`` row, every other file (ledgers, ``zarr.json``,
+``.success``, ``.stats.json``) a ``meta`` row, all under the subset of their cell, so that a download of a
+subset fetches, and verify hashes, exactly its files. Then ``tokenizer.json``, the card, ``croissant.json``,
+``SHA256SUMS`` and last ``manifest.json`` (``format``: a store or a single cache) are written beside the
+cache's files (`commit_corpus`). From then on the folder is a corpus: verify, publish, download and serve
+it as any other. docs/design.md ("Levanter caches") says why a chunk file is the shard.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from marin_data.atomic import atomic_write_bytes, sha256_file
+from marin_data.corpus.commit import commit_corpus
+from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, Manifest, summarize_subsets
+from marin_data.corpus.records import META, OFFSETS, SHARD, ShardRecord, SubsetInfo
+from marin_data.corpus.verify import ProblemKind
+from marin_data.engines.local import default_workers
+from marin_data.errors import CacheCheckError, CacheUnfinishedError, CorpusConflictError
+from marin_data.layout import CARD, CROISSANT, LISTED, LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, STAGING, \
+    SUMS, TOKENIZER, UNLISTED
+from marin_data.levanter.cache import LevanterCache, open_cache
+from marin_data.levanter.checks import check_cache
+from marin_data.levanter.chunkfile import EMPTY, read_index
+from marin_data.levanter.describe import render_cache_card, render_cache_croissant
+from marin_data.levanter.detect import CACHE, CORPUS, detect
+from marin_data.lock import corpus_lock
+from marin_data.raw.tokenizer import load_tokenizer
+from marin_data.stores.local import LocalStore
+
+__all__ = ["AdoptReport", "adopt", "cache_rows"]
+
+_OURS = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, MIRRORS, RECORD, LOCK_NAME, *LISTED, *UNLISTED}
+
+
+@dataclass(frozen=True)
+class AdoptReport:
+    root: str
+    manifest_sha256: str
+    subsets: tuple[str, ...]
+    files: int
+    bytes: int
+    seconds: float  # hashing
+
+
+@dataclass(frozen=True)
+class _Job:
+    path: str  # relative to the root
+    subset: str
+    kind: str
+    tokens: int = 0
+    docs: int = 0
+    meta: object = None  # the data array's ArrayMeta, to count a data chunk file's stored inner chunks
+
+
+def _subset_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-=]+", "-", text).strip("-.") or "cache"
+
+
+def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, version: str = "1",
+          license: str = "unknown", workers: int | None = None) -> AdoptReport:
+    """Pin the Levanter cache or store at ``path`` (a local folder) in place.
+
+    Args:
+        tokenizer: the tokenizer the cache was built with (a ``tokenizer.json`` path or a Hub repo id);
+            its ``tokenizer.json`` is copied beside the cache and fingerprinted in the manifest.
+        name: the corpus's name (default: the folder's); for a single cache, also its one subset's.
+        license: an SPDX id recorded for every subset.
+        workers: hashing threads (default: one per available core).
+
+    Raises:
+        UnknownSourceError: ``path`` holds no cache; CorpusConflictError: it is a corpus already, or holds a
+            file adopt would write (a Hub repo's ``README.md``).
+        CacheFormatError, CacheUnfinishedError, CacheCheckError: a structural check failed (nothing written).
+        InvalidTokenizerError: the tokenizer cannot be loaded.
+    """
+    root = Path(path)
+    found = detect(root)
+    if found.kind == CORPUS:
+        raise CorpusConflictError(f"already a marin corpus ({MANIFEST} is there): nothing to adopt", path=str(root))
+    taken = [n for n in (TOKENIZER, CARD, CROISSANT, SHARDS_INDEX, SUMS) if (root / n).exists()]
+    if taken:
+        raise CorpusConflictError(f"{', '.join(taken)} already there: adopt writes its own and overwrites no file; "
+                                  "move them away first", path=str(root), actual=taken)
+    loaded = load_tokenizer(tokenizer)
+    name = name or _subset_name(root.resolve().name)
+    cells = {_subset_name(name): ""} if found.kind == CACHE else {c: c for c in found.cells}
+    caches = {s: open_cache(found.store, p, require_finished=False) for s, p in cells.items()}
+    problems = [p for c in caches.values() for p in check_cache(c, vocab_size=loaded.info.vocab_size)]
+    if problems:
+        listing = "; ".join(f"{p.path}: {p.message}" for p in problems[:5])
+        error = CacheUnfinishedError if any(p.kind == ProblemKind.UNFINISHED for p in problems) else CacheCheckError
+        if error is CacheUnfinishedError:
+            raise error(f"{len(problems)} structural problems, nothing written: {listing}", path=str(root))
+        raise error(f"{len(problems)} structural problems, nothing written: {listing}", path=str(root),
+                    problems=problems)
+    with corpus_lock(root):
+        jobs = [j for subset, cache in caches.items() for j in _jobs(root, subset, cache)]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=max(1, min(workers or default_workers(), len(jobs) or 1))) as pool:
+            rows = list(pool.map(lambda j: _hash(root, j), jobs))
+        seconds = time.perf_counter() - t0
+        manifest = Manifest(name=name, version=version, tokenizer=loaded.info,
+                            subsets={s: SubsetInfo(0, 0, 0, 0, license) for s in cells},
+                            format=LEVANTER_CACHE if found.kind == CACHE else LEVANTER_STORE)
+        atomic_write_bytes(root / TOKENIZER, loaded.data, root=root)
+        described = replace(manifest, subsets=summarize_subsets(rows, {s: license for s in cells}))
+        atomic_write_bytes(root / CARD, render_cache_card(described).encode(), root=root)
+        atomic_write_bytes(root / CROISSANT, render_cache_croissant(described, rows).encode(), root=root)
+        digest = commit_corpus(root, manifest, rows, extra_files=[CARD, CROISSANT])
+    return AdoptReport(root=str(root), manifest_sha256=digest, subsets=tuple(sorted(cells)), files=len(rows),
+                       bytes=sum(r.bytes for r in rows), seconds=seconds)
+
+
+def cache_rows(cache: LevanterCache) -> dict[str, tuple[str, int, int]]:
+    """Every chunk file of ``cache`` that the index lists apart: path -> (kind, tokens, documents starting in
+    it). A data chunk file's documents are those whose first token lies in it (the last file also takes
+    empty documents at the very end), so they add up to the cache's rows."""
+    out = {}
+    for part in cache.parts:
+        ends = cache.document_ends(part)
+        starts = np.concatenate([[0], ends[:-1]]) if len(ends) else ends
+        chunks = part.data_chunks()
+        for i, c in enumerate(chunks):
+            stop = c.stop if i < len(chunks) - 1 else np.iinfo(np.int64).max
+            docs = int(np.searchsorted(starts, stop, "left") - np.searchsorted(starts, c.start, "left"))
+            out[c.path] = (SHARD, c.count, docs)
+        for c in part.offsets_chunks():
+            out[c.path] = (OFFSETS, 0, 0)
+    return out
+
+
+def _jobs(root: Path, subset: str, cache: LevanterCache) -> list[_Job]:
+    known = cache_rows(cache)
+    data_meta = {c.path: p.data for p in cache.parts for c in p.data_chunks()}
+    files = [o.path for o in LocalStore(root).list(cache.prefix)]
+    if not cache.prefix:  # a single cache at the corpus root: our own files are no part of it
+        files = [f for f in files if f not in _OURS and f.split("/")[0] != STAGING]
+    return [_Job(f, subset, *known.get(f, (META, 0, 0)), meta=data_meta.get(f)) for f in files]
+
+
+def _hash(root: Path, job: _Job) -> ShardRecord:
+    digest, size = sha256_file(root / job.path)
+    row_groups = 0
+    if job.kind == SHARD:
+        with open(root / job.path, "rb") as f:
+            f.seek(max(0, size - job.meta.index_bytes))
+            table = read_index(f.read(), size, job.meta, str(root / job.path))
+        row_groups = int((table[:, 0] != EMPTY).sum())
+    return ShardRecord(path=job.path, subset=job.subset, bytes=size, sha256=digest, docs=job.docs,
+                       tokens=job.tokens, row_groups=row_groups, kind=job.kind)

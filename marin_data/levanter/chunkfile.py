@@ -1,0 +1,125 @@
+"""One chunk file of a cache array (``input_ids/data/c/<k>``): the ``sharding_indexed`` format, read from
+the very bytes that were hashed and written without a Zarr library.
+
+A chunk file is its inner chunks' encoded bytes, then an index of ``(offset, nbytes)`` little-endian u64
+pairs, one per inner chunk (``2^64-1`` twice: not stored, all fill value), then the index's crc32c. Every
+field is hostile: the index must pass its crc32c and name disjoint ranges inside the file, and each blosc
+frame must declare exactly an inner chunk's size before anything is decompressed (a frame may claim any
+size), so decoding never allocates more than the chunk it was asked for.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import numpy as np
+from numcodecs import blosc
+
+from marin_data.errors import CacheFormatError
+from marin_data.levanter.arraymeta import ArrayMeta
+
+__all__ = ["EMPTY", "read_index", "decode_chunk", "encode_chunk"]
+
+EMPTY = 2 ** 64 - 1
+_SHUFFLE = {"noshuffle": blosc.NOSHUFFLE, "shuffle": blosc.SHUFFLE, "bitshuffle": blosc.BITSHUFFLE}
+_BLOSC_HEADER = 16
+
+
+def read_index(tail: bytes, file_size: int, meta: ArrayMeta, where: str) -> np.ndarray:
+    """The ``[inner_per_chunk, 2]`` (offset, nbytes) table of a chunk file, from its last ``meta.index_bytes``
+    bytes, checked: crc32c, every stored range inside the data part of the file, no two overlapping.
+    Entries of an inner chunk that is not stored are ``EMPTY``."""
+    n = meta.inner_per_chunk
+    if len(tail) != meta.index_bytes or file_size < meta.index_bytes:
+        raise CacheFormatError(f"{file_size} bytes, too short for a shard index of {meta.index_bytes}", path=where,
+                               expected=meta.index_bytes, actual=file_size)
+    table = np.frombuffer(tail, "<u8", count=2 * n).reshape(n, 2)
+    if meta.index_crc32c:
+        (want,) = struct.unpack("<I", tail[-4:])
+        got = crc32c.crc32c(tail[:-4])
+        if got != want:
+            raise CacheFormatError(f"shard index crc32c {got:08x} != the recorded {want:08x}: a damaged file",
+                                   path=where, expected=want, actual=got)
+    stored = table[:, 0] != EMPTY
+    if np.any(table[~stored, 1] != EMPTY):
+        raise CacheFormatError("shard index entry with an offset of 'none' but a size", path=where)
+    body = file_size - meta.index_bytes
+    offsets, sizes = table[stored, 0], table[stored, 1]
+    if np.any(sizes > body) or np.any(offsets > body - sizes):  # no overflow: sizes <= body checked first
+        raise CacheFormatError(f"shard index points outside the file's {body} data bytes", path=where)
+    order = np.argsort(offsets, kind="stable")
+    if np.any(offsets[order][1:] < (offsets + sizes)[order][:-1]):
+        raise CacheFormatError("shard index ranges overlap", path=where)
+    return table
+
+
+def decode_chunk(data: bytes | memoryview, meta: ArrayMeta, count: int, where: str) -> np.ndarray:
+    """The first ``count`` elements of a chunk file (as little-endian ``meta.dtype``) from its whole bytes.
+
+    Raises:
+        CacheFormatError: a bad index, a blosc frame of the wrong size or that does not decompress.
+    """
+    if not 0 <= count <= meta.chunk:
+        raise ValueError(f"count {count} outside a chunk of {meta.chunk}")
+    view = memoryview(data)
+    table = read_index(bytes(view[len(view) - meta.index_bytes:]) if len(view) >= meta.index_bytes else b"",
+                       len(view), meta, where)
+    out = np.full(count, meta.fill_value, np.dtype(meta.dtype).newbyteorder("<"))
+    inner_bytes = meta.inner * meta.itemsize
+    scratch = np.empty(meta.inner, out.dtype)
+    for i in range(-(-count // meta.inner)):
+        offset, size = int(table[i, 0]), int(table[i, 1])
+        if offset == EMPTY:
+            continue
+        lo, hi = i * meta.inner, min(count, (i + 1) * meta.inner)
+        frame = view[offset:offset + size]
+        dest = out[lo:hi] if hi - lo == meta.inner else scratch
+        if meta.blosc is None:
+            if size != inner_bytes:
+                raise CacheFormatError(f"inner chunk {i}: {size} bytes stored, {inner_bytes} expected", path=where)
+            dest.view(np.uint8)[:] = np.frombuffer(frame, np.uint8)
+        else:
+            _unblosc(frame, dest, inner_bytes, f"{where} inner chunk {i}")
+        if dest is scratch:
+            out[lo:hi] = scratch[:hi - lo]
+    return out
+
+
+def _unblosc(frame: memoryview, dest: np.ndarray, want: int, where: str) -> None:
+    if len(frame) < _BLOSC_HEADER:
+        raise CacheFormatError(f"{len(frame)} bytes: shorter than a blosc header", path=where)
+    nbytes, _, cbytes = struct.unpack("<III", frame[4:16])
+    if nbytes != want or cbytes != len(frame):
+        raise CacheFormatError(f"blosc frame claims {nbytes} bytes from {cbytes} (an inner chunk is {want}, "
+                               f"{len(frame)} stored)", path=where, expected=want, actual=nbytes)
+    try:
+        blosc.decompress(frame, dest)
+    except (RuntimeError, ValueError) as e:
+        raise CacheFormatError(f"blosc cannot decompress it: {e}", path=where) from e
+
+
+def encode_chunk(values: np.ndarray, meta: ArrayMeta) -> bytes:
+    """A chunk file holding ``values`` (at most ``meta.chunk`` elements) from its first element on; inner
+    chunks past the values are not stored, the last one is padded with the fill value."""
+    if len(values) > meta.chunk:
+        raise ValueError(f"{len(values)} values do not fit a chunk of {meta.chunk}")
+    values = np.ascontiguousarray(values, np.dtype(meta.dtype).newbyteorder("<"))
+    table = np.full((meta.inner_per_chunk, 2), EMPTY, "<u8")
+    parts, pos = [], 0
+    for i in range(-(-len(values) // meta.inner)):
+        piece = values[i * meta.inner:(i + 1) * meta.inner]
+        if len(piece) < meta.inner:
+            piece = np.concatenate([piece, np.full(meta.inner - len(piece), meta.fill_value, piece.dtype)])
+        if meta.blosc is None:
+            encoded = piece.tobytes()
+        else:
+            b = meta.blosc
+            encoded = blosc.compress(piece, b.cname.encode(), b.clevel, _SHUFFLE[b.shuffle], b.blocksize)
+        table[i] = (pos, len(encoded))
+        parts.append(encoded)
+        pos += len(encoded)
+    index = table.tobytes()
+    if meta.index_crc32c:
+        index += struct.pack("<I", crc32c.crc32c(index))
+    return b"".join(parts) + index

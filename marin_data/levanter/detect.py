@@ -1,0 +1,93 @@
+"""What a path or URL holds, decided from its files and never guessed: a marin corpus (``manifest.json`` at
+its root, Parquet shards or pinned caches), one Levanter cache (``shard_ledger.json`` at its root), or a
+store: a tree of caches whose folders, relative to the root, are their subset names
+(``cluster=3/quality=4``). Anything else is an `UnknownSourceError` that names what was expected."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from marin_data.corpus.manifest import Manifest
+from marin_data.corpus.names import check_subset_name
+from marin_data.errors import InvalidManifestError, UnknownSourceError
+from marin_data.layout import CARD, LOCK_NAME, MANIFEST, STAGING
+from marin_data.levanter.ledger import LEDGER
+from marin_data.levanter.pinned import is_pinned_cache
+from marin_data.levanter.source import read_file
+from marin_data.stores import open_store
+from marin_data.stores.base import METADATA_LIMIT, Store
+
+__all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells"]
+
+CORPUS = "corpus"
+CACHE = "cache"
+STORE = "store"
+_SHOWN = 5  # stray files named in an error
+
+
+@dataclass(frozen=True)
+class Source:
+    """What `detect` found: ``kind`` (`CORPUS`, `CACHE` or `STORE`), the store, and for a store its cells
+    (subset name = folder of a cache root, sorted)."""
+
+    kind: str
+    store: Store
+    cells: tuple[str, ...] = ()
+    pinned_cache: bool = False  # a corpus whose manifest pins Levanter caches (`marin_data.levanter.adopt`)
+
+
+def detect(url: str | os.PathLike, **store_options) -> Source:
+    """Open ``url`` (a local path, ``s3://...``, ``hf://datasets/...``; options as `open_store`) and say
+    what it holds (`detect_store`)."""
+    return detect_store(open_store(url, **store_options))
+
+
+def detect_store(store: Store) -> Source:
+    """What ``store`` holds: a corpus if ``manifest.json`` is at its root, a cache if ``shard_ledger.json``
+    is, else a store of caches (`find_cells`).
+
+    Raises:
+        UnknownSourceError: none of these, or a tree with files outside every cache.
+        InvalidManifestError: a ``manifest.json`` that does not parse.
+        RemoteError: the store cannot be listed.
+    """
+    if store.head(MANIFEST) is not None:
+        data = read_file(store, MANIFEST, limit=METADATA_LIMIT)
+        manifest = Manifest.from_json(data or b"", store.describe(MANIFEST))
+        return Source(CORPUS, store, pinned_cache=is_pinned_cache(manifest))
+    if store.head(LEDGER) is not None:
+        return Source(CACHE, store)
+    return Source(STORE, store, find_cells(store))
+
+
+def find_cells(store: Store) -> tuple[str, ...]:
+    """The cache roots of a tree: folders holding a ``shard_ledger.json`` that no other cache root holds
+    (a sharded cache's sub-caches have ledgers too). Every other file must lie inside one of them (Marin's
+    ``.stats.json`` sits inside its cache's root)."""
+    # a writer's own files, and the card a Hub repo of caches has at its root, belong to no cache
+    files = [o.path for o in store.list() if o.path.split("/")[0] not in (LOCK_NAME, STAGING) and o.path != CARD]
+    ledgers = sorted({str(PurePosixPath(p).parent) for p in files if PurePosixPath(p).name == LEDGER})
+    roots: list[str] = []
+    for folder in ledgers:  # sorted: a root comes before the folders inside it
+        if not any(folder.startswith(r + "/") for r in roots):
+            roots.append(folder)
+    if not roots:
+        shown = ", ".join(files[:_SHOWN]) or "no files at all"
+        raise UnknownSourceError(
+            f"no {MANIFEST} (a marin corpus) and no {LEDGER} (a Levanter cache) at its root or in any folder "
+            f"below it (found: {shown})", path=store.url, expected=[MANIFEST, LEDGER])
+    stray = [p for p in files if not any(p.startswith(r + "/") for r in roots)]
+    if stray:
+        raise UnknownSourceError(
+            f"{len(stray)} files lie outside every Levanter cache of this tree ({', '.join(stray[:_SHOWN])}"
+            f"{', ...' if len(stray) > _SHOWN else ''}): a store holds only cache folders",
+            path=store.url, actual=stray[:_SHOWN])
+    for r in roots:
+        try:
+            check_subset_name(r, store.url)
+        except InvalidManifestError as e:
+            raise UnknownSourceError(f"the cache folder {r!r} cannot name a subset (letters, digits, _ . - = "
+                                     "and / only)", path=store.url, actual=r) from e
+    return tuple(roots)
