@@ -41,10 +41,11 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                         "token with --eos-token if it has none marked special"), EXIT_USAGE),
     (E.CorpusLockedError, _with_fix("another marin-data process is writing this corpus; wait for it to finish "
                                     "(the lock is released when its holder exits, even if it is killed)"), 5),
-    (E.InvalidMetadataError, _with_fix("fix the metadata file (the datasheet's answers); see "
-                                       "marin_data/corpus/sample-meta.yaml for its shape"), EXIT_USAGE),
-    (E.DatasheetIncompleteError, _with_fix("answer them in the --meta file, or drop --strict to mark them "
-                                           "'Not answered.'"), 11),
+    (E.InvalidMetadataError, _with_fix("fix the metadata file (the datasheet's answers); `marin-data datasheet "
+                                       "CORPUS --meta-template` prints its shape"), EXIT_USAGE),
+    (E.DatasheetIncompleteError, _with_fix("answer them in the --meta file (`marin-data datasheet CORPUS "
+                                           "--meta-template` prints every question with its key), or drop "
+                                           "--strict to mark them 'Not answered.'"), 11),
     (E.StaleDatasheetError, _with_fix("run `marin-data datasheet CORPUS` (it states the current digest), then "
                                       "publish; nothing was uploaded"), 15),
     (E.LoaderConfigError, _with_fix("fix the loader settings (mixture weights, --subset, seq_len)"), EXIT_USAGE),
