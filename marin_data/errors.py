@@ -44,6 +44,7 @@ __all__ = [
     "MissingExtraError",
     "EngineError",
     "UnsafeDestinationError",
+    "DestinationExistsError",
     "InsufficientSpaceError",
 ]
 
@@ -244,6 +245,11 @@ class UnsafeDestinationError(OSError, MarinDataError):
     """A path where marin would write is a symbolic link below the destination the user chose, or the wrong
     kind of file (a directory where a file goes, a file where a folder goes). Abort: nothing of it was
     written, renamed or removed; move it away and run again."""
+
+
+class DestinationExistsError(FileExistsError, MarinDataError):
+    """A file is already where a new one would be written, and replacing it was not asked for (``--force``).
+    Abort before any work; nothing was written."""
 
 
 class InsufficientSpaceError(OSError, MarinDataError):

@@ -275,7 +275,8 @@ def test_strict_fails_listing_the_unanswered_questions_and_writes_nothing(make_c
         main(["datasheet", str(corpus.root), "--meta", str(meta), "--strict"])
     assert e.value.code == 11
     err = capsys.readouterr().err
-    assert "1 datasheet question unanswered; the metadata file needs these keys:\n    uses:\n      out_of_scope:  # text" in err
+    assert ("1 datasheet question unanswered; the metadata file needs these keys:\n"
+            "    uses:\n      out_of_scope:  # text") in err
     assert "--meta-template" in err
     assert snapshot(corpus.root) == before
     with pytest.raises(DatasheetIncompleteError) as info:

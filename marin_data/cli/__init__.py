@@ -34,6 +34,7 @@ COMMANDS = {
     "info": "marin_data.cli.info",
     "show": "marin_data.cli.show",
     "sample": "marin_data.cli.sample",
+    "tokenizer": "marin_data.cli.tokenizer",
 }
 # Other installed packages add commands through this entry-point group: `marin-data train` comes from
 # marin_train (see pyproject.toml), which imports this package, so this package cannot import it.

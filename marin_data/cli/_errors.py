@@ -70,6 +70,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                               "again: finished work is kept"), 14),
     (E.UnsafeDestinationError, _with_fix("nothing was written through it: move it out of the way (or choose "
                                          "another destination), then run the same command again"), 16),
+    (E.DestinationExistsError, _with_fix("nothing was written: pass --force to replace it, or choose another "
+                                         "path"), EXIT_USAGE),
     (E.InsufficientSpaceError, _with_fix("free space on that file system or choose another destination, then run "
                                          "the same command again to resume"), 17),
     (E.MarinDataError, str, 9),
