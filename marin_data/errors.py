@@ -28,6 +28,8 @@ __all__ = [
     "CorpusLockedError",
     "CorpusConflictError",
     "InvalidTokenizerError",
+    "TokenizerChecksumError",
+    "UnknownDocumentError",
     "InvalidMetadataError",
     "DatasheetIncompleteError",
     "StaleDatasheetError",
@@ -127,6 +129,15 @@ class CorpusConflictError(ValueError, MarinDataError):
 
 class InvalidTokenizerError(ValueError, MarinDataError):
     """The tokenizer cannot be loaded, or has no EOS token to append (name one with ``--eos-token``): abort."""
+
+
+class TokenizerChecksumError(InvalidTokenizerError):
+    """A ``tokenizer.json`` is not the one the manifest names (its sha256 differs): damaged or replaced.
+    Abort; fetch it again (or restore it)."""
+
+
+class UnknownDocumentError(LookupError, MarinDataError):
+    """No document of the subset has the id asked for (``show --id``): check the id."""
 
 
 class InvalidMetadataError(ValueError, MarinDataError):

@@ -37,6 +37,11 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                          "corpus"), 4),
     (E.CorpusConflictError, _with_fix("nothing was changed; shard into a new subset name (a child such as "
                                       "NAME/2025 is still selected by --subset NAME) or a new corpus"), 4),
+    (E.TokenizerChecksumError, _with_fix("the corpus's tokenizer.json is damaged or was replaced: `marin-data "
+                                         "verify` names what else is; download it again, or restore it"),
+     EXIT_USAGE),
+    (E.UnknownDocumentError, _with_fix("check the id: `marin-data show CORPUS --subset NAME --json` prints "
+                                       "documents with their ids"), EXIT_USAGE),
     (E.InvalidTokenizerError, _with_fix("pass a tokenizer.json path or a Hugging Face repo id; name the EOS "
                                         "token with --eos-token if it has none marked special"), EXIT_USAGE),
     (E.CorpusLockedError, _with_fix("another marin-data process is writing this corpus; wait for it to finish "
