@@ -41,6 +41,7 @@ __all__ = [
     "VerificationFailedError",
     "RemoteError",
     "RetryableRemoteError",
+    "NoSuchBucketError",
     "ObjectTooLargeError",
     "TransferFailedError",
     "MissingExtraError",
@@ -223,6 +224,19 @@ class RemoteError(OSError, MarinDataError):
 
 class RetryableRemoteError(RemoteError):
     """A transient remote failure (dropped connection, 429, 5xx, truncated body): retry, then fail over."""
+
+
+class NoSuchBucketError(RemoteError):
+    """The S3 bucket does not exist at that endpoint: check its name, or create it before publishing.
+
+    ``bucket`` is its name; ``endpoint_url`` the S3-compatible endpoint asked (None: AWS).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, bucket: str = "", endpoint_url: str | None = None,
+                 status: int | None = 404) -> None:
+        RemoteError.__init__(self, message, path=path, status=status)
+        self.bucket = bucket
+        self.endpoint_url = endpoint_url
 
 
 class ObjectTooLargeError(ValueError, MarinDataError):

@@ -150,6 +150,7 @@ def test_a_failed_publish_records_no_mirror_and_a_missing_bucket_is_one_refusal(
     missing = run_cli("publish", str(root), "--to", "s3://no-such-bucket-here/x", "--endpoint-url", moto)
     assert missing.returncode == 8, missing.stderr
     assert missing.stderr.count("NoSuchBucket") == 1 and "--mirror" not in missing.stderr
+    assert f"create it first: aws s3 mb s3://no-such-bucket-here --endpoint-url {moto}\n" in missing.stderr
     assert (root / MANIFEST).read_bytes() == before and read_mirrors(root) == []
     publish(root, to=bucket_url, endpoint_url=moto)
     assert [m["url"] for m in read_mirrors(root)] == [bucket_url]  # the failed target never shows up
