@@ -494,6 +494,23 @@ def test_card_license_uses_hub_ids(spdx, hub):
     assert hub_license(spdx) == hub
 
 
+@pytest.mark.parametrize("license_id, link", [
+    ("PSF-2.0", "https://spdx.org/licenses/PSF-2.0.html"),
+    ("psf-2.0", "https://spdx.org/licenses/PSF-2.0.html"),  # any case: the page has the list's spelling
+    ("LicenseRef-Debian-copyright", DATASHEET),  # the corpus's own: SPDX has no page for it
+    ("MIT OR PSF-2.0", DATASHEET), ("Not-A-License-1.0", DATASHEET)])
+def test_the_card_links_a_license_page_only_for_an_id_on_the_spdx_list(make_corpus, license_id, link):
+    from marin_data.docs.card import card_header
+    from marin_data.docs.questions import Metadata
+    from marin_data.docs.stats import CorpusStats, corpus_stats
+
+    corpus = make_corpus({"a": [3]})
+    stats = corpus_stats(corpus)
+    stats = CorpusStats.of([replace(s, license=license_id) for s in stats.subsets])  # as the manifest would say
+    header = card_header(corpus.manifest, stats, Metadata())
+    assert header["license"] == "other" and header["license_link"] == link
+
+
 # --- Croissant -------------------------------------------------------------------------------------
 def test_croissant_validates_and_its_sha256_values_match_the_shards(documented):
     import mlcroissant as mlc  # a dev dependency: missing, the test fails rather than skips
