@@ -8,6 +8,7 @@ import click
 
 from marin_data.docs.stats import SCAN_TOKENS
 from marin_data.docs.write import write_datasheet
+from marin_data.ui import plural
 
 __all__ = ["command"]
 
@@ -65,6 +66,6 @@ def command(corpus: Path, meta: Path | None, meta_template: bool, out: Path | No
     click.echo(f"card, croissant.json and figures: {where}")
     click.echo(f"manifest sha256 (stated in the datasheet): {result.manifest_sha256}")
     if result.unanswered:
-        click.echo(f"{len(result.unanswered)} question(s) not answered (marked in the datasheet): "
+        click.echo(f"{plural(len(result.unanswered), 'question')} not answered (marked in the datasheet): "
                    f"{', '.join(result.unanswered)}", err=True)
     click.echo(f"datasheet: {result.datasheet}")

@@ -35,8 +35,8 @@ TERMINAL_MAX_CHARS = 2_000
 @store_options
 @hf_options
 def command(corpus: str, subset: str, n: int, doc_id: str | None, as_json: bool, max_chars: int | None,
-            manifest_sha256: str | None, endpoint_url: str | None, profile: str | None, anonymous: bool, requester_pays: bool,
-            endpoint: str | None, token: str | None) -> None:
+            manifest_sha256: str | None, endpoint_url: str | None, profile: str | None, anonymous: bool,
+            requester_pays: bool, endpoint: str | None, token: str | None) -> None:
     """Decode documents of a subset of CORPUS (a local folder, s3://bucket/prefix or hf://datasets/org/name)
     back to text with the corpus's own tokenizer, as a dataset viewer shows rows.
 

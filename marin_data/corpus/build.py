@@ -39,7 +39,7 @@ from marin_data.layout import DATA, LOCK_NAME, MANIFEST, SHARDS_INDEX, SOURCES, 
 from marin_data.lock import corpus_lock
 from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES, expand_inputs
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer
-from marin_data.ui import progress
+from marin_data.ui import plural, progress
 
 __all__ = ["DEFAULT_SHARD_TOKENS", "ShardReport", "run_job", "shard_subset"]
 
@@ -246,7 +246,7 @@ def _build(pool: Engine, units: Sequence[UnitJob], reused: dict[int, UnitResult]
                 tokens += result.tokens
                 bar.update(jobs[k].input.bytes)
                 _queue_packs(plan.advance(results), jobs, slots, stats)
-            bar.set_postfix_str(f"{tokens:,} tokens, {len(stats)} shards written", refresh=False)
+            bar.set_postfix_str(f"{tokens:,} tokens, {plural(len(stats), 'shard')} written", refresh=False)
     return [results[i] for i in range(len(units))], [stats[n] for n in range(len(plan.packs))]
 
 
