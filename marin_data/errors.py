@@ -232,6 +232,9 @@ class NoSuchBucketError(RemoteError):
     ``bucket`` is its name; ``endpoint_url`` the S3-compatible endpoint asked (None: AWS).
     """
 
+    bucket: str = ""
+    endpoint_url: str | None = None
+
     def __init__(self, message: str, *, path: str | None = None, bucket: str = "", endpoint_url: str | None = None,
                  status: int | None = 404) -> None:
         RemoteError.__init__(self, message, path=path, status=status)

@@ -67,7 +67,7 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.TransferFailedError, _with_fix("finished files are kept: run the same command again to resume (a "
                                       "download also takes --mirror URL)"), EXIT_PROBLEMS),
     (E.NoSuchBucketError, lambda e: f"{e}\n  -> check the bucket's name (and --endpoint-url); to publish to a new "
-                                    f"bucket, create it first: aws s3 mb s3://{e.bucket}"
+                                    f"bucket, create it first: aws s3 mb s3://{e.bucket or 'BUCKET'}"
                                     + (f" --endpoint-url {e.endpoint_url}" if e.endpoint_url else ""), 8),
     (E.RetryableRemoteError, _with_fix("a transient network failure outlasted the retries: run the same "
                                        "command again to resume"), 7),
