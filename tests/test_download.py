@@ -165,7 +165,17 @@ def test_a_wrong_file_under_a_final_name_is_replaced_and_a_short_one_resumed(mot
     assert not list(dest.rglob(f"*{PARTIAL_SUFFIX}"))
 
 
-def test_any_subset_brings_the_documentation_and_info_marks_what_the_copy_holds(make_corpus, tmp_path):
+def info_cli(capsys, *args: str) -> str:
+    """``marin-data info ARGS`` in this process; its stdout."""
+    from marin_data.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["info", *args])
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_any_subset_brings_the_documentation_and_info_marks_what_the_copy_holds(make_corpus, tmp_path, capsys):
     from marin_data.docs.write import write_datasheet
 
     corpus = make_corpus({"a": [20], "b/c": [10]})
@@ -176,12 +186,12 @@ def test_any_subset_brings_the_documentation_and_info_marks_what_the_copy_holds(
     for doc in (DATASHEET, CARD, CROISSANT, *FIGURES):
         assert (dest / doc).read_bytes() == (corpus.root / doc).read_bytes(), doc
     assert written.manifest_sha256 in (dest / DATASHEET).read_text() and verify_corpus(dest, progress=False).ok
-    table = run_cli("info", str(dest))
-    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines() if line.startswith(("a ", "b/c "))}
-    assert rows["a"][-1] == "no" and rows["b/c"][-1] == "yes" and "holds 1 of 2 subsets" in table.stdout
-    doc = json.loads(run_cli("info", str(dest), "--json").stdout)
+    table = info_cli(capsys, str(dest))
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.startswith(("a ", "b/c "))}
+    assert rows["a"][-1] == "no" and rows["b/c"][-1] == "yes" and "holds 1 of 2 subsets" in table
+    doc = json.loads(info_cli(capsys, str(dest), "--json"))
     assert doc["partial"] and {k: s["present"] for k, s in doc["subsets"].items()} == {"a": False, "b/c": True}
-    assert "here" not in run_cli("info", str(corpus.root)).stdout  # a whole corpus has nothing to mark
+    assert "here" not in info_cli(capsys, str(corpus.root))  # a whole corpus has nothing to mark
 
 
 def test_a_datasheet_stating_another_manifest_is_left_out_and_said_so(make_corpus, tmp_path):
