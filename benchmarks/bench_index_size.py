@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.corpus.build import sources_path
+from marin_data.corpus.sources import sources_path
 from marin_data.corpus.commit import commit_corpus
 from marin_data.corpus.manifest import Manifest, load_corpus
 from marin_data.corpus.records import ShardRecord, SubsetInfo

@@ -28,6 +28,8 @@ __all__ = [
     "CorpusLockedError",
     "CorpusConflictError",
     "InvalidTokenizerError",
+    "TokenizerChecksumError",
+    "UnknownDocumentError",
     "InvalidMetadataError",
     "DatasheetIncompleteError",
     "StaleDatasheetError",
@@ -39,11 +41,13 @@ __all__ = [
     "VerificationFailedError",
     "RemoteError",
     "RetryableRemoteError",
+    "NoSuchBucketError",
     "ObjectTooLargeError",
     "TransferFailedError",
     "MissingExtraError",
     "EngineError",
     "UnsafeDestinationError",
+    "DestinationExistsError",
     "InsufficientSpaceError",
     "UnknownSourceError",
     "CacheFormatError",
@@ -133,6 +137,15 @@ class InvalidTokenizerError(ValueError, MarinDataError):
     """The tokenizer cannot be loaded, or has no EOS token to append (name one with ``--eos-token``): abort."""
 
 
+class TokenizerChecksumError(InvalidTokenizerError):
+    """A ``tokenizer.json`` is not the one the manifest names (its sha256 differs): damaged or replaced.
+    Abort; fetch it again (or restore it)."""
+
+
+class UnknownDocumentError(LookupError, MarinDataError):
+    """No document of the subset has the id asked for (``show --id``): check the id."""
+
+
 class InvalidMetadataError(ValueError, MarinDataError):
     """The datasheet's metadata file is unreadable or malformed (unknown key, wrong kind of answer): abort."""
 
@@ -218,6 +231,22 @@ class RetryableRemoteError(RemoteError):
     """A transient remote failure (dropped connection, 429, 5xx, truncated body): retry, then fail over."""
 
 
+class NoSuchBucketError(RemoteError):
+    """The S3 bucket does not exist at that endpoint: check its name, or create it before publishing.
+
+    ``bucket`` is its name; ``endpoint_url`` the S3-compatible endpoint asked (None: AWS).
+    """
+
+    bucket: str = ""
+    endpoint_url: str | None = None
+
+    def __init__(self, message: str, *, path: str | None = None, bucket: str = "", endpoint_url: str | None = None,
+                 status: int | None = 404) -> None:
+        RemoteError.__init__(self, message, path=path, status=status)
+        self.bucket = bucket
+        self.endpoint_url = endpoint_url
+
+
 class ObjectTooLargeError(ValueError, MarinDataError):
     """A file is larger than a store accepts in one request (S3: 5 GiB per PUT): re-shard it smaller."""
 
@@ -249,6 +278,11 @@ class UnsafeDestinationError(OSError, MarinDataError):
     """A path where marin would write is a symbolic link below the destination the user chose, or the wrong
     kind of file (a directory where a file goes, a file where a folder goes). Abort: nothing of it was
     written, renamed or removed; move it away and run again."""
+
+
+class DestinationExistsError(FileExistsError, MarinDataError):
+    """A file is already where a new one would be written, and replacing it was not asked for (``--force``).
+    Abort before any work; nothing was written."""
 
 
 class InsufficientSpaceError(OSError, MarinDataError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["human_bytes", "human_count", "format_table", "progress"]
+__all__ = ["human_bytes", "human_count", "plural", "format_table", "progress"]
 
 
 def human_bytes(n: float) -> str:
@@ -21,6 +21,12 @@ def human_count(n: float) -> str:
             return f"{n:.0f}{unit}" if unit == "" else f"{n:.2f}{unit}"
         n /= 1000
     raise AssertionError  # unreachable
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``n`` and ``word`` agreeing in number: ``1 file``, ``2 files``, ``1,024 files``; ``many`` for an
+    irregular plural (``plural(n, "entry", "entries")``)."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

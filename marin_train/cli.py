@@ -15,8 +15,9 @@ from marin_data.cli._store_options import check_sha256, store_kwargs, store_opti
 from marin_train.config import TRAIN_PRESETS, DataConfig
 from marin_train.data import run_training
 from marin_train.distributed import shutdown_distributed
+from marin_train.loop import TrainResult
 
-__all__ = ["command", "export", "group", "main"]
+__all__ = ["command", "export", "group", "main", "summary"]
 
 
 def _mixture(values: tuple[str, ...] | list[str], flag: str = "--mixture") -> dict[str, float] | None:
@@ -40,6 +41,29 @@ def _mixture_from(values: tuple[str, ...]) -> tuple[tuple[int, dict[str, float]]
             raise click.UsageError(f"--mixture-from takes STEP:SUBSET=W,SUBSET=W,..., got {value!r}")
         changes.append((int(step), _mixture(weights.split(","), "--mixture-from")))
     return tuple(changes)
+
+
+def summary(result: TrainResult, window: int = 10) -> str:
+    """The run's last line: the step reached, the steps this invocation trained, and its loss as the mean over
+    its first and last ``window`` steps (fewer in a short run): one step's loss is noisy, and a resumed run's
+    first step is no baseline, so single steps compared side by side can read as training gone wrong."""
+    records = result.records
+    k = max(1, min(window, len(records) // 2))
+    rest = records[1:] or records  # the first step also sets the stream up
+    wait = sum(r["data_wait"] for r in rest) / sum(r["seconds"] for r in rest)
+
+    def steps(rs: list[dict]) -> str:
+        a, b = rs[0]["step"], rs[-1]["step"]
+        return f"step {a}" if a == b else f"steps {a}-{b}"
+
+    def mean(rs: list[dict]) -> float:
+        return sum(r["loss"] for r in rs) / len(rs)
+
+    loss = (f"loss {mean(records):.4f}" if len(records) == 1 else
+            f"mean loss {mean(records[:k]):.4f} ({steps(records[:k])}) -> {mean(records[-k:]):.4f} "
+            f"({steps(records[-k:])})")
+    return (f"done: step {result.steps}; this run trained {steps(records)}, {loss}, data wait {wait:.2%} of step "
+            f"time after the first step" + (f", checkpoint {result.checkpoint}" if result.checkpoint else ""))
 
 
 @click.command("train", context_settings={"max_content_width": 100})
@@ -111,12 +135,7 @@ def command(source, preset, mixture, mixture_from, ep, recompute, steps, until, 
     rank = dist.get_rank()
     shutdown_distributed()  # this process joined a process group; it leaves it, so exit is clean
     if result.records and rank == 0:
-        first, last = result.records[0], result.records[-1]
-        rest = result.records[1:] or result.records  # the first step also sets the stream up
-        wait = sum(r["data_wait"] for r in rest) / sum(r["seconds"] for r in rest)
-        click.echo(f"done: step {result.steps}, loss {first['loss']:.4f} -> {last['loss']:.4f}, data wait "
-                   f"{wait:.2%} of step time after the first step"
-                   + (f", checkpoint {result.checkpoint}" if result.checkpoint else ""))
+        click.echo(summary(result))
 
 
 @click.command("export", context_settings={"max_content_width": 100})
@@ -142,7 +161,8 @@ class _TrainByDefault(click.Group):
         return super().parse_args(ctx, args)
 
 
-@click.group("marin-train", cls=_TrainByDefault, context_settings={"max_content_width": 100})
+@click.group("marin-train", cls=_TrainByDefault,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def group() -> None:
     """Train the Marin MoE model (the default command: marin-train --data DIR ...) or export a checkpoint.
 

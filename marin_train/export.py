@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -28,7 +29,9 @@ def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike) -> P
     with torch.device("meta"):
         model = Transformer(ModelConfig.from_dict(config["model"]))
     state = {"model": {name: torch.empty_like(t, device="cpu") for name, t in model.state_dict().items()}}
-    dcp.load(state, checkpoint_id=checkpoint, no_dist=True)
+    with warnings.catch_warnings():  # no process group is the point of exporting: torch warns it assumes one process
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(state, checkpoint_id=checkpoint, no_dist=True)
     to = Path(to)
     to.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.contiguous() for name, t in state["model"].items()}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from marin_data.corpus.sample import train_tokenizer
+from marin_data.raw.bpe import train_tokenizer
 from marin_data.layout import TOKENIZER
 
 ROOT = Path(__file__).resolve().parent.parent

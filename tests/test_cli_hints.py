@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import build_corpus
 from shard_env import run_cli
 
@@ -26,3 +27,17 @@ def test_the_shipped_sample_answers_pass_strict_wherever_it_is_run():
     names = [s.name for s in SUBSETS]
     require_complete(load_metadata(SAMPLE_META, subsets=names), names)  # packaged: no path relative to a checkout
     assert SAMPLE_META.is_absolute()
+
+
+def test_counts_agree_with_their_nouns(tmp_path, capsys):
+    from marin_data.cli import main
+    from marin_data.ui import plural
+
+    assert [plural(n, "file") for n in (0, 1, 2, 1024)] == ["0 files", "1 file", "2 files", "1,024 files"]
+    assert (plural(1, "entry", "entries"), plural(3, "entry", "entries")) == ("1 entry", "3 entries")
+    corpus = build_corpus(tmp_path / "c", {"a": [5], "b": [4]})
+    for subset in ("a", "b"):  # the second run fetches b's one shard: everything else is there
+        with pytest.raises(SystemExit) as exit_:
+            main(["download", str(corpus.root), "--subset", subset, "--to", str(tmp_path / "copy")])
+        assert exit_.value.code == 0
+    assert "Downloaded: 1 file fetched" in capsys.readouterr().out

@@ -275,7 +275,9 @@ def test_strict_fails_listing_the_unanswered_questions_and_writes_nothing(make_c
         main(["datasheet", str(corpus.root), "--meta", str(meta), "--strict"])
     assert e.value.code == 11
     err = capsys.readouterr().err
-    assert "1 datasheet question(s) unanswered: uses.out_of_scope" in err
+    assert ("1 datasheet question unanswered; the metadata file needs these keys:\n"
+            "    uses:\n      out_of_scope:  # text") in err
+    assert "--meta-template" in err
     assert snapshot(corpus.root) == before
     with pytest.raises(DatasheetIncompleteError) as info:
         write_datasheet(corpus.root, strict=True)  # no metadata at all: every question is missing
@@ -284,6 +286,32 @@ def test_strict_fails_listing_the_unanswered_questions_and_writes_nothing(make_c
     with pytest.raises(SystemExit) as e:
         main(["datasheet", str(corpus.root), "--meta", str(meta), "--strict"])
     assert e.value.code == 0
+
+
+def test_the_meta_template_filled_in_mechanically_passes_strict(make_corpus, tmp_path, capsys):
+    corpus = make_corpus({"a": [5], "b/c": [4], "2024": [3]})  # "2024" would read as a number unquoted
+    with pytest.raises(SystemExit) as e:
+        main(["datasheet", str(corpus.root), "--meta-template"])
+    template = capsys.readouterr().out
+    assert e.value.code == 0 and not (corpus.root / DATASHEET).exists()  # nothing written
+    filled, question = [], None
+    for line in template.splitlines():
+        if m := re.fullmatch(r"\s*# (\S+) \((\w+)\): .+", line):
+            question = m.groups()
+        elif question and line.endswith(":"):  # the key under its question: answer it by its kind
+            qid, kind = question
+            line += " " + {"url": "https://example.org/c", "date": "2025-01-31"}.get(kind, json.dumps(f"About {qid}."))
+            question = None
+        filled.append(line)
+    ids = [q.id for q in QUESTIONS] + [q.for_subset(s).id for s in ("2024", "a", "b/c") for q in SUBSET_QUESTIONS]
+    assert all(f"# {qid} (" in template for qid in ids)
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("\n".join(filled))
+    with pytest.raises(SystemExit) as e:
+        main(["datasheet", str(corpus.root), "--meta", str(meta), "--strict"])
+    assert e.value.code == 0, capsys.readouterr().err
+    text = (corpus.root / DATASHEET).read_text()
+    assert "About subsets.2024.sources." in text and "Not answered" not in text
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -464,6 +492,23 @@ def test_card_license_uses_hub_ids(spdx, hub):
     from marin_data.docs.card import hub_license
 
     assert hub_license(spdx) == hub
+
+
+@pytest.mark.parametrize("license_id, link", [
+    ("PSF-2.0", "https://spdx.org/licenses/PSF-2.0.html"),
+    ("psf-2.0", "https://spdx.org/licenses/PSF-2.0.html"),  # any case: the page has the list's spelling
+    ("LicenseRef-Debian-copyright", DATASHEET),  # the corpus's own: SPDX has no page for it
+    ("MIT OR PSF-2.0", DATASHEET), ("Not-A-License-1.0", DATASHEET)])
+def test_the_card_links_a_license_page_only_for_an_id_on_the_spdx_list(make_corpus, license_id, link):
+    from marin_data.docs.card import card_header
+    from marin_data.docs.questions import Metadata
+    from marin_data.docs.stats import CorpusStats, corpus_stats
+
+    corpus = make_corpus({"a": [3]})
+    stats = corpus_stats(corpus)
+    stats = CorpusStats.of([replace(s, license=license_id) for s in stats.subsets])  # as the manifest would say
+    header = card_header(corpus.manifest, stats, Metadata())
+    assert header["license"] == "other" and header["license_link"] == link
 
 
 # --- Croissant -------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.record import read_download_record
 from marin_data.corpus.verify import verify_corpus
 from marin_data.errors import ManifestHashMismatchError, RemoteError, UnsafePathError
-from marin_data.layout import MANIFEST, PARTIAL_SUFFIX, RECORD, SHARDS_INDEX
+from marin_data.layout import CARD, CROISSANT, DATASHEET, FIGURES, MANIFEST, PARTIAL_SUFFIX, RECORD, SHARDS_INDEX
 from marin_data.transfer.download import download
 from marin_data.transfer.publish_s3 import publish
 
@@ -163,3 +163,41 @@ def test_a_wrong_file_under_a_final_name_is_replaced_and_a_short_one_resumed(mot
     assert proxy.served[f"/{url.split('/')[2]}/corpus/{a0}"] == len(good0) - len(good0) // 3
     assert verify_corpus(dest, subsets=["a"]).ok
     assert not list(dest.rglob(f"*{PARTIAL_SUFFIX}"))
+
+
+def info_cli(capsys, *args: str) -> str:
+    """``marin-data info ARGS`` in this process; its stdout."""
+    from marin_data.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["info", *args])
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_any_subset_brings_the_documentation_and_info_marks_what_the_copy_holds(make_corpus, tmp_path, capsys):
+    from marin_data.docs.write import write_datasheet
+
+    corpus = make_corpus({"a": [20], "b/c": [10]})
+    written = write_datasheet(corpus.root)
+    dest = tmp_path / "copy"
+    report = download(corpus.root, subsets=["b/c"], dest=dest, workers=2, progress=False)
+    assert report.ok and DATASHEET in report.fetched and report.notes == ()
+    for doc in (DATASHEET, CARD, CROISSANT, *FIGURES):
+        assert (dest / doc).read_bytes() == (corpus.root / doc).read_bytes(), doc
+    assert written.manifest_sha256 in (dest / DATASHEET).read_text() and verify_corpus(dest, progress=False).ok
+    table = info_cli(capsys, str(dest))
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.startswith(("a ", "b/c "))}
+    assert rows["a"][-1] == "no" and rows["b/c"][-1] == "yes" and "holds 1 of 2 subsets" in table
+    doc = json.loads(info_cli(capsys, str(dest), "--json"))
+    assert doc["partial"] and {k: s["present"] for k, s in doc["subsets"].items()} == {"a": False, "b/c": True}
+    assert "here" not in info_cli(capsys, str(corpus.root))  # a whole corpus has nothing to mark
+
+
+def test_a_datasheet_stating_another_manifest_is_left_out_and_said_so(make_corpus, tmp_path):
+    corpus = make_corpus({"a": [5]})
+    (corpus.root / DATASHEET).parent.mkdir()
+    (corpus.root / DATASHEET).write_text("manifest sha256: " + "0" * 64 + "\n")  # a datasheet of another version
+    report = download(corpus.root, subsets=None, dest=tmp_path / "copy", workers=2, progress=False)
+    assert report.ok and not (tmp_path / "copy" / DATASHEET).exists()
+    assert report.notes == (f"{corpus.root}/{DATASHEET} states another manifest sha256: not kept",)

@@ -24,7 +24,9 @@ from shard_env import tiny_tokenizer  # noqa: F401 - a fixture
 from huggingface_hub import HfApi, HfFileSystem, get_hf_file_metadata, hf_hub_download, hf_hub_url, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
+from marin_data.cli import main as marin_data_main
 from marin_data.corpus.commit import commit_corpus
+from marin_data.corpus.verify import verify_corpus
 from marin_data.testing.mirror import running_mirror
 
 REPO = "marin/tiny"
@@ -109,6 +111,20 @@ def test_hf_cache_verify_cli_passes_then_fails_on_a_flipped_shard_byte(served, t
     flip_byte(local / "data/b/c/part-00000.parquet", 50)
     failed = subprocess.run(hf, env=env, capture_output=True, text=True, timeout=120)
     assert failed.returncode != 0 and "data/b/c/part-00000.parquet" in failed.stdout + failed.stderr
+
+
+def test_a_local_dir_copy_verifies_with_the_hub_clients_bookkeeping_skipped_and_said_once(served, tmp_path, capsys):
+    mirror, corpus = served
+    local = tmp_path / "local"
+    snapshot_download(REPO, repo_type="dataset", local_dir=local, endpoint=mirror.url)  # `hf download --local-dir`
+    assert (local / ".cache/huggingface").is_dir()
+    with pytest.raises(SystemExit) as exit_:
+        marin_data_main(["verify", str(local)])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and out.count(".cache/huggingface") == 1 and "unlisted" not in out
+    assert out.splitlines()[0].startswith("ignored  .cache/huggingface/  huggingface_hub's own bookkeeping")
+    (local / ".cache/stray.parquet").write_bytes(b"x")  # only the Hub client's own folder is skipped
+    assert verify_corpus(local, progress=False).problems[0].path == ".cache/stray.parquet"
 
 
 def test_single_file_download_and_metadata_headers(served, tmp_path):

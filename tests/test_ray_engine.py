@@ -22,9 +22,11 @@ from pathlib import Path
 import pytest
 from shard_env import ROOT, make_texts, run_cli, tiny_tokenizer, tree_bytes, write_jsonl  # noqa: F401 - fixture
 
-from marin_data.corpus.build import UnitJob, shard_subset, sources_path
+from marin_data.corpus.build import shard_subset
 from marin_data.corpus.commit import commit_corpus
 from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.sources import sources_path
+from marin_data.corpus.units import UnitJob
 from marin_data.corpus.verify import verify_corpus
 from marin_data.engines.local import LocalEngine
 from marin_data.errors import BadRecordError, EngineError

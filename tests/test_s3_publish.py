@@ -128,7 +128,8 @@ def test_verify_remote_reports_modified_missing_resized_and_unverifiable_objects
     kinds = {p.path: p.kind for p in report.problems}
     assert kinds == {a0: ProblemKind.MODIFIED, a1: ProblemKind.MISSING, b0: ProblemKind.TRUNCATED,
                      b1: ProblemKind.UNREADABLE}
-    assert verify_remote(root, bucket_url, endpoint_url=moto, subsets=["b"]).files_checked == 2
+    only_b = verify_remote(root, bucket_url, endpoint_url=moto, subsets=["b"])  # b's shards and the metadata
+    assert only_b.files_checked == 2 + len(fault_corpus.manifest.files) + 1 and len(only_b.problems) == 2
 
 
 def test_cli_publish_prints_the_manifest_sha256_and_refuses_bad_urls(moto, bucket_url, fault_corpus, tmp_path):
@@ -149,6 +150,7 @@ def test_a_failed_publish_records_no_mirror_and_a_missing_bucket_is_one_refusal(
     missing = run_cli("publish", str(root), "--to", "s3://no-such-bucket-here/x", "--endpoint-url", moto)
     assert missing.returncode == 8, missing.stderr
     assert missing.stderr.count("NoSuchBucket") == 1 and "--mirror" not in missing.stderr
+    assert f"create it first: aws s3 mb s3://no-such-bucket-here --endpoint-url {moto}\n" in missing.stderr
     assert (root / MANIFEST).read_bytes() == before and read_mirrors(root) == []
     publish(root, to=bucket_url, endpoint_url=moto)
     assert [m["url"] for m in read_mirrors(root)] == [bucket_url]  # the failed target never shows up

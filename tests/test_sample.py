@@ -20,7 +20,7 @@ TRAIN = """
 import hashlib, sys
 sys.path.insert(0, {tests!r})
 from shard_env import make_texts
-from marin_data.corpus.sample import train_tokenizer
+from marin_data.raw.bpe import train_tokenizer
 print(hashlib.sha256(train_tokenizer(make_texts(400, 7), 1000)).hexdigest())
 """
 

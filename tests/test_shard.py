@@ -32,10 +32,11 @@ from shard_env import (  # noqa: F401 - tiny_tokenizer is a fixture
 )
 
 from marin_data.corpus.arrays import numbers, strings, view
-from marin_data.corpus.build import shard_subset, sources_path
+from marin_data.corpus.build import shard_subset
 from marin_data.corpus.index import read_shard_index
 from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.shard import TOKENS_VALUES, inspect_shard
+from marin_data.corpus.sources import sources_path
 from marin_data.engines.local import LocalEngine
 from marin_data.errors import (
     BadRecordError,

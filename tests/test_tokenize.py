@@ -113,3 +113,47 @@ def test_a_file_in_the_hub_cache_is_named_by_its_repo_and_a_name_can_be_given(tm
                    "--out", tmp_path / "c", "--workers", "1")
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "c" / "manifest.json").read_bytes())["tokenizer"]["name"] == "Tiny BPE v1"
+
+
+def tokenizer_cli(capsys, *args) -> tuple[int, str, str]:
+    """``marin-data tokenizer ARGS`` in this process: (exit code, stdout, stderr)."""
+    from marin_data.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["tokenizer", *map(str, args)])
+    return exit_.value.code, *capsys.readouterr()
+
+
+def test_tokenizer_train_reads_what_shard_reads_and_its_tokenizer_shards_a_corpus(tmp_path: Path, capsys):
+    from shard_env import write_parquet
+
+    from marin_data.corpus.build import shard_subset
+    from marin_data.corpus.show import show_documents
+    from marin_data.raw.bpe import train_tokenizer_file
+
+    texts = make_texts(120, 5, words=(1, 60))
+    write_jsonl(tmp_path / "in/a.jsonl.zst", [{"body": t} for t in texts[:60]], compression="zstd")
+    write_parquet(tmp_path / "in/more/b.parquet", {"body": texts[60:]})
+    out = tmp_path / "tok/tokenizer.json"
+    code, stdout, stderr = tokenizer_cli(capsys, "train", tmp_path / "in", "--text-field", "body", "--vocab-size", 400,
+                                         "--out", out)
+    assert code == 0, stderr
+    assert "on 120 documents from 2 files" in stdout and hashlib.sha256(out.read_bytes()).hexdigest() in stdout
+    again = train_tokenizer_file([tmp_path / "in/**/*.*"], text_field="body", vocab_size=400,
+                                 out=tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_bytes() == out.read_bytes() and again.vocab_size == 400  # deterministic
+    loaded = load_tokenizer(str(out))
+    assert (loaded.info.eos_id, loaded.tokenizer.token_to_id("<|begin_of_text|>")) == (0, 1)
+    report = shard_subset([tmp_path / "in"], subset="s", tokenizer=str(out), out=tmp_path / "corpus",
+                          text_field="body", workers=1)
+    assert report.docs == 120
+    shown = show_documents(tmp_path / "corpus", subset="s", n=2)
+    assert [d.text for d in shown] == texts[:2]  # byte-level: the text comes back exactly
+
+    before = out.read_bytes()
+    code, _, stderr = tokenizer_cli(capsys, "train", tmp_path / "in/a.jsonl.zst", "--text-field", "body",
+                                    "--vocab-size", 300, "--out", out.parent)  # a folder: FOLDER/tokenizer.json
+    assert code == 2 and "--force" in stderr and str(out) in stderr
+    assert out.read_bytes() == before
+    forced = train_tokenizer_file([tmp_path / "in/a.jsonl.zst"], text_field="body", vocab_size=300, out=out, force=True)
+    assert forced.documents == 60 and out.read_bytes() != before and not list(out.parent.glob("*.part"))

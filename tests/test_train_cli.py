@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from test_train import CFG, corpus, loader_for  # noqa: F401 - corpus is a fixture
 
-from marin_train.cli import _mixture_from, main
-from marin_train.loop import train
+from marin_train.cli import _mixture_from, main, summary
+from marin_train.loop import TrainResult, train
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,6 +28,21 @@ def test_usage_names_real_commands(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     assert "--ep INTEGER" in capsys.readouterr().out
+    for args in (["-h"], ["export", "-h"]):  # as marin-data takes it
+        with pytest.raises(SystemExit) as exit_:
+            main(args)
+        assert exit_.value.code == 0 and "Usage: marin-train" in capsys.readouterr().out
+
+
+def test_the_last_line_compares_the_means_of_this_runs_first_and_last_steps():
+    noisy = [{"step": 50 + i, "loss": 6.0 - 0.01 * i + (0.5 if i % 2 == 0 else -0.5), "data_wait": 0.0, "seconds": 1.0}
+             for i in range(1, 51)]  # a resumed run: steps 51-100, each step's loss +-0.5 around a falling trend
+    line = summary(TrainResult(100, noisy, "run/step-00000100", None))
+    assert line.startswith("done: step 100; this run trained steps 51-100, mean loss 5.9450 (steps 51-60) -> "
+                           "5.5450 (steps 91-100), data wait 0.00%")
+    assert noisy[-1]["loss"] > noisy[0]["loss"]  # what a first-vs-last comparison got wrong
+    one = summary(TrainResult(1, noisy[:1], None, None))
+    assert one.startswith("done: step 1; this run trained step 51, loss 5.4900, data wait")
 
 
 def test_the_default_command_trains_and_says_it_saves_nothing(corpus, capsys):
@@ -70,4 +86,10 @@ def test_mixture_from_changes_the_mixture_on_resume(corpus, tmp_path, capsys):
             main([*args, *extra])
         assert exit_.value.code == 0
     out = capsys.readouterr().out
-    assert "resumed from" in out and "done: step 4" in out
+    assert "resumed from" in out and "done: step 4; this run trained steps 3-4, mean loss" in out
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(SystemExit) as exit_:
+            main(["export", str(tmp_path / "run/step-00000004"), "--to", str(tmp_path / "model")])
+    assert exit_.value.code == 0 and (tmp_path / "model/model.safetensors").is_file()
+    assert not [w for w in caught if "torch.distributed is disabled" in str(w.message)]

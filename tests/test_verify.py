@@ -229,14 +229,23 @@ def test_subset_filter_checks_only_the_selected_subsets(make_corpus, capsys):
     corpus = make_corpus({"a": [20, 10], "b/c": [5], "b/d": [6]})
     _flip_middle_byte(corpus.root / "data/b/c/part-00000.parquet")
     (corpus.root / "data/b/c/stray.parquet").write_bytes(b"x")
-    _flip_middle_byte(corpus.root / TOKENIZER)  # metadata is checked only without a filter
+    metadata = len(corpus.manifest.files)
     code, report = verify_json(capsys, corpus.root, "--subset", "a")
-    assert code == 0 and report["subsets"] == ["a"] and report["files_checked"] == 2
+    assert code == 0 and report["subsets"] == ["a"] and report["files_checked"] == 2 + metadata
     code, report = verify_json(capsys, corpus.root, "--subset", "b/*")
-    assert code == 1 and report["files_checked"] == 2
+    assert code == 1 and report["files_checked"] == 2 + metadata
     assert findings(report) == [("data/b/c/part-00000.parquet", "modified"), ("data/b/c/stray.parquet", "unlisted")]
     code, report = verify_json(capsys, corpus.root, "--subset", "b/d")  # data/b/c is not walked for b/d
     assert code == 0
+
+
+@pytest.mark.parametrize("deep", [[], ["--deep"]])
+def test_a_subset_filter_still_checks_the_metadata_files(make_corpus, capsys, deep):
+    corpus = make_corpus(SUBSETS)
+    with open(corpus.root / TOKENIZER, "a") as f:
+        f.write(" ")  # a space appended to tokenizer.json: still valid JSON, not the listed bytes
+    code, out, err = verify_cli(capsys, corpus.root, "--subset", "b/c", *deep)
+    assert code == 1 and f"oversized  {TOKENIZER}" in out and "1 problem found" in err
 
 
 def test_parent_subset_does_not_claim_a_child_subsets_folder(make_corpus):

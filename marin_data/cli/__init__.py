@@ -35,6 +35,7 @@ COMMANDS = {
     "show": "marin_data.cli.show",
     "sample": "marin_data.cli.sample",
     "adopt": "marin_data.cli.adopt",
+    "tokenizer": "marin_data.cli.tokenizer",
 }
 # Other installed packages add commands through this entry-point group: `marin-data train` comes from
 # marin_train (see pyproject.toml), which imports this package, so this package cannot import it.

@@ -39,14 +39,20 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                          "corpus"), 4),
     (E.CorpusConflictError, _with_fix("nothing was changed; shard into a new subset name (a child such as "
                                       "NAME/2025 is still selected by --subset NAME) or a new corpus"), 4),
+    (E.TokenizerChecksumError, _with_fix("the corpus's tokenizer.json is damaged or was replaced: `marin-data "
+                                         "verify` names what else is; download it again, or restore it"),
+     EXIT_USAGE),
+    (E.UnknownDocumentError, _with_fix("check the id: `marin-data show CORPUS --subset NAME --json` prints "
+                                       "documents with their ids"), EXIT_USAGE),
     (E.InvalidTokenizerError, _with_fix("pass a tokenizer.json path or a Hugging Face repo id; name the EOS "
                                         "token with --eos-token if it has none marked special"), EXIT_USAGE),
     (E.CorpusLockedError, _with_fix("another marin-data process is writing this corpus; wait for it to finish "
                                     "(the lock is released when its holder exits, even if it is killed)"), 5),
-    (E.InvalidMetadataError, _with_fix("fix the metadata file (the datasheet's answers); see "
-                                       "marin_data/corpus/sample-meta.yaml for its shape"), EXIT_USAGE),
-    (E.DatasheetIncompleteError, _with_fix("answer them in the --meta file, or drop --strict to mark them "
-                                           "'Not answered.'"), 11),
+    (E.InvalidMetadataError, _with_fix("fix the metadata file (the datasheet's answers); `marin-data datasheet "
+                                       "CORPUS --meta-template` prints its shape"), EXIT_USAGE),
+    (E.DatasheetIncompleteError, _with_fix("answer them in the --meta file (`marin-data datasheet CORPUS "
+                                           "--meta-template` prints every question with its key), or drop "
+                                           "--strict to mark them 'Not answered.'"), 11),
     (E.StaleDatasheetError, _with_fix("run `marin-data datasheet CORPUS` (it states the current digest), then "
                                       "publish; nothing was uploaded"), 15),
     (E.LoaderConfigError, _with_fix("fix the loader settings (mixture weights, --subset, seq_len)"), EXIT_USAGE),
@@ -70,6 +76,9 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                       "nothing was uploaded"), 10),
     (E.TransferFailedError, _with_fix("finished files are kept: run the same command again to resume (a "
                                       "download also takes --mirror URL)"), EXIT_PROBLEMS),
+    (E.NoSuchBucketError, lambda e: f"{e}\n  -> check the bucket's name (and --endpoint-url); to publish to a new "
+                                    f"bucket, create it first: aws s3 mb s3://{e.bucket or 'BUCKET'}"
+                                    + (f" --endpoint-url {e.endpoint_url}" if e.endpoint_url else ""), 8),
     (E.RetryableRemoteError, _with_fix("a transient network failure outlasted the retries: run the same "
                                        "command again to resume"), 7),
     (E.RemoteError, _with_fix("check the URL, credentials and endpoint"), 8),
@@ -79,6 +88,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                               "again: finished work is kept"), 14),
     (E.UnsafeDestinationError, _with_fix("nothing was written through it: move it out of the way (or choose "
                                          "another destination), then run the same command again"), 16),
+    (E.DestinationExistsError, _with_fix("nothing was written: pass --force to replace it, or choose another "
+                                         "path"), EXIT_USAGE),
     (E.InsufficientSpaceError, _with_fix("free space on that file system or choose another destination, then run "
                                          "the same command again to resume"), 17),
     (E.MarinDataError, str, 9),

@@ -11,7 +11,7 @@ from marin_data.cli._store_options import check_s3_flags, check_sha256, show_ret
 from marin_data.layout import RECORD
 from marin_data.transfer.download import DownloadReport, download
 from marin_data.transfer.fetch import PART_BYTES
-from marin_data.ui import format_table, human_bytes, human_count
+from marin_data.ui import format_table, human_bytes, human_count, plural
 
 __all__ = ["command"]
 
@@ -44,7 +44,8 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
     local corpus) into --to DIR.
 
     Reads manifest.json first (checked against --manifest-sha256), resolves --subset from it, then fetches
-    the metadata files and the chosen subsets' shards in parallel, checking each file's size and SHA-256
+    the metadata files (card, Croissant file, datasheet and figures among them, whatever subsets are
+    chosen) and the chosen subsets' shards in parallel, checking each file's size and SHA-256
     before it gets its final name. Interrupted files resume where they stopped, also after a crash;
     files already there and verified are not fetched again. A subset of a few big shards is fetched in
     parallel byte ranges (--part-mb). Transient failures are retried with backoff,
@@ -71,6 +72,8 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
                       manifest_sha256=manifest_sha256, workers=workers, part_bytes=part_mb << 20, dry_run=dry_run,
                       **store_kwargs(endpoint_url, profile, anonymous, requester_pays), **hf)
     click.echo(_dry_run(report) if dry_run else _summary(report))
+    for note in report.notes:
+        click.echo(f"note: {note}", err=True)
     if not report.ok:
         raise report.error()
 
@@ -80,16 +83,16 @@ def _dry_run(report: DownloadReport) -> str:
     rows = [(f.path, human_bytes(f.bytes)) for f in plan.files]
     return "\n".join([
         format_table(["file", "bytes"], rows),
-        f"Would fetch {len(plan.files)} files, {human_bytes(plan.bytes)}, {human_count(plan.tokens)} tokens "
-        f"({len(plan.subsets)} subsets: {', '.join(plan.subsets)}) into {report.dest}; files already there "
-        f"and verified will be skipped.",
+        f"Would fetch {plural(len(plan.files), 'file')}, {human_bytes(plan.bytes)}, {human_count(plan.tokens)} "
+        f"tokens ({plural(len(plan.subsets), 'subset')}: {', '.join(plan.subsets)}) into {report.dest}, and the "
+        f"datasheet if the source has one; files already there and verified will be skipped.",
         f"manifest sha256: {plan.manifest_sha256}",
     ])
 
 
 def _summary(report: DownloadReport) -> str:
     rate = report.bytes_fetched / report.seconds if report.seconds else 0.0
-    return (f"{'Downloaded' if report.ok else 'INCOMPLETE'}: {len(report.fetched)} files fetched "
+    return (f"{'Downloaded' if report.ok else 'INCOMPLETE'}: {plural(len(report.fetched), 'file')} fetched "
             f"({human_bytes(report.bytes_fetched)} in {report.seconds:.1f}s, {human_bytes(rate)}/s), "
             f"{len(report.skipped)} already present and verified, {len(report.failed)} failed; "
             f"subsets {', '.join(report.plan.subsets)} in {report.dest} (recorded in {RECORD}).\n"

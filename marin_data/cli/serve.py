@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from marin_data.layout import MANIFEST
+from marin_data.ui import plural
 
 __all__ = ["command"]
 
@@ -64,7 +65,7 @@ def command(root: Path, host: str, port: int, writable: bool, token: str | None,
     def ready(mirror) -> None:
         repos = mirror.app.repos.repo_ids()
         mode = "read-write (token required)" if writable else "read-only"
-        click.echo(f"Serving {len(repos)} repo{'s' * (len(repos) != 1)} from {root} at {mirror.url} ({mode}); "
+        click.echo(f"Serving {plural(len(repos), 'repo')} from {root} at {mirror.url} ({mode}); "
                    f"Ctrl-C stops.\n  export HF_ENDPOINT={mirror.url}", err=True)
         for repo_id in repos[:20]:
             click.echo(f"  {repo_id}", err=True)

@@ -12,7 +12,7 @@ from marin_data.corpus.build import DEFAULT_SHARD_TOKENS, ShardReport, shard_sub
 from marin_data.corpus.names import check_subset_name
 from marin_data.errors import InvalidManifestError
 from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES
-from marin_data.ui import format_table, human_bytes
+from marin_data.ui import format_table, human_bytes, plural
 
 __all__ = ["command"]
 
@@ -113,7 +113,7 @@ def summary(report: ShardReport) -> str:
         head = f"subset {report.subset} is already complete from these inputs: nothing to do"
     else:
         reused = f", {report.units_reused} finished by an earlier run" if report.units_reused else ""
-        head = f"sharded {report.units} input file{'s' * (report.units != 1)}{reused} into {report.corpus}"
+        head = f"sharded {plural(report.units, 'input file')}{reused} into {report.corpus}"
     table = format_table(
         ["subset", "documents", "tokens", "shards", "bytes", "skipped"],
         [[report.subset, f"{report.docs:,}", f"{report.tokens:,}", f"{report.shards:,}", human_bytes(report.bytes),

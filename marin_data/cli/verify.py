@@ -11,8 +11,8 @@ from marin_data.cli._engine_options import engine_kwargs, engine_options
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import check_sha256, is_url, store_kwargs, store_options
 from marin_data.errors import VerificationFailedError
-from marin_data.ui import human_bytes
-from marin_data.corpus.verify import SCOPE_DOWNLOADED, VerifyReport, verify_corpus
+from marin_data.ui import human_bytes, plural
+from marin_data.corpus.verify import FOREIGN_FOLDERS, SCOPE_DOWNLOADED, VerifyReport, verify_corpus
 
 __all__ = ["command"]
 
@@ -50,7 +50,8 @@ def command(corpus: str, subsets: tuple[str, ...], workers: int | None, deep: bo
 
     Reports each missing, truncated, oversized, modified and unlisted file by path. Exit status: 0 all
     good, 1 problems found, 2 bad usage or a manifest that cannot be trusted (nothing checked).
-    Leftover *.part files of interrupted writes are listed but do not fail the check.
+    Leftover *.part files of interrupted writes are listed but do not fail the check; the bookkeeping
+    folder of a copy made by `hf download --local-dir` (.cache/huggingface/) is skipped, and said so.
 
     A Levanter cache or store of caches (local, s3:// or hf://) gets the structural checks Levanter never
     makes: ledgers finished, zarr.json present, offsets consistent with the ledger, sub-cache totals,
@@ -113,8 +114,8 @@ def command(corpus: str, subsets: tuple[str, ...], workers: int | None, deep: bo
                                **({"workers": workers} if workers else {}), **options)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else _human(report))
     if not report.ok:
-        n = len(report.problems)
-        raise VerificationFailedError(f"{n} problem{'s' * (n != 1)} found in {corpus}", problems=list(report.problems))
+        raise VerificationFailedError(f"{plural(len(report.problems), 'problem')} found in {corpus}",
+                                      problems=list(report.problems))
 
 
 def _levanter_source(corpus: str, endpoint_url, profile, anonymous, requester_pays, endpoint,
@@ -142,12 +143,14 @@ def _human(report: VerifyReport) -> str:
     lines = [f"{p.kind.value:<{width}}  {p.path}  {p.message}" for p in report.problems]
     lines += [f"{'partial':<{width}}  {p}  leftover of an interrupted write: not a failure, safe to delete "
               f"when no marin-data process is writing" for p in report.partial_files]
+    lines += [f"{'ignored':<{width}}  {p}/  {FOREIGN_FOLDERS[p]}: not part of the corpus, not checked"
+              for p in report.ignored]
     deep = " deep," if report.deep else ""
     downloaded = " (those downloaded here)" if report.scope == SCOPE_DOWNLOADED else ""
     lines.append(
-        f"{'OK' if report.ok else 'FAILED'}:{deep} {report.files_checked} files, {human_bytes(report.bytes_checked)} "
-        f"in {report.seconds:.2f}s ({human_bytes(report.bytes_per_second)}/s, {report.workers} workers), "
-        f"{len(report.subsets)} subset{'s' * (len(report.subsets) != 1)}{downloaded}; "
+        f"{'OK' if report.ok else 'FAILED'}:{deep} {plural(report.files_checked, 'file')}, "
+        f"{human_bytes(report.bytes_checked)} in {report.seconds:.2f}s ({human_bytes(report.bytes_per_second)}/s, "
+        f"{plural(report.workers, 'worker')}), {plural(len(report.subsets), 'subset')}{downloaded}; "
         + (f"manifest sha256 {report.manifest_sha256}" if report.manifest_sha256 else
            "not pinned: structure checked, no hashes (`marin-data adopt` pins it)")
     )

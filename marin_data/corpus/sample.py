@@ -45,15 +45,15 @@ from marin_data.corpus.info import CorpusInfo, corpus_info
 from marin_data.engines import make_engine
 from marin_data.errors import CorpusConflictError
 from marin_data.layout import MANIFEST, TOKENIZER
+from marin_data.raw.bpe import train_tokenizer
 from marin_data.raw.tokenizer import LoadedTokenizer, load_tokenizer
 
-__all__ = ["SAMPLE_JSON", "SAMPLE_META", "DEFAULT_VOCAB_SIZE", "SUBSETS", "SampleReport", "sample_documents", "train_tokenizer",
+__all__ = ["SAMPLE_JSON", "SAMPLE_META", "DEFAULT_VOCAB_SIZE", "SUBSETS", "SampleReport", "sample_documents",
            "build_sample"]
 
 SAMPLE_JSON = "sample.json"
 SAMPLE_META = Path(__file__).with_name("sample-meta.yaml")  # the datasheet's answers for the sample (shipped)
 DEFAULT_VOCAB_SIZE = 8192
-SPECIAL_TOKENS = ("<|end_of_text|>", "<|begin_of_text|>")  # EOS = 0, BOS = 1 (for `shard --bos`)
 _SHARDS_PER_SUBSET = 8  # about; small shards so the loader and verify have several per subset
 _INPUT_FILE_CHARS = 1 << 21  # ~2 MB of text per input file: enough units to keep every worker busy
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
@@ -175,19 +175,6 @@ def sample_documents() -> tuple[dict[str, list[Doc]], dict]:
         "documents_sha256": everything.hexdigest(),
     }
     return docs, fingerprint
-
-
-def train_tokenizer(texts: list[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> bytes:
-    """Train a byte-level BPE on ``texts``; return its ``tokenizer.json`` bytes (deterministic)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator(texts, trainer, length=len(texts))
-    return tokenizer.to_str().encode()
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.records import ShardRecord
-from marin_data.errors import InvalidManifestError, ShardFormatError, ShardMissingError
+from marin_data.errors import InvalidManifestError, ShardFormatError, ShardMissingError, UnknownDocumentError
 from marin_data.layout import TOKENIZER
 from marin_data.parquet_io import open_parquet
 from marin_data.raw.tokenizer import LoadedTokenizer, tokenizer_from_bytes
@@ -66,7 +66,7 @@ def decode_rows(files: Iterator[tuple[ShardRecord, object]], tokenizer: LoadedTo
         if doc_id is None:
             return out  # one shard is enough to show its first documents
     if doc_id is not None:
-        raise InvalidManifestError(f"no document with id {doc_id!r} in this subset", actual=doc_id)
+        raise UnknownDocumentError(f"no document with id {doc_id!r} in this subset", actual=doc_id)
     return out
 
 
@@ -84,14 +84,16 @@ def show_documents(root: str | os.PathLike | Corpus, *, subset: str, n: int = 5,
     """Decode documents of a local corpus (see the module docstring).
 
     Raises:
-        InvalidManifestError: not a corpus, ``subset`` naming no single subset, or no document ``doc_id``.
-        InvalidTokenizerError: ``tokenizer.json`` is not the one the manifest names.
+        InvalidManifestError: not a corpus, or ``subset`` naming no single subset.
+        UnknownDocumentError: no document ``doc_id``.
+        TokenizerChecksumError: ``tokenizer.json`` is not the one the manifest names.
         ShardMissingError: the subset's shards are not on local disk (a partial download).
         ShardFormatError: an unreadable shard.
     """
     corpus = root if isinstance(root, Corpus) else load_corpus(root)
     shards = shards_to_show(corpus.shards, corpus.manifest.subsets, subset)
-    tokenizer = tokenizer_from_bytes((corpus.root / TOKENIZER).read_bytes(), corpus.manifest.tokenizer)
+    tokenizer = tokenizer_from_bytes((corpus.root / TOKENIZER).read_bytes(), corpus.manifest.tokenizer,
+                                     where=str(corpus.root / TOKENIZER))
 
     def files() -> Iterator[tuple[ShardRecord, object]]:
         for s in shards:

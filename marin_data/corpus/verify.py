@@ -5,7 +5,8 @@ invalid manifest, exit 2), re-hashes every listed file on a thread pool (or Ray,
 the tree for files nobody listed; any finding (`ProblemKind`: missing, truncated, oversized, modified,
 unreadable, unlisted; with ``deep=True`` also bad_format, wrong_tokenizer, count_mismatch) fails it (exit
 1). A partial download is checked for the subsets its record names (`marin_data.corpus.record`). The lock
-file and staging folder are skipped; leftover ``*.part`` files are reported apart and do not fail it. What
+file and staging folder are skipped, and so are other tools' bookkeeping folders (`FOREIGN_FOLDERS`, named
+once in the report); leftover ``*.part`` files are reported apart and do not fail it. What
 counts as a finding, and why; the speed; the deep check: docs/data.md.
 """
 
@@ -34,14 +35,16 @@ from marin_data.errors import InvalidManifestError, ShardFormatError
 from marin_data.layout import LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.ui import progress as progress_bar
 
-__all__ = ["IGNORED_NAMES", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind", "Problem", "VerifyReport",
-           "CheckJob", "FileCheck", "check_file", "verify_corpus"]
+__all__ = ["IGNORED_NAMES", "FOREIGN_FOLDERS", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind",
+           "Problem", "VerifyReport", "CheckJob", "FileCheck", "check_file", "verify_corpus"]
 
 # Top-level names that belong to writers, not to the corpus: the write lock and the staging folder.
 IGNORED_NAMES = frozenset({LOCK_NAME, STAGING})
+# Folders other tools keep inside a copy of the corpus for their own bookkeeping: skipped, and said once.
+FOREIGN_FOLDERS = {".cache/huggingface": "huggingface_hub's own bookkeeping of a `hf download --local-dir` copy"}
 PARTIAL_SUFFIX = ".part"
 SCOPE_ALL = "all"  # every subset, the metadata files, the whole tree
-SCOPE_FILTER = "subset filter"  # --subset: those subsets' shards, only their data/<subset>/ folders
+SCOPE_FILTER = "subset filter"  # --subset: the metadata files, those subsets' shards and data/<subset>/ folders
 SCOPE_DOWNLOADED = "downloaded"  # a partial download (its RECORD): as SCOPE_ALL, for the subsets it holds
 
 
@@ -104,6 +107,7 @@ class VerifyReport:
     problems: tuple[Problem, ...]
     partial_files: tuple[str, ...]  # leftover *.part files: reported, not failures
     scope: str = SCOPE_ALL  # how the subsets were chosen: SCOPE_ALL, SCOPE_FILTER or SCOPE_DOWNLOADED
+    ignored: tuple[str, ...] = ()  # FOREIGN_FOLDERS found in the tree: other tools' bookkeeping, not walked
 
     @property
     def ok(self) -> bool:
@@ -121,6 +125,7 @@ class VerifyReport:
             "bytes_checked": self.bytes_checked, "seconds": self.seconds, "workers": self.workers,
             "bytes_per_second": self.bytes_per_second,
             "problems": [p.to_json() for p in self.problems], "partial_files": list(self.partial_files),
+            "ignored": list(self.ignored),
         }
 
 
@@ -167,9 +172,9 @@ def verify_corpus(
 
     Args:
         root: the corpus directory.
-        subsets: ``--subset`` names or globs: only their shards and ``data/<subset>/`` folders. None checks
-            the metadata files, the whole tree and every subset, or, in a partial download (which has a
-            `marin_data.layout.RECORD`), the subsets it holds.
+        subsets: ``--subset`` names or globs: the metadata files, and only these subsets' shards and
+            ``data/<subset>/`` folders. None checks the metadata files, the whole tree and every subset, or,
+            in a partial download (which has a `marin_data.layout.RECORD`), the subsets it holds.
         workers: hashing threads; default one per available core. With ``engine="ray"``: Ray tasks at once
             (default: every CPU of the Ray cluster, or of this machine for a local instance).
         deep: also read each shard's footer and check format, tokenizer and counts against the index.
@@ -190,9 +195,8 @@ def verify_corpus(
     corpus = load_corpus(root, manifest_sha256=manifest_sha256)
     chosen, scope = _choose(corpus, list(subsets or []))
     targets = [_Target(s.path, s.bytes, s.sha256, s) for s in corpus.shards_of(chosen)]
-    if scope != SCOPE_FILTER:
-        targets += [_Target(p, r.bytes, r.sha256) for p, r in corpus.manifest.files.items()]
-    unlisted, partial = _scan_tree(corpus, chosen if scope == SCOPE_FILTER else None)
+    targets += [_Target(p, r.bytes, r.sha256) for p, r in corpus.manifest.files.items()]
+    unlisted, partial, ignored = _scan_tree(corpus, chosen if scope == SCOPE_FILTER else None)
     jobs = [CheckJob(str(corpus.root), t, deep, corpus.manifest.tokenizer.sha256)
             for t in sorted(targets, key=lambda t: -t.bytes)]  # largest first: the last file to start is small
 
@@ -214,6 +218,7 @@ def verify_corpus(
         root=str(corpus.root), manifest_sha256=corpus.manifest_sha256, subsets=tuple(chosen), scope=scope,
         deep=deep, files_checked=len(targets), bytes_checked=nbytes, seconds=seconds, workers=workers,
         problems=tuple(sorted(problems, key=lambda p: (p.path, p.kind.value))), partial_files=tuple(partial),
+        ignored=tuple(ignored),
     )
 
 
@@ -312,8 +317,9 @@ def _inspect(path: Path, shard: ShardRecord, tokenizer_sha256: str) -> list[Prob
     return problems
 
 
-def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], list[str]]:
-    """Files under the tree that nothing lists (``unlisted``) and leftover ``*.part`` files (``partial``).
+def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], list[str], list[str]]:
+    """Files under the tree that nothing lists (``unlisted``), leftover ``*.part`` files (``partial``) and
+    the `FOREIGN_FOLDERS` found and skipped (``ignored``).
 
     ``chosen=None`` walks the whole corpus; otherwise only the chosen subsets' folders (`subset_folder`:
     ``data/<subset>/`` of a Parquet corpus), without descending into the folders of subsets that were not
@@ -327,13 +333,15 @@ def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], lis
         skip = {subset_folder(corpus.manifest, s) for s in corpus.manifest.subsets} - set(tops)
     unlisted: set[str] = set()
     partial: set[str] = set()
+    ignored: set[str] = set()
     for top in tops:
         for dirpath, dirnames, filenames in os.walk(corpus.root / top):
             rel_dir = PurePosixPath(Path(dirpath).relative_to(corpus.root).as_posix())  # "." at the root
-            dirnames[:] = sorted(d for d in dirnames if str(rel_dir / d) not in skip)
+            ignored.update(str(rel_dir / d) for d in dirnames if str(rel_dir / d) in FOREIGN_FOLDERS)
+            dirnames[:] = sorted(d for d in dirnames if str(rel_dir / d) not in skip | FOREIGN_FOLDERS.keys())
             for name in filenames:
                 rel = str(rel_dir / name)
                 if rel in IGNORED_NAMES or rel in known:
                     continue
                 (partial if name.endswith(PARTIAL_SUFFIX) else unlisted).add(rel)
-    return sorted(unlisted), sorted(partial)
+    return sorted(unlisted), sorted(partial), sorted(ignored)

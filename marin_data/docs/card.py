@@ -12,8 +12,9 @@ contain ``/`` (``datasets`` refuses ``<>:/\\|?*`` in them), so ``pretrain/dclm``
 two subsets that would collide are an error rather than a silently merged config.
 
 SPDX ids map to the Hub's license ids (mostly the lower-cased SPDX id); a license the Hub does not know
-becomes ``other`` with ``license_name``/``license_link`` naming the SPDX license (or, for several, linking
-the datasheet's per-subset license table), as the Hub asks.
+becomes ``other`` with ``license_name``/``license_link`` naming it, as the Hub asks: the link is the SPDX
+page of an id on the SPDX license list (`spdx_page`), and otherwise (a ``LicenseRef-*`` of the corpus's
+own, an expression, several licenses) the datasheet's per-subset license table.
 
 The card deliberately does not state the manifest's sha256: it is listed in the manifest (so mirrors and
 ``sha256sum -c`` cover it), and a file cannot hold the digest of a manifest that holds the file's digest.
@@ -29,7 +30,8 @@ from marin_data.docs.stats import CorpusStats
 from marin_data.errors import InvalidManifestError
 from marin_data.layout import DATASHEET
 
-__all__ = ["config_name", "default_config_name", "hub_license", "size_category", "card_header", "render_card"]
+__all__ = ["config_name", "default_config_name", "hub_license", "spdx_page", "size_category", "card_header",
+           "render_card"]
 
 # Hub license ids that are the lower-cased SPDX id (https://huggingface.co/docs/hub/repositories-licenses).
 _HUB_SPDX = frozenset({
@@ -67,6 +69,20 @@ def hub_license(spdx: str) -> str:
     return _HUB_RENAMED.get(key) or (key if key in _HUB_SPDX else "other")
 
 
+def spdx_page(license_id: str) -> str | None:
+    """The SPDX page of a license on the SPDX license list (any case), or None: a ``LicenseRef-*`` of one's
+    own, an expression (``MIT OR Apache-2.0``) or an unknown name has none."""
+    from packaging.licenses import InvalidLicenseExpression, canonicalize_license_expression
+
+    try:
+        canonical = canonicalize_license_expression(license_id)
+    except InvalidLicenseExpression:
+        return None
+    if " " in canonical or canonical.startswith(("LicenseRef-", "DocumentRef-")):
+        return None
+    return f"https://spdx.org/licenses/{canonical.removesuffix('+')}.html"
+
+
 def size_category(docs: int) -> str:
     return next((name for limit, name in _SIZES if docs < limit), "n>1T")
 
@@ -88,8 +104,8 @@ def card_header(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> dict:
     others = [x for x in spdx if hub_license(x) == "other"]
     if others:
         header["license_name"] = "-and-".join(x.lower() for x in others)
-        # the SPDX text for one license; for several, the datasheet's per-subset license table
-        header["license_link"] = f"https://spdx.org/licenses/{others[0]}.html" if len(others) == 1 else DATASHEET
+        # the SPDX text of one listed license; otherwise the datasheet's per-subset license table
+        header["license_link"] = (spdx_page(others[0]) if len(others) == 1 else None) or DATASHEET
     header["pretty_name"] = meta.pretty_name or manifest.name
     header["size_categories"] = [size_category(stats.docs)]
     header["tags"] = ["marin", "tokenized", "pretraining"]

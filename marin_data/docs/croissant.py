@@ -22,6 +22,7 @@ from marin_data.corpus.manifest import Corpus
 from marin_data.docs.questions import Metadata
 from marin_data.docs.stats import CorpusStats
 from marin_data.errors import InvalidManifestError
+from marin_data.ui import plural
 
 __all__ = ["CONFORMS_TO", "CONTEXT", "croissant_jsonld", "render_croissant"]
 
@@ -97,7 +98,7 @@ def croissant_jsonld(corpus: Corpus, stats: CorpusStats, meta: Metadata) -> dict
     summary = meta.answer("motivation.summary")
     description = summary if isinstance(summary, str) else (
         f"Tokenized pretraining corpus {manifest.name} version {manifest.version}: {stats.docs:,} documents, "
-        f"{stats.tokens:,} tokens in {len(stats.subsets)} subsets, tokenizer {manifest.tokenizer.name}."
+        f"{stats.tokens:,} tokens in {plural(len(stats.subsets), 'subset')}, tokenizer {manifest.tokenizer.name}."
     )
     doc: dict = {
         "@context": CONTEXT,

@@ -14,7 +14,7 @@ import io
 import numpy as np
 
 from marin_data.docs.stats import CorpusStats
-from marin_data.ui import human_count
+from marin_data.ui import human_count, plural
 
 __all__ = ["png_software", "composition_png", "lengths_png"]
 
@@ -66,7 +66,7 @@ def composition_png(stats: CorpusStats) -> bytes:
         ax.invert_yaxis()  # first subset (alphabetically) on top, as in the datasheet's tables
         ax.set_xlim(0, 100)
         ax.set_xlabel("share of the corpus's tokens (%)")
-        ax.set_title(f"Token composition: {human_count(stats.tokens)} tokens in {len(names)} subsets")
+        ax.set_title(f"Token composition: {human_count(stats.tokens)} tokens in {plural(len(names), 'subset')}")
 
     return _render(draw, len(names))
 

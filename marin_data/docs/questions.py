@@ -16,23 +16,28 @@ YAML metadata file keyed by those ids::
         sources: [https://github.com/python/cpython/tree/v3.11.7/Lib]
 
 An unanswered question is never filled in: the outputs say **Not answered.** with its id, and
-``--strict`` refuses to write anything while any remains (`DatasheetIncompleteError`). Unknown keys are
-an error, so a typo (``motivaton``) cannot silently leave a question unanswered.
+``--strict`` refuses to write anything while any remains (`DatasheetIncompleteError`, whose message shows
+the YAML keys still missing). Unknown keys are an error, so a typo (``motivaton``) cannot silently leave a
+question unanswered. `meta_template` writes a file to start from: every question, its key and its kind,
+commented, with the corpus's subsets filled in (``marin-data datasheet CORPUS --meta-template``).
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from marin_data.errors import DatasheetIncompleteError, InvalidMetadataError
+from marin_data.ui import plural
 
-__all__ = ["SECTIONS", "Question", "QUESTIONS", "SUBSET_QUESTIONS", "Metadata", "parse_metadata",
-           "load_metadata", "not_answered", "require_complete"]
+__all__ = ["SECTIONS", "Question", "QUESTIONS", "SUBSET_QUESTIONS", "KINDS", "Metadata", "parse_metadata",
+           "load_metadata", "not_answered", "require_complete", "meta_template"]
 
 # The seven sections of Datasheets for Datasets (Gebru et al., 2021), in order: (key, title).
 SECTIONS = (
@@ -105,6 +110,8 @@ SUBSET_QUESTIONS: tuple[Question, ...] = (
     Question("subsets.*.sources", "Where does it come from (source URLs)?"),
 )
 
+# What each kind of answer takes, as the template says it.
+KINDS = {"text": "text, or a list of texts", "url": "one http(s) URL", "date": "a date, YYYY-MM-DD"}
 _TOP_LEVEL = {"pretty_name", "subsets", *(s for s, _ in SECTIONS)}
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -219,6 +226,55 @@ def require_complete(meta: Metadata, subsets: Iterable[str]) -> None:
     missing = meta.unanswered(subsets)
     if missing:
         raise DatasheetIncompleteError(
-            f"{len(missing)} datasheet question(s) unanswered: {', '.join(missing)}",
+            f"{plural(len(missing), 'datasheet question')} unanswered; the metadata file needs these keys:\n"
+            + textwrap.indent(_skeleton(sorted(subsets), set(missing), questions=False), "    "),
             path=meta.source, missing=missing,
         )
+
+
+def meta_template(subsets: Iterable[str], *, corpus: str = "CORPUS") -> str:
+    """A metadata file to fill in: every question as a commented YAML key (its id, kind and text), the
+    per-subset questions under each of ``subsets``. Filled in, it answers every question ``--strict`` asks."""
+    kinds = "; ".join(f"{k}: {v}" for k, v in KINDS.items())
+    head = [
+        f"# The datasheet's answers for {corpus}: marin-data datasheet {corpus} --meta THIS_FILE [--strict]",
+        "#",
+        "# Each key answers the question in the comment above it, which gives its id and the kind of answer",
+        f"# it takes ({kinds}).",
+        "# A key left empty is printed as \"Not answered.\" with its id, and --strict refuses while any is.",
+        "# Numbers never go here: the datasheet computes them from the corpus.",
+        "",
+        "# The name the card and datasheet show (optional; default: the manifest's name).",
+        "pretty_name:",
+    ]
+    return "\n".join([*head, _skeleton(sorted(subsets), None, questions=True)]) + "\n"
+
+
+def _skeleton(subsets: list[str], only: set[str] | None, *, questions: bool) -> str:
+    """The YAML keys of the questions in ``only`` (None: all), in datasheet order, each empty; with
+    ``questions`` a comment above each gives its id, kind and text, otherwise a trailing one its kind.
+    Subset names are JSON-quoted (valid YAML), so a name such as ``2024`` or ``yes`` stays a string."""
+    lines: list[str] = []
+
+    def key(q: Question, indent: str) -> None:
+        if questions:
+            lines.extend([f"{indent}# {q.id} ({q.kind}): {q.text}", f"{indent}{q.leaf}:"])
+        else:
+            lines.append(f"{indent}{q.leaf}:  # {q.kind}")
+
+    for section, title in SECTIONS:
+        asked = [q for q in QUESTIONS if q.section == section and (only is None or q.id in only)]
+        if asked:
+            lines += ["", f"{section}:  # {title}"] if questions else [f"{section}:"]
+            for q in asked:
+                key(q, "  ")
+    per_subset = [(s, [q.for_subset(s) for q in SUBSET_QUESTIONS if only is None or q.for_subset(s).id in only])
+                  for s in subsets]
+    if any(asked for _, asked in per_subset):
+        lines += ["", "subsets:  # one block per subset of the corpus"] if questions else ["subsets:"]
+        for s, asked in per_subset:
+            if asked:
+                lines.append(f"  {json.dumps(s)}:")
+                for q in asked:
+                    key(q, "    ")
+    return "\n".join(lines)

@@ -1,8 +1,8 @@
 """The Ray engine: the pipeline's per-unit work functions as Ray tasks, on a cluster or on this machine.
 
 `RayEngine` implements `marin_data.engines.Engine` with the very functions the local process pool runs
-(`marin_data.corpus.build.tokenize_unit`, `~.pack_shard`, `marin_data.corpus.verify.check_file`), so the output is
-the same bytes whichever engine wrote it. What Ray adds:
+(`marin_data.corpus.units.tokenize_unit`, `marin_data.corpus.packs.pack_shard`,
+`marin_data.corpus.verify.check_file`), so the output is the same bytes whichever engine wrote it. What Ray adds:
 
 - **Where**: ``address=None`` starts a private local Ray instance with ``workers`` CPUs (no dashboard) and
   shuts it down on `close`; ``address="auto"`` or ``"HOST:PORT"`` joins a running cluster and leaves it

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from marin_data.errors import InvalidTokenizerError, RemoteError
+from marin_data.errors import InvalidTokenizerError, RemoteError, TokenizerChecksumError
 from marin_data.layout import TOKENIZER
 
 __all__ = [
@@ -202,8 +202,8 @@ def tokenizer_from_bytes(data: bytes, info: TokenizerInfo, *, where: str = TOKEN
     """
     actual = hashlib.sha256(data).hexdigest()
     if actual != info.sha256:
-        raise InvalidTokenizerError(f"tokenizer sha256 {actual} is not the expected {info.sha256}", path=where,
-                                    expected=info.sha256, actual=actual)
+        raise TokenizerChecksumError(f"tokenizer sha256 {actual} is not the expected {info.sha256}", path=where,
+                                     expected=info.sha256, actual=actual)
     return LoadedTokenizer(tokenizer=_parse(data, where), data=data, info=info)
 
 

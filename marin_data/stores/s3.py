@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from marin_data.corpus.names import safe_relpath
-from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
+from marin_data.errors import MarinDataError, NoSuchBucketError, RemoteError, RetryableRemoteError
 from marin_data.retry import parse_retry_after, status_error
 from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header
 
@@ -105,7 +105,7 @@ class S3Store(Store):
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         root = f"{self.prefix}/" if self.prefix else ""
-        with _mapped_errors(self.describe(prefix)):
+        with _mapped_errors(self.describe(prefix), self.endpoint_url):
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=root + (prefix.strip("/") + "/" if prefix else ""), **self._payer)
             for page in pages:
@@ -130,7 +130,7 @@ class S3Store(Store):
     def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
         where = self.describe(path)
         wanted = range_header(start, end)
-        with _mapped_errors(where):
+        with _mapped_errors(where, self.endpoint_url):
             r = self.client.get_object(Bucket=self.bucket, Key=self._key(path),
                                        **({"Range": wanted} if wanted else {}), **self._payer)
         body = r["Body"]
@@ -147,7 +147,7 @@ class S3Store(Store):
             "ChecksumAlgorithm": "SHA256",
             "ChecksumSHA256": base64.b64encode(bytes.fromhex(sha256)).decode(),
         }
-        with _mapped_errors(self.describe(path)), open(src, "rb") as body:
+        with _mapped_errors(self.describe(path), self.endpoint_url), open(src, "rb") as body:
             self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=body, ContentLength=size,
                                    Metadata={"sha256": sha256}, **checksum, **self._payer)
 
@@ -168,8 +168,9 @@ def _status(e: Exception) -> int | None:
 
 
 @contextlib.contextmanager
-def _mapped_errors(where: str) -> Iterator[None]:
-    """Turn boto/urllib3/socket failures into `RemoteError` / `RetryableRemoteError` naming ``where``."""
+def _mapped_errors(where: str, endpoint_url: str | None = None) -> Iterator[None]:
+    """Turn boto/urllib3/socket failures into `RemoteError` / `RetryableRemoteError` naming ``where`` (an
+    ``s3://`` URL; ``endpoint_url``, where known, goes into `NoSuchBucketError`'s hint)."""
     import botocore.exceptions as bx
     import urllib3.exceptions as ux
 
@@ -180,6 +181,9 @@ def _mapped_errors(where: str) -> Iterator[None]:
     except bx.ClientError as e:
         err = e.response.get("Error", {})
         headers = e.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        if err.get("Code") == "NoSuchBucket":
+            raise NoSuchBucketError(f"NoSuchBucket: {err.get('Message', '') or e}", path=where,
+                                    bucket=urlsplit(where).netloc, endpoint_url=endpoint_url) from e
         raise status_error(f"{err.get('Code', 'error')}: {err.get('Message', '') or e}", status=_status(e),
                            path=where, retry_after=parse_retry_after(headers.get("retry-after"))) from e
     except (bx.NoCredentialsError, bx.PartialCredentialsError) as e:

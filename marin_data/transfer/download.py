@@ -3,10 +3,11 @@
 `download` plans from the manifest and shard index (`marin_data.transfer.plan`; the manifest checked against
 a pinned ``manifest_sha256``), fetches every metadata file and every shard of the chosen subsets on a thread
 pool (`marin_data.transfer.fetch`: hashed while they stream, renamed into place only once size and SHA-256
-match), then writes ``manifest.json`` and the download record last. A re-run after a crash continues each
-file from its partial file (`marin_data.transfer.partial`); transient faults are retried, then the next mirror
-continues the same partial file. The order of work, the faults handled and the request strategy (one GET
-per file, or parallel ranges for a few large files): docs/data.md.
+match) and the datasheet (which the manifest cannot list), then writes ``manifest.json`` and the download
+record last. A re-run after a crash continues each file from its partial file (`marin_data.transfer.partial`);
+transient faults are retried, then the next mirror continues the same partial file. The order of work, the
+faults handled and the request strategy (one GET per file, or parallel ranges for a few large files):
+docs/data.md.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from pathlib import Path
 from marin_data.atomic import atomic_write_bytes
 from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.record import DownloadRecord, read_download_record
-from marin_data.errors import TransferFailedError
-from marin_data.layout import MANIFEST, RECORD, SHARDS_INDEX
+from marin_data.errors import RemoteError, TransferFailedError
+from marin_data.layout import MANIFEST, RECORD, SHARDS_INDEX, UNLISTED
 from marin_data.lock import corpus_lock
-from marin_data.retry import RetryPolicy
+from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores import open_store
-from marin_data.stores.base import Store
+from marin_data.stores.base import METADATA_LIMIT, Store
 from marin_data.transfer.fetch import PART_BYTES, ByteMeter, already_there, fetch_one
 from marin_data.transfer.partial import partial_path, resumed_bytes
 from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, plan_download
-from marin_data.ui import progress as progress_bar
+from marin_data.ui import plural, progress as progress_bar
 
 __all__ = ["DownloadReport", "download"]
 
@@ -46,6 +47,7 @@ class DownloadReport:
     failed: tuple[tuple[str, str], ...] = ()  # (path, why), after every retry and mirror
     bytes_fetched: int = 0  # bytes received, including any that were discarded and fetched again
     seconds: float = 0.0
+    notes: tuple[str, ...] = ()  # what was left out and why, in a line each (a stale datasheet)
 
     @property
     def ok(self) -> bool:
@@ -53,7 +55,7 @@ class DownloadReport:
 
     def error(self) -> TransferFailedError:
         lines = "".join(f"\n  {path}: {why}" for path, why in self.failed)
-        return TransferFailedError(f"{len(self.failed)} of {len(self.plan.files)} files failed:{lines}",
+        return TransferFailedError(f"{len(self.failed)} of {plural(len(self.plan.files), 'file')} failed:{lines}",
                                    path=self.dest, failures=list(self.failed))
 
 
@@ -121,6 +123,7 @@ def download(
         failed = {p for p, _ in report.failed}
         failed_subsets = {t.subset for t in plan.files if t.path in failed}
         if None not in failed_subsets:  # every metadata file is in place: the manifest may go in, last
+            report = _fetch_documents(report, root, stores, policy)
             atomic_write_bytes(root / MANIFEST, manifest_bytes)
             held = (set(previous.subsets if previous else ()) | set(plan.subsets)) - failed_subsets
             record = DownloadRecord(source=plan.source, manifest_sha256=plan.manifest_sha256,
@@ -135,6 +138,35 @@ def _read_or_none(path: Path) -> bytes | None:
         return path.read_bytes()
     except FileNotFoundError:
         return None
+
+
+def _fetch_documents(report: DownloadReport, root: Path, stores: Sequence[Store],
+                     policy: RetryPolicy) -> DownloadReport:
+    """``report`` with the documentation the manifest cannot list fetched too (`UNLISTED`: the datasheet).
+
+    It has no listed digest, so its size is bounded and it is kept only when it states the sha256 of the
+    manifest being downloaded, as publish requires of it: a datasheet of another version would hand readers
+    a pin that does not verify. A store without one (404) passes to the next; none is fine.
+    """
+    for rel in UNLISTED:
+        for store in stores:
+            try:
+                data = retry_call(lambda: store.read_bytes(rel, limit=METADATA_LIMIT), policy=policy,
+                                  what=store.describe(rel))
+            except RemoteError as e:
+                if e.status == 404:
+                    continue
+                return replace(report, failed=(*report.failed, (rel, str(e))))
+            if report.plan.manifest_sha256 not in data.decode("utf-8", errors="replace"):
+                note = f"{store.describe(rel)} states another manifest sha256: not kept"
+                report = replace(report, notes=(*report.notes, note))
+            elif _read_or_none(root / rel) == data:
+                report = replace(report, skipped=(*report.skipped, rel))
+            else:
+                atomic_write_bytes(root / rel, data, root=root)
+                report = replace(report, fetched=(*report.fetched, rel), bytes_fetched=report.bytes_fetched + len(data))
+            break
+    return report
 
 
 # --- fetching files -----------------------------------------------------------------------------------

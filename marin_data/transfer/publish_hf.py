@@ -50,7 +50,7 @@ from marin_data.stores.hub_ids import (
     parse_hf_url,
 )
 from marin_data.transfer.publish_s3 import PublishReport, check_datasheet, check_published
-from marin_data.ui import human_bytes, progress as progress_bar
+from marin_data.ui import human_bytes, plural, progress as progress_bar
 
 __all__ = ["HfPublishReport", "RepoPlan", "plan_repos", "publish_hf"]
 
@@ -296,7 +296,7 @@ def _commit(api, repo_id: str, root: Path, batch: Sequence[_File], workers: int)
         ops.append(op)
     total = sum(f.bytes for f in batch)
     api.create_commit(repo_id, ops, repo_type="dataset", num_threads=workers,
-                      commit_message=f"marin-data publish: {len(batch)} files ({human_bytes(total)})")
+                      commit_message=f"marin-data publish: {plural(len(batch), 'file')} ({human_bytes(total)})")
 
 
 @contextlib.contextmanager

@@ -51,7 +51,7 @@ from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
 from marin_data.transfer.remote_verify import verify_remote
-from marin_data.ui import human_bytes, progress as progress_bar
+from marin_data.ui import human_bytes, plural, progress as progress_bar
 
 __all__ = ["PublishReport", "publish", "check_datasheet", "check_published"]
 
@@ -149,8 +149,9 @@ def check_published(root: Path, url: str, records: list[dict], **verify_options)
     report = verify_remote(root, url, **verify_options)
     if not report.ok:
         lines = "".join(f"\n  {p.path}: {p.message}" for p in report.problems[:10])
-        raise TransferFailedError(f"{url} does not hold what was published ({len(report.problems)} problems); "
-                                  f"not recorded as a mirror:{lines}", path=url,
+        raise TransferFailedError(f"{url} does not hold what was published "
+                                  f"({plural(len(report.problems), 'problem')}); not recorded as a mirror:{lines}",
+                                  path=url,
                                   failures=[(p.path, p.message) for p in report.problems])
     record_mirrors(root, records)
 
@@ -166,7 +167,7 @@ def _check_sizes(files: list[_Upload], limit: int | None, store: Store) -> None:
         names = ", ".join(f"{f.path} ({human_bytes(f.bytes)})" for f in too_big[:5])
         more = f" and {len(too_big) - 5} more" if len(too_big) > 5 else ""
         raise ObjectTooLargeError(
-            f"{len(too_big)} file(s) exceed the {human_bytes(limit)} a single upload to {store.url} may carry, "
+            f"{plural(len(too_big), 'file')} over the {human_bytes(limit)} a single upload to {store.url} may carry, "
             f"and only a single upload stores a full-object SHA-256: {names}{more}",
             path=too_big[0].path, expected=limit, actual=too_big[0].bytes)
 

@@ -49,7 +49,8 @@ def verify_remote(
     Args:
         root: the local corpus whose manifest is the reference.
         url: the published copy (``s3://bucket/prefix``, ``hf://datasets/org/name``).
-        subsets: names or globs; None checks every subset, the metadata files and ``manifest.json``.
+        subsets: names or globs of the subsets whose shards to check; None: every subset. The metadata
+            files and ``manifest.json`` are always checked.
         manifest_sha256: the pinned sha256 of the local ``manifest.json``.
         workers: parallel ``head`` requests.
         policy: retry knobs.
@@ -66,9 +67,8 @@ def verify_remote(
     patterns = list(subsets or [])
     chosen = select_subsets(corpus.manifest.subsets, patterns)
     targets = [(s.path, s.bytes, s.sha256) for s in corpus.shards_of(chosen)]
-    if not patterns:
-        targets += [(p, r.bytes, r.sha256) for p, r in sorted(corpus.manifest.files.items())]
-        targets.append((MANIFEST, *reversed(sha256_file(corpus.root / MANIFEST))))
+    targets += [(p, r.bytes, r.sha256) for p, r in sorted(corpus.manifest.files.items())]
+    targets.append((MANIFEST, *reversed(sha256_file(corpus.root / MANIFEST))))
     store = open_store(url, max_connections=workers + 2, **store_options)
 
     t0 = time.perf_counter()
