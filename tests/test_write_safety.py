@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.server
 import os
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -174,7 +173,7 @@ def test_atomic_writes_refuse_links_below_the_root_but_not_the_root(tmp_path):
 @pytest.mark.parametrize("part_mb", ["0", "1"], ids=["one-get", "ranges"])
 def test_a_listed_size_the_disk_cannot_hold_is_refused_before_anything_is_allocated(source, tmp_path, size, part_mb):
     corpus = build_corpus(tmp_path / "src", {"a": [40, 40], "b": [30]})
-    huge = [replace(s, bytes=size) if s.path == _first_shard(source) else s for s in corpus.shards]
+    huge = [s._replace(bytes=size) if s.path == _first_shard(source) else s for s in corpus.shards]
     commit_corpus(corpus.root, corpus.manifest, huge)
     dest = tmp_path / "dest"
     out = run_cli("download", corpus.root, "--to", dest, "--part-mb", part_mb)
@@ -224,10 +223,10 @@ def test_the_decode_cache_and_the_datasheet_refuse_links(source, tmp_path):
 def test_a_self_contradicting_shard_index_is_refused_before_anything_is_written(tmp_path, defect):
     corpus = build_corpus(tmp_path / "src", {"a": [10, 10]})
     first, second = corpus.shards
-    bad = {"twice": [first, replace(second, path=first.path)],
-           "reserved": [first, replace(second, path=RECORD)],
-           "nested": [first, replace(second, path=first.path + "/inner.parquet")],
-           "negative": [first, replace(second, bytes=-1)]}[defect]
+    bad = {"twice": [first, second._replace(path=first.path)],
+           "reserved": [first, second._replace(path=RECORD)],
+           "nested": [first, second._replace(path=first.path + "/inner.parquet")],
+           "negative": [first, second._replace(bytes=-1)]}[defect]
     commit_corpus(corpus.root, corpus.manifest, bad)
     dest = tmp_path / "dest"
     with pytest.raises(InvalidManifestError) as e:

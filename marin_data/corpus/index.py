@@ -9,11 +9,16 @@ trusted only as far as that digest was checked (`marin_data.corpus.manifest.load
 
 from __future__ import annotations
 
+import gc
 import os
+import re
 from collections.abc import Iterable
 
+import numpy as np
+
 from marin_data.atomic import atomic_path
-from marin_data.corpus.names import check_digest, check_subset_name, safe_relpath
+from marin_data.corpus.arrays import mask, numbers, string_buffers, strings, view
+from marin_data.corpus.names import bad_digests, check_digest, check_subset_name, safe_relpath, unsafe_paths
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import InvalidManifestError
 from marin_data.layout import LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
@@ -39,8 +44,6 @@ def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord], *,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from marin_data.corpus.arrays import numbers, strings
-
     rows = sorted(shards, key=lambda s: (s.subset, s.path))
     schema = _index_schema()
     values = {f.name: [getattr(s, f.name) for s in rows] for f in schema}
@@ -51,46 +54,136 @@ def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord], *,
 
 
 def read_shard_index(source: str | os.PathLike | bytes, metadata: Iterable[str] = ()) -> list[ShardRecord]:
-    """Read ``shards.parquet`` (a path, or its bytes as fetched); raise `InvalidManifestError` on a malformed
-    index, an unsafe path, or one that contradicts itself (`_check_paths`; ``metadata`` are the manifest's
-    other files, whose names a shard may not take either). Fetched bytes are decoded on the calling thread
-    (`marin_data.parquet_io`)."""
-    path = "shards.parquet (fetched)" if isinstance(source, bytes) else source
+    """Read ``shards.parquet`` (a path, or its bytes as fetched) and check every row.
+
+    Raises `InvalidManifestError` (naming the row) on a malformed index: a missing column, a column of the
+    wrong type or with a null, a row with an unsafe path, an invalid subset name, a digest that is not hex
+    sha256 or a negative count, and an index that contradicts itself (`_check_paths`; ``metadata`` are the
+    manifest's other files, whose names a shard may not take either). The checks run over whole columns
+    (a 100,000-row index is checked in tens of milliseconds), and the first bad row in index order is the
+    one reported. Fetched bytes are decoded on the calling thread (`marin_data.parquet_io`).
+    """
+    where = "shards.parquet (fetched)" if isinstance(source, bytes) else str(source)
     try:
         with open_parquet(source) as pf:
             table = pf.read(columns=list(_INDEX_COLUMNS))  # no pyarrow.dataset import
-        cols = {c: table.column(c).to_pylist() for c in _INDEX_COLUMNS}
+        for name in _STRINGS:
+            table.column(name).validate(full=True)  # valid UTF-8, or the checks below could not read it
     except (OSError, KeyError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
-        raise InvalidManifestError(f"unreadable shard index: {e}", path=str(path)) from e
-    shards = [ShardRecord(*values) for values in zip(*(cols[c] for c in _INDEX_COLUMNS))]
-    for s in shards:
-        safe_relpath(s.path, where=str(path))
-        check_subset_name(s.subset, str(path))
-        check_digest(s.sha256, f"{path} row {s.path}")
-        if min(s.bytes, s.docs, s.tokens, s.row_groups) < 0:
-            raise InvalidManifestError(f"negative size or count in row {s.path}", path=str(path), actual=s)
-    _check_paths([s.path for s in shards], set(metadata), str(path))
-    return shards
+        raise InvalidManifestError(f"unreadable shard index: {e}", path=where) from e
+    columns = {name: _column(table, name, where) for name in _INDEX_COLUMNS}
+    counts = [view(columns[name], np.int64) for name in _INDEX_COLUMNS if name not in _STRINGS]
+    subsets = columns["subset"].dictionary_encode()  # each distinct subset name is checked once
+    names = subsets.dictionary.to_pylist()
+    bad_names = np.array([not _is_subset_name(name, where) for name in names], bool)
+    bad = unsafe_paths(columns["path"]) | bad_digests(columns["sha256"]) | (np.minimum.reduce(counts) < 0)
+    if len(names):
+        bad |= bad_names[view(subsets.indices, np.int32)]
+    values = {name: columns[name].to_pylist() for name in _INDEX_COLUMNS}
+    if bad.any():
+        _refuse_row(ShardRecord(*(values[name][int(np.argmax(bad))] for name in _INDEX_COLUMNS)), where)
+    _check_paths(columns["path"], values["path"], set(metadata), where)
+    return _records(values)
 
 
-_RESERVED = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, RECORD, LOCK_NAME, STAGING}
+_STRINGS = ("path", "subset", "sha256")
 
 
-def _check_paths(paths: list[str], metadata: set[str], where: str) -> None:
+def _records(values: dict[str, list]) -> list[ShardRecord]:
+    """The rows as records. The garbage collector is paused while they are made: otherwise their allocations
+    trigger collections that walk every record made so far (*measured* for 100,000 rows on a loaded 2-core
+    machine: 0.14-0.17 s paused, 0.34-0.43 s not)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return list(map(ShardRecord._make, zip(*(values[name] for name in _INDEX_COLUMNS))))
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _column(table, name: str, where: str):
+    """One column as a single null-free array: strings as they are, integers as int64 (rows named 1-based)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = table.column(name).combine_chunks()
+    if name in _STRINGS:
+        ok = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+    else:
+        ok = pa.types.is_integer(column.type)
+    if not ok:
+        what = "strings" if name in _STRINGS else "integers"
+        raise InvalidManifestError(f"column {name} holds {column.type}, not {what}", path=where,
+                                   actual=str(column.type))
+    if column.null_count:
+        row = int(np.argmax(mask(column.is_null()))) + 1
+        raise InvalidManifestError(f"row {row} has no {name} (null)", path=where, actual=row)
+    if name in _STRINGS:
+        return column
+    try:
+        return pc.cast(column, pa.int64())
+    except ValueError as e:  # a uint64 beyond int64
+        raise InvalidManifestError(f"column {name} holds a value out of range: {e}", path=where) from e
+
+
+def _is_subset_name(name: str, where: str) -> bool:
+    try:
+        check_subset_name(name, where)
+    except InvalidManifestError:
+        return False
+    return True
+
+
+def _refuse_row(row: ShardRecord, where: str) -> None:
+    """Raise the error of the first check ``row`` fails, in the order a row is checked."""
+    safe_relpath(row.path, where=where)
+    check_subset_name(row.subset, where)
+    check_digest(row.sha256, f"{where} row {row.path}")
+    raise InvalidManifestError(f"negative size or count in row {row.path}", path=where, actual=row)
+
+
+_RESERVED = (MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, RECORD, LOCK_NAME, STAGING)
+# A reserved name as a path's first component, or a partial file's name (`marin_data.layout`).
+_RESERVED_PATH = "^(" + "|".join(re.escape(name) for name in _RESERVED) + r")(/|$)|\.part$"
+
+
+def _check_paths(paths, names: list[str], metadata: set[str], where: str) -> None:
     """Refuse an index that no directory can hold as it says: a path listed twice (or also as a metadata
-    file), a path that is also another's folder (``X`` and ``X/inner.parquet``), a reserved name
-    (`marin_data.layout`) or a partial file's name, which a download would write or remove."""
-    seen: set[str] = set()
-    for p in paths:
-        if p in seen or p in metadata:
-            raise InvalidManifestError(f"{p} is listed twice", path=where, actual=p)
-        if p.split("/")[0] in _RESERVED or p.endswith(".part"):
-            raise InvalidManifestError(f"{p} is a reserved name", path=where, actual=p)
-        seen.add(p)
-    files = seen | metadata
-    for p in files:
-        parents = p.split("/")[:-1]
-        for i in range(1, len(parents) + 1):
-            if "/".join(parents[:i]) in files:
-                raise InvalidManifestError(f"{p} is listed inside the file {'/'.join(parents[:i])}",
-                                           path=where, actual=p)
+    file), a reserved name (`marin_data.layout`) or a partial file's name, which a download would write or
+    remove, and a path that is also another's folder (``X`` and ``X/inner.parquet``).
+
+    ``paths`` is the column and ``names`` the same paths as Python strings. All files (paths, then
+    ``metadata``) are sorted once with ``/`` read as the lowest byte (NUL, which no safe path holds), so a
+    file's descendants, if any, come right after it: each check compares neighbours.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(names)
+    extra = sorted(metadata)
+    files = pa.concat_arrays([paths.cast(pa.large_string()), strings(extra).cast(pa.large_string())])
+    keys = pc.replace_substring(files, "/", "\x00")
+    indices = pc.sort_indices(keys)  # a stable sort: equal paths stay in row order
+    ordered, order = keys.take(indices), view(indices, np.uint64).astype(np.int64)
+    same = mask(pc.equal(ordered.slice(1), ordered.slice(0, max(0, len(order) - 1))))
+    first, later = order[:-1][same], order[1:][same]
+    twice = np.zeros(n, bool)
+    twice[np.where(later >= n, first, later)] = True  # a path after its equal, or a path a metadata file takes
+    reserved = mask(pc.match_substring_regex(paths, _RESERVED_PATH))
+    if (twice | reserved).any():
+        row = int(np.argmax(twice | reserved))
+        what = "is listed twice" if twice[row] else "is a reserved name"
+        raise InvalidManifestError(f"{names[row]} {what}", path=where, actual=names[row])
+    offsets, data = string_buffers(ordered)
+    length = np.diff(offsets)
+    # neighbour k + 1 is inside file k when it is longer, holds NUL (a "/") right after k's length, and
+    # starts with k: the first two in numpy, the last for those few candidates
+    after = offsets[1:-1] + length[:-1]
+    inside = np.flatnonzero(length[1:] > length[:-1])
+    inside = inside[data[after[inside]] == 0]
+    every = names + extra
+    for k in inside.tolist():
+        outer, inner = every[order[k]], every[order[k + 1]]
+        if inner.startswith(outer + "/"):
+            raise InvalidManifestError(f"{inner} is listed inside the file {outer}", path=where, actual=inner)
