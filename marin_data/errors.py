@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "shown",
     "MarinDataError",
     "InvalidManifestError",
     "UnsafePathError",
@@ -84,6 +85,13 @@ class MarinDataError(Exception):
             if name not in cls.__dict__:
                 setattr(cls, name, next(getattr(k, name) for k in cls.__mro__ if name in k.__dict__
                                         and issubclass(k, MarinDataError)))
+
+
+def shown(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters: a name from a hostile file may be
+    400 MB long, and an error must stay one readable line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit:,} more characters)"
 
 
 def _rebuild_error(cls: type, args: tuple, state: dict) -> BaseException:

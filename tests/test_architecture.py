@@ -17,7 +17,7 @@ PACKAGES = ("marin_data", "marin_model", "marin_train")
 # The data path, in order: a module may import from its own stage and the stages before it. `testing` and
 # `cli` come last; nothing in the library imports them.
 DATA_STAGES = ("marin_data.errors marin_data.retry marin_data.atomic marin_data.lock marin_data.ui marin_data.layout "
-               "marin_data.parquet_io",
+               "marin_data.arrays marin_data.parquet_io",
                "marin_data.raw", "marin_data.engines", "marin_data.corpus", "marin_data.stores", "marin_data.transfer",
                "marin_data.docs", "marin_data.mirror", "marin_data.loader", "marin_data.testing", "marin_data.cli")
 

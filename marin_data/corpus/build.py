@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from marin_data.arrays import numbers, strings, view
 from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
-from marin_data.corpus.arrays import numbers, strings, view
 from marin_data.corpus.commit import commit_corpus, finish_commit
 from marin_data.corpus.manifest import Corpus, Manifest, load_corpus
 from marin_data.corpus.names import check_subset_name

@@ -16,15 +16,19 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from marin_data.arrays import mask, numbers, string_buffers, strings, view
 from marin_data.atomic import atomic_path
-from marin_data.corpus.arrays import mask, numbers, string_buffers, strings, view
 from marin_data.corpus.names import bad_digests, check_digest, check_subset_name, safe_relpath, unsafe_paths
 from marin_data.corpus.records import ShardRecord
-from marin_data.errors import InvalidManifestError
+from marin_data.errors import InvalidManifestError, shown
 from marin_data.layout import LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
-from marin_data.parquet_io import open_parquet
+from marin_data.parquet_io import decoded_bound, open_parquet
 
-__all__ = ["read_shard_index", "write_shard_index"]
+__all__ = ["MAX_INDEX_BYTES", "read_shard_index", "write_shard_index"]
+
+# What a shard index may decode to: ~150 bytes a row today, so over 1.5 million shards (Marin's corpus has
+# ~100,000), and within the loader's start-up budget of 300 MB.
+MAX_INDEX_BYTES = 256 << 20
 
 _INDEX_COLUMNS = ("path", "subset", "bytes", "sha256", "docs", "tokens", "row_groups")
 
@@ -53,36 +57,55 @@ def write_shard_index(path: str | os.PathLike, shards: Iterable[ShardRecord], *,
         pq.write_table(table, tmp, compression="zstd")
 
 
-def read_shard_index(source: str | os.PathLike | bytes, metadata: Iterable[str] = ()) -> list[ShardRecord]:
+def read_shard_index(source: str | os.PathLike | bytes, metadata: Iterable[str] = (), *,
+                     max_bytes: int | None = None) -> list[ShardRecord]:
     """Read ``shards.parquet`` (a path, or its bytes as fetched) and check every row.
 
-    Raises `InvalidManifestError` (naming the row) on a malformed index: a missing column, a column of the
-    wrong type or with a null, a row with an unsafe path, an invalid subset name, a digest that is not hex
-    sha256 or a negative count, and an index that contradicts itself (`_check_paths`; ``metadata`` are the
-    manifest's other files, whose names a shard may not take either). The checks run over whole columns
-    (a 100,000-row index is checked in tens of milliseconds), and the first bad row in index order is the
-    one reported. Fetched bytes are decoded on the calling thread (`marin_data.parquet_io`).
+    Raises `InvalidManifestError` (naming the row) on a malformed index: one that may decode to more than
+    ``max_bytes`` (default `MAX_INDEX_BYTES`; bounded from its footer before anything is decoded, then from
+    the lengths of its values before they are expanded), a missing column, a column of the wrong type or with a null, a row with an
+    unsafe path, an invalid subset name, a digest that is not hex sha256 or a negative count, and an index
+    that contradicts itself (`_check_paths`; ``metadata`` are the manifest's other files, whose names a shard
+    may not take either). The checks run over whole columns (a 100,000-row index is checked in tens of
+    milliseconds), and the first bad row in index order is the one reported. Fetched bytes are decoded on the
+    calling thread (`marin_data.parquet_io`).
     """
     where = "shards.parquet (fetched)" if isinstance(source, bytes) else str(source)
+    max_bytes = MAX_INDEX_BYTES if max_bytes is None else max_bytes
     try:
-        with open_parquet(source) as pf:
+        # Strings are read as dictionaries: a value that many rows repeat is decoded once (and checked once).
+        with open_parquet(source, read_dictionary=list(_STRINGS)) as pf:
+            bound = decoded_bound(pf.metadata, _INDEX_COLUMNS, dictionary=_STRINGS)
+            if bound > max_bytes:
+                raise InvalidManifestError(f"{pf.metadata.num_rows:,} rows that may decode to {bound:,} bytes, "
+                                           f"over the {max_bytes:,} a shard index may take", path=where)
             table = pf.read(columns=list(_INDEX_COLUMNS))  # no pyarrow.dataset import
         for name in _STRINGS:
             table.column(name).validate(full=True)  # valid UTF-8, or the checks below could not read it
+    except InvalidManifestError:
+        raise
     except (OSError, KeyError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
         raise InvalidManifestError(f"unreadable shard index: {e}", path=where) from e
     columns = {name: _column(table, name, where) for name in _INDEX_COLUMNS}
-    counts = [view(columns[name], np.int64) for name in _INDEX_COLUMNS if name not in _STRINGS]
-    subsets = columns["subset"].dictionary_encode()  # each distinct subset name is checked once
+    expanded = table.num_rows * 8 * (len(_INDEX_COLUMNS) - len(_STRINGS))
+    for name in _STRINGS:
+        offsets, _ = string_buffers(columns[name].dictionary)
+        expanded += int(np.diff(offsets)[view(columns[name].indices, np.int32)].sum())
+    if expanded > max_bytes:
+        raise InvalidManifestError(f"{table.num_rows:,} rows whose names take {expanded:,} bytes, over the "
+                                   f"{max_bytes:,} a shard index may take", path=where)
+    subsets = columns["subset"]  # each distinct subset name is checked once
     names = subsets.dictionary.to_pylist()
     bad_names = np.array([not _is_subset_name(name, where) for name in names], bool)
-    bad = unsafe_paths(columns["path"]) | bad_digests(columns["sha256"]) | (np.minimum.reduce(counts) < 0)
+    paths, digests = columns["path"].dictionary_decode(), columns["sha256"].dictionary_decode()
+    counts = [view(columns[name], np.int64) for name in _INDEX_COLUMNS if name not in _STRINGS]
+    bad = unsafe_paths(paths) | bad_digests(digests) | (np.minimum.reduce(counts) < 0)
     if len(names):
         bad |= bad_names[view(subsets.indices, np.int32)]
     values = {name: columns[name].to_pylist() for name in _INDEX_COLUMNS}
     if bad.any():
         _refuse_row(ShardRecord(*(values[name][int(np.argmax(bad))] for name in _INDEX_COLUMNS)), where)
-    _check_paths(columns["path"], values["path"], set(metadata), where)
+    _check_paths(paths, values["path"], set(metadata), where)
     return _records(values)
 
 
@@ -103,19 +126,21 @@ def _records(values: dict[str, list]) -> list[ShardRecord]:
 
 
 def _column(table, name: str, where: str):
-    """One column as a single null-free array: strings as they are, integers as int64 (rows named 1-based)."""
+    """One column as a single null-free array: strings as dictionaries, integers as int64 (rows named 1-based)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    column = table.column(name).combine_chunks()
+    column = table.column(name).combine_chunks()  # a dictionary per row group, unified
     if name in _STRINGS:
-        ok = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+        ok = pa.types.is_dictionary(column.type) and (pa.types.is_string(column.type.value_type)
+                                                      or pa.types.is_large_string(column.type.value_type))
     else:
         ok = pa.types.is_integer(column.type)
     if not ok:
         what = "strings" if name in _STRINGS else "integers"
-        raise InvalidManifestError(f"column {name} holds {column.type}, not {what}", path=where,
-                                   actual=str(column.type))
+        shown_type = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+        raise InvalidManifestError(f"column {name} holds {shown_type}, not {what}", path=where,
+                                   actual=str(shown_type))
     if column.null_count:
         row = int(np.argmax(mask(column.is_null()))) + 1
         raise InvalidManifestError(f"row {row} has no {name} (null)", path=where, actual=row)
@@ -139,8 +164,13 @@ def _refuse_row(row: ShardRecord, where: str) -> None:
     """Raise the error of the first check ``row`` fails, in the order a row is checked."""
     safe_relpath(row.path, where=where)
     check_subset_name(row.subset, where)
-    check_digest(row.sha256, f"{where} row {row.path}")
-    raise InvalidManifestError(f"negative size or count in row {row.path}", path=where, actual=row)
+    check_digest(row.sha256, f"{where} row {_name(row.path)}")
+    raise InvalidManifestError(f"negative size or count in row {_name(row.path)}", path=where, actual=row)
+
+
+def _name(path: str) -> str:
+    """A path as a message names it: as it is, or cut short when it is long (`shown`)."""
+    return path if len(path) <= 120 else shown(path)
 
 
 _RESERVED = (MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, RECORD, LOCK_NAME, STAGING)
@@ -174,7 +204,7 @@ def _check_paths(paths, names: list[str], metadata: set[str], where: str) -> Non
     if (twice | reserved).any():
         row = int(np.argmax(twice | reserved))
         what = "is listed twice" if twice[row] else "is a reserved name"
-        raise InvalidManifestError(f"{names[row]} {what}", path=where, actual=names[row])
+        raise InvalidManifestError(f"{_name(names[row])} {what}", path=where, actual=names[row])
     offsets, data = string_buffers(ordered)
     length = np.diff(offsets)
     # neighbour k + 1 is inside file k when it is longer, holds NUL (a "/") right after k's length, and
@@ -186,4 +216,5 @@ def _check_paths(paths, names: list[str], metadata: set[str], where: str) -> Non
     for k in inside.tolist():
         outer, inner = every[order[k]], every[order[k + 1]]
         if inner.startswith(outer + "/"):
-            raise InvalidManifestError(f"{inner} is listed inside the file {outer}", path=where, actual=inner)
+            raise InvalidManifestError(f"{_name(inner)} is listed inside the file {_name(outer)}", path=where,
+                                       actual=inner)

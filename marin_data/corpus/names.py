@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from marin_data.corpus.arrays import mask, string_buffers
-from marin_data.errors import InvalidManifestError, UnknownSubsetError, UnsafePathError
+from marin_data.arrays import mask, string_buffers
+from marin_data.errors import InvalidManifestError, UnknownSubsetError, UnsafePathError, shown
 from marin_data.layout import MANIFEST
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def safe_relpath(path: str, *, where: str = MANIFEST) -> str:
         or re.match(r"^[A-Za-z]:", path)
         or any(part in ("", ".", "..") for part in path.split("/"))
     ):
-        raise UnsafePathError(f"unsafe path {path!r} in corpus description (absolute, '..' or malformed)",
+        raise UnsafePathError(f"unsafe path {shown(path)} in corpus description (absolute, '..' or malformed)",
                               path=where, actual=path)
     return path
 
@@ -66,13 +66,13 @@ def check_subset_name(name: str, where: str) -> None:
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", name) or any(
         part in (".", "..") for part in name.split("/")
     ):
-        raise InvalidManifestError(f"invalid subset name {name!r}", path=where, actual=name)
+        raise InvalidManifestError(f"invalid subset name {shown(name)}", path=where, actual=name)
 
 
 def check_digest(digest: str, where: str) -> None:
     """Raise `InvalidManifestError` naming ``where`` unless ``digest`` is a lowercase hex sha256."""
     if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
-        raise InvalidManifestError(f"not a hex sha256: {digest!r}", path=where, actual=digest)
+        raise InvalidManifestError(f"not a hex sha256: {shown(digest)}", path=where, actual=digest)
 
 
 def bad_digests(digests: pa.Array) -> np.ndarray:

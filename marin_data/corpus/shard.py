@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from marin_data.arrays import numbers, strings
 from marin_data.atomic import atomic_path, sha256_file
-from marin_data.corpus.arrays import numbers, strings
 from marin_data.errors import ShardFormatError
 from marin_data.layout import DATA
 from marin_data.parquet_io import open_parquet
@@ -25,6 +25,7 @@ from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = [
     "ROW_GROUP_TOKENS",
+    "MAX_ROW_GROUP_BYTES",
     "MAX_SHARDS_PER_SUBSET",
     "TOKENS_VALUES",
     "ShardStats",
@@ -37,6 +38,9 @@ __all__ = [
 ]
 
 ROW_GROUP_TOKENS = 1 << 20  # ~1M tokens per row group: a unit a reader can decode and seek to
+# What a reader that has not checked a shard's bytes (`show`, the datasheet's scan) lets one row group decode
+# to, bounded from the footer first: ours hold ~1M tokens (~12 MB decoded with their offsets).
+MAX_ROW_GROUP_BYTES = 1 << 30
 # The Hub allows fewer than 10,000 files per folder. Subset names are paths, so a subset that outgrows
 # this is split into child subsets (pretrain/dclm/000, pretrain/dclm/001...) that `--subset pretrain/dclm`
 # still selects as one.
