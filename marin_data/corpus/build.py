@@ -45,6 +45,7 @@ from marin_data.raw.documents import (DEFAULT_MAX_DOC_BYTES, TOO_LONG, Document,
                                       source_names)
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer, tokenizer_from_bytes
 from marin_data.ui import progress
+from marin_data.untrusted_json import loads
 
 __all__ = [
     "DEFAULT_SHARD_TOKENS",
@@ -423,7 +424,7 @@ def _unchanged(root: Path, existing: Corpus, subset: str, recipe: dict) -> Shard
     """The no-op for a subset already built from these inputs; `CorpusConflictError` for anything else."""
     path = root / sources_path(subset)
     try:
-        recorded = json.loads(path.read_bytes())
+        recorded = loads(path.read_bytes())
     except (OSError, ValueError):
         recorded = None
     if recorded is None:
@@ -488,7 +489,7 @@ def _reusable(done: UnitResult, *, skip_bad: bool, max_doc_bytes: int) -> bool:
 
 def _read_marker(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_bytes())
+        return loads(path.read_bytes())
     except (OSError, ValueError):
         return None
 

@@ -31,6 +31,7 @@ from marin_data.corpus.records import FileRecord, ShardRecord, SubsetInfo
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError
 from marin_data.layout import COMMIT, MANIFEST, SHARDS_INDEX
 from marin_data.raw.tokenizer import TokenizerInfo
+from marin_data.untrusted_json import loads
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -72,7 +73,7 @@ class Manifest:
     def from_json(cls, data: bytes, path: str = MANIFEST) -> Manifest:
         """Parse and validate manifest bytes; raise `InvalidManifestError` naming ``path`` on any defect."""
         try:
-            doc = json.loads(data)
+            doc = loads(data)
             if not isinstance(doc, dict):
                 raise TypeError("top level is not an object")
             version = doc.get("schema_version")

@@ -47,6 +47,7 @@ from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_f
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import ShardChecksumError, ShardFormatError, ShardMissingError
 from marin_data.parquet_io import open_parquet
+from marin_data.untrusted_json import loads
 
 __all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "default_cache_dir", "map_npy", "SEAL", "sealed"]
 
@@ -212,7 +213,7 @@ def sealed(folder: Path, shard: ShardRecord | None = None) -> bool:
     try:
         if (folder / SEAL).stat().st_size > _SEAL_LIMIT:
             return False
-        seal = json.loads((folder / SEAL).read_bytes())
+        seal = loads((folder / SEAL).read_bytes())
         files = seal["files"]
         if any(_stat(folder / name) != files[name] for name in ("tokens.npy", "offsets.npy")):
             return False

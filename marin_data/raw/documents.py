@@ -36,6 +36,7 @@ import numpy as np
 from marin_data.arrays import mask, numbers, string_buffers
 from marin_data.errors import BadRecordError, UnreadableInputError
 from marin_data.parquet_io import open_parquet
+from marin_data.untrusted_json import loads
 
 __all__ = [
     "Document",
@@ -296,7 +297,7 @@ def _too_long(on_bad: OnBad | None, path: Path, line: int, max_doc_bytes: int) -
 def _parse_json_record(raw: bytes, path: Path, line: int, source: str, text_field: str, id_field: str,
                        on_bad: OnBad | None) -> Document | None:
     try:
-        obj = json.loads(raw)
+        obj = loads(raw)
     except UnicodeDecodeError as e:
         _reject(on_bad, path, line, UNDECODABLE, f"line is not UTF-8 ({e.reason} at byte {e.start})")
         return None
