@@ -34,6 +34,7 @@ __all__ = [
     "shard_schema",
     "write_shard",
     "read_shard",
+    "check_schema",
     "inspect_shard",
 ]
 
@@ -143,6 +144,20 @@ def read_shard(path: str | os.PathLike) -> tuple[list[str], np.ndarray, np.ndarr
     return ids, tokens[base : offsets[-1]], offsets - base
 
 
+def check_schema(schema, path: str | os.PathLike) -> None:
+    """Raise `ShardFormatError` unless ``schema`` (a shard's Arrow schema, from its footer) is the shard format's:
+    ``id`` string and ``tokens`` ``large_list<uint32>``. Tokens of another type (int64, say) would be served
+    reinterpreted: half of them zeros, half of each shard dropped."""
+    import pyarrow as pa
+
+    want = {"id": pa.string(), "tokens": pa.large_list(pa.uint32())}
+    got = {f.name: f.type for f in schema}
+    if got != want:
+        found = ", ".join(f"{k}: {v}" for k, v in got.items())
+        raise ShardFormatError(f"schema {{{found}}} is not {{id: string, tokens: large_list<uint32>}}",
+                               path=str(path), expected=want, actual=got)
+
+
 @dataclass(frozen=True)
 class ShardInspection:
     docs: int
@@ -167,10 +182,7 @@ def inspect_shard(path: str | os.PathLike) -> ShardInspection:
         raise ShardFormatError(f"not a readable Parquet file (truncated or half-written?): {e}",
                                path=str(path)) from e
     schema = pf.schema_arrow
-    want = {"id": pa.string(), "tokens": pa.large_list(pa.uint32())}
-    got = {f.name: f.type for f in schema}
-    if got != want:
-        raise ShardFormatError(f"schema {got} is not {want}", path=str(path), expected=want, actual=got)
+    check_schema(schema, path)
     md = pf.metadata
     col = next(i for i in range(md.num_columns) if md.schema.column(i).path == TOKENS_VALUES)
     encodings = sorted({e for rg in range(md.num_row_groups) for e in md.row_group(rg).column(col).encodings})

@@ -45,6 +45,7 @@ import numpy as np
 
 from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
 from marin_data.corpus.records import ShardRecord
+from marin_data.corpus.shard import check_schema
 from marin_data.errors import ShardChecksumError, ShardFormatError, ShardMissingError
 from marin_data.parquet_io import open_parquet
 from marin_data.untrusted_json import loads
@@ -291,7 +292,10 @@ def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_pa
                                  expected=shard.sha256, actual=actual[0])
     try:
         with open_parquet(source) as pf:
+            check_schema(pf.schema_arrow, source)  # the values are written out as uint32 unconverted
             column = pf.read(columns=["tokens"]).column("tokens")
+    except ShardFormatError:
+        raise
     except (OSError, ValueError, KeyError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
         raise ShardFormatError(f"not a readable shard: {e}", path=str(source)) from e
     spans = [(np.asarray(c.offsets, dtype=np.int64), c) for c in column.chunks]
