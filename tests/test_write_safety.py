@@ -237,6 +237,31 @@ def test_a_self_contradicting_shard_index_is_refused_before_anything_is_written(
         load_corpus(corpus.root)
 
 
+@pytest.mark.parametrize("name", [LOCK_NAME, ".staging/commit/manifest.json", RECORD, "mirrors.json", "manifest.json",
+                                  "README.md" + PARTIAL_SUFFIX, "data/a/part-00000.parquet" + RANGES_SUFFIX])
+def test_a_manifest_listing_a_reserved_name_is_refused_before_a_pinned_download_writes_it(tmp_path, name):
+    import hashlib
+    import json
+
+    from marin_data.layout import MANIFEST
+
+    corpus = build_corpus(tmp_path / "src", {"a": [10]})
+    planted = corpus.root / name
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    doc = json.loads((corpus.root / MANIFEST).read_bytes())
+    content = json.dumps({**doc, "version": "planted"}).encode()  # a journal manifest later readers prefer
+    if name != MANIFEST:
+        planted.write_bytes(content)
+    doc["files"][name] = {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+    data = json.dumps(doc).encode()
+    (corpus.root / MANIFEST).write_bytes(data)
+    dest = tmp_path / "dest"
+    with pytest.raises(InvalidManifestError, match="is a reserved name") as e:
+        download(corpus.root, subsets=None, dest=dest, progress=False,
+                 manifest_sha256=hashlib.sha256(data).hexdigest())
+    assert describe(e.value)[1] == EXIT_USAGE and not dest.exists()
+
+
 @pytest.mark.parametrize("size", ['"12"', "1.5", "null", "-1"])
 def test_a_tree_listing_with_a_size_that_is_no_byte_count_is_a_remote_error(tmp_path, size):
     listing = f'[{{"type": "file", "path": "manifest.json", "size": {size}, "oid": "{"0" * 40}"}}]'.encode()

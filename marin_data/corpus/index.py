@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import gc
 import os
-import re
 from collections.abc import Iterable
 
 import numpy as np
 
 from marin_data.arrays import mask, numbers, string_buffers, strings, view
 from marin_data.atomic import atomic_path
-from marin_data.corpus.names import bad_digests, check_digest, check_subset_name, safe_relpath, unsafe_paths
+from marin_data.corpus.names import (METADATA_NAMES, WRITER_NAMES, bad_digests, check_digest, check_subset_name,
+                                     reserved_paths, safe_relpath, unsafe_paths)
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import InvalidManifestError, shown
-from marin_data.layout import LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 from marin_data.parquet_io import decoded_bound, open_parquet
 
 __all__ = ["MAX_INDEX_BYTES", "read_shard_index", "write_shard_index"]
@@ -173,11 +172,6 @@ def _name(path: str) -> str:
     return path if len(path) <= 120 else shown(path)
 
 
-_RESERVED = (MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, RECORD, LOCK_NAME, STAGING)
-# A reserved name as a path's first component, or a partial file's name (`marin_data.layout`).
-_RESERVED_PATH = "^(" + "|".join(re.escape(name) for name in _RESERVED) + r")(/|$)|\.part$"
-
-
 def _check_paths(paths, names: list[str], metadata: set[str], where: str) -> None:
     """Refuse an index that no directory can hold as it says: a path listed twice (or also as a metadata
     file), a reserved name (`marin_data.layout`) or a partial file's name, which a download would write or
@@ -200,7 +194,7 @@ def _check_paths(paths, names: list[str], metadata: set[str], where: str) -> Non
     first, later = order[:-1][same], order[1:][same]
     twice = np.zeros(n, bool)
     twice[np.where(later >= n, first, later)] = True  # a path after its equal, or a path a metadata file takes
-    reserved = mask(pc.match_substring_regex(paths, _RESERVED_PATH))
+    reserved = reserved_paths(paths, WRITER_NAMES + METADATA_NAMES)
     if (twice | reserved).any():
         row = int(np.argmax(twice | reserved))
         what = "is listed twice" if twice[row] else "is a reserved name"

@@ -18,12 +18,20 @@ import numpy as np
 
 from marin_data.arrays import mask, string_buffers
 from marin_data.errors import InvalidManifestError, UnknownSubsetError, UnsafePathError, shown
-from marin_data.layout import MANIFEST
+from marin_data.layout import LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["safe_relpath", "unsafe_paths", "check_subset_name", "check_digest", "bad_digests", "select_subsets"]
+__all__ = ["WRITER_NAMES", "METADATA_NAMES", "safe_relpath", "unsafe_paths", "is_reserved", "reserved_paths",
+           "check_subset_name", "check_digest", "bad_digests", "select_subsets"]
+
+# Names no listed file may take, as a path's first component (`marin_data.layout`): what writers keep beside a
+# corpus (a download writes and later readers trust them: the lock, a commit journal whose manifest
+# `load_corpus` prefers, a download's record), and, by suffix, partial files, which a download writes and
+# removes. A shard may not take the metadata files' names either.
+WRITER_NAMES = (MANIFEST, RECORD, LOCK_NAME, STAGING, MIRRORS)
+METADATA_NAMES = (SHARDS_INDEX, SUMS, TOKENIZER)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 # What `safe_relpath` refuses, as one RE2 pattern (where `$` is the end of the text, never before a final
@@ -58,6 +66,19 @@ def unsafe_paths(paths: pa.Array) -> np.ndarray:
     import pyarrow.compute as pc
 
     return mask(pc.match_substring_regex(paths, _UNSAFE_PATH))
+
+
+def is_reserved(path: str, names: Sequence[str] = WRITER_NAMES) -> bool:
+    """Whether ``path`` starts with one of ``names`` (a whole component) or is a partial file's name."""
+    return path.split("/")[0] in names or path.endswith(".part")
+
+
+def reserved_paths(paths: pa.Array, names: Sequence[str] = WRITER_NAMES) -> np.ndarray:
+    """``[n]`` bool: `is_reserved` over a null-free string column."""
+    import pyarrow.compute as pc
+
+    pattern = "^(" + "|".join(re.escape(name) for name in names) + r")(/|$)|\.part$"
+    return mask(pc.match_substring_regex(paths, pattern))
 
 
 def check_subset_name(name: str, where: str) -> None:
