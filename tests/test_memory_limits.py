@@ -1,44 +1,24 @@
 """Memory stays bounded whatever the input: a zstd bomb, one huge document, an oversized remote manifest.
 
 Each test sends a bit more than a limit (the limit made small where it is large) and checks, with
-``tracemalloc``, that the reader never held much more than the limit.
+``tracemalloc`` and Arrow's pool (`memory_checks`), that the reader never held much more than the limit.
 """
 
 from __future__ import annotations
 
 import json
-import tracemalloc
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from memory_checks import peak_bytes
 from shard_env import run_cli, tiny_tokenizer  # noqa: F401 - a fixture
 
 from marin_data.errors import BadRecordError, RemoteError, UnreadableInputError
 from marin_data.raw.documents import TOO_LONG, read_documents
 from marin_data.stores.hf import HfStore
 from marin_data.testing.mirror import running_mirror
-
-
-_POOLS: list = []
-
-
-def peak_bytes(fn) -> tuple[object, int]:
-    """``fn()``'s result (or the exception it raised) and the peak of Python and Arrow allocations while it ran."""
-    pool, before = pa.proxy_memory_pool(pa.default_memory_pool()), pa.default_memory_pool()
-    _POOLS.append(pool)  # kept alive: memory Arrow allocated from it may be freed long after
-    pa.set_memory_pool(pool)
-    tracemalloc.start()
-    try:
-        try:
-            out = fn()
-        except Exception as e:  # noqa: BLE001 - handed back to the test
-            out = e
-        return out, tracemalloc.get_traced_memory()[1] + pool.max_memory()
-    finally:
-        tracemalloc.stop()
-        pa.set_memory_pool(before)
 
 
 def test_a_zstd_bomb_is_decompressed_in_bounded_steps(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from memory_checks import peak_bytes
 
 from marin_data.corpus.index import read_shard_index, write_shard_index
 from marin_data.corpus.names import bad_digests, check_digest, safe_relpath, unsafe_paths
@@ -161,28 +162,6 @@ def test_the_column_checks_agree_with_the_one_name_checks():
         assert bad_digests(pa.array(column, pa.large_string())).tolist() == bad_digests(pa.array(column)).tolist()
 
 
-_POOLS: list = []
-
-
-def peak(fn) -> tuple[object, int]:
-    """``fn()``'s result (or the exception it raised) and the peak of Arrow's and Python's allocations."""
-    import tracemalloc
-
-    pool, before = pa.proxy_memory_pool(pa.default_memory_pool()), pa.default_memory_pool()
-    _POOLS.append(pool)  # kept alive: memory Arrow allocated from it may be freed long after
-    pa.set_memory_pool(pool)
-    tracemalloc.start()
-    try:
-        try:
-            out = fn()
-        except Exception as e:  # noqa: BLE001 - handed back to the test
-            out = e
-        return out, pool.max_memory() + tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-        pa.set_memory_pool(before)
-
-
 def write_index(path, rows: list[dict], **options) -> int:
     pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path, compression="zstd", **options)
     return path.stat().st_size
@@ -195,7 +174,7 @@ def test_long_names_in_a_tiny_index_are_refused_from_its_footer_before_decoding(
     # 12 rows of 4 MiB paths in a few KB: each would decode to 4 MiB (at the default limit: 400 MB paths)
     size = write_index(tmp_path / "shards.parquet", [row(f"data/{i}/" + "x" * (4 << 20)) for i in range(12)])
     assert size < 64 << 10
-    err, used = peak(lambda: read_shard_index(tmp_path / "shards.parquet", max_bytes=LIMIT))
+    err, used = peak_bytes(lambda: read_shard_index(tmp_path / "shards.parquet", max_bytes=LIMIT))
     assert isinstance(err, InvalidManifestError) and "over the 1,048,576 a shard index may take" in str(err)
     assert used < LIMIT and len(str(err)) < 300, (used, len(str(err)))
 
@@ -204,7 +183,7 @@ def test_many_identical_rows_in_a_tiny_index_are_refused_before_decoding(tmp_pat
     # 400,000 copies of one row in a few KB (at the default limit: 20 million rows in 667 KB)
     size = write_index(tmp_path / "shards.parquet", [row()] * 400_000)
     assert size < 64 << 10
-    err, used = peak(lambda: read_shard_index(tmp_path / "shards.parquet", max_bytes=LIMIT))
+    err, used = peak_bytes(lambda: read_shard_index(tmp_path / "shards.parquet", max_bytes=LIMIT))
     assert isinstance(err, InvalidManifestError) and "400,000 rows that may decode to" in str(err)
     assert used < LIMIT, used
 
@@ -212,7 +191,7 @@ def test_many_identical_rows_in_a_tiny_index_are_refused_before_decoding(tmp_pat
 def test_a_long_value_many_rows_repeat_is_refused_before_it_is_expanded(tmp_path):
     # within the footer's bound (the dictionary holds the value once), over it once expanded row by row
     write_index(tmp_path / "shards.parquet", [row("data/" + "y" * (100 << 10))] * 1000)
-    err, used = peak(lambda: read_shard_index(tmp_path / "shards.parquet", max_bytes=LIMIT))
+    err, used = peak_bytes(lambda: read_shard_index(tmp_path / "shards.parquet", max_bytes=LIMIT))
     assert isinstance(err, InvalidManifestError) and "whose names take 102," in str(err)
     assert used < LIMIT, used
 
@@ -250,7 +229,7 @@ def test_load_corpus_refuses_an_oversized_index_its_manifest_vouches_for(make_co
     shard = corpus.shards[0]._asdict()
     vouched_index(corpus.root, [{**shard, "path": f"data/a/{i}-" + "x" * (4 << 20)} for i in range(12)])
     monkeypatch.setattr(index, "MAX_INDEX_BYTES", LIMIT)
-    err, used = peak(lambda: load_corpus(corpus.root))
+    err, used = peak_bytes(lambda: load_corpus(corpus.root))
     assert isinstance(err, InvalidManifestError) and describe(err)[1] == 2 and used < LIMIT
 
 
@@ -264,6 +243,6 @@ def test_the_mirror_serves_a_repo_whose_index_expands_without_decoding_it(tmp_pa
     RepoStore(tmp_path / "root").snapshot("team/c")  # what a first scan imports is not the scan's memory
     vouched_index(corpus.root, [corpus.shards[0]._asdict()] * 400_000)  # the same row 400,000 times
     monkeypatch.setattr(index, "MAX_INDEX_BYTES", LIMIT)
-    snapshot, used = peak(lambda: RepoStore(tmp_path / "root").snapshot("team/c"))
+    snapshot, used = peak_bytes(lambda: RepoStore(tmp_path / "root").snapshot("team/c"))
     # its files hashed instead, 8 MiB reads per hashing thread (`sha256_file`); 52 MB when the index is decoded
     assert corpus.shards[0].path in snapshot.files and used < 24 << 20, used

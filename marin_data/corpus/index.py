@@ -101,7 +101,10 @@ def read_shard_index(source: str | os.PathLike | bytes, metadata: Iterable[str] 
     bad = unsafe_paths(paths) | bad_digests(digests) | (np.minimum.reduce(counts) < 0)
     if len(names):
         bad |= bad_names[view(subsets.indices, np.int32)]
-    values = {name: columns[name].to_pylist() for name in _INDEX_COLUMNS}
+    # plain arrays to Python (a dictionary array's own to_pylist is ~30x slower); rows share subset names
+    values = {name: columns[name].to_pylist() for name in _INDEX_COLUMNS if name not in _STRINGS}
+    values.update(path=paths.to_pylist(), sha256=digests.to_pylist(),
+                  subset=[names[i] for i in view(subsets.indices, np.int32).tolist()])
     if bad.any():
         _refuse_row(ShardRecord(*(values[name][int(np.argmax(bad))] for name in _INDEX_COLUMNS)), where)
     _check_paths(paths, values["path"], set(metadata), where)
