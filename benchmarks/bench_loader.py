@@ -22,6 +22,7 @@ Each repeat runs floor and loader back to back; figures are medians over repeats
 
     .venv/bin/python benchmarks/bench_loader.py                                   # the record
     .venv/bin/python benchmarks/bench_loader.py --tokens 4000000 --steps 200 --repeats 1 --shards 2000   # quick
+    .venv/bin/python benchmarks/bench_loader.py --startup-only      # the start-up line alone, as JSON
 """
 
 from __future__ import annotations
@@ -227,6 +228,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000, help="batches timed per measurement")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--shards", type=int, default=100_000, help="shards in the simulated start-up index")
+    ap.add_argument("--startup-only", action="store_true", help="measure start-up alone and print it as JSON")
     ap.add_argument("--keep", type=Path, help="build the corpus here and keep it (for bench_loader_peers.py)")
     ap.add_argument("--rate-of", type=Path, metavar="CORPUS", help=argparse.SUPPRESS)  # bench_loader_peers.py's
     ap.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
@@ -239,6 +241,12 @@ def main() -> None:
         return
     tmp = Path(tempfile.mkdtemp(prefix="bench-loader-"))
     root = args.keep or tmp / "corpus"
+    if args.startup_only:
+        try:
+            print(json.dumps(startup(tmp, args.shards)))
+        finally:
+            shutil.rmtree(tmp)
+        return
     try:
         if not (root / "manifest.json").exists():
             make_corpus(root, args.tokens, args.shards_per_subset)

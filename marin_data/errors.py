@@ -95,6 +95,13 @@ class MarinDataError(Exception):
                                         and issubclass(k, MarinDataError)))
 
 
+def shown(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters: a name from a hostile file may be
+    400 MB long, and an error must stay one readable line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
 def _rebuild_error(cls: type, args: tuple, state: dict) -> BaseException:
     """Unpickle a `MarinDataError` without calling its ``__init__`` (see ``MarinDataError.__reduce__``)."""
     err = cls.__new__(cls, *args)

@@ -17,7 +17,7 @@ PACKAGES = ("marin_data", "marin_model", "marin_train")
 # The data path, in order: a module may import from its own stage and the stages before it. `testing` and
 # `cli` come last; nothing in the library imports them.
 DATA_STAGES = ("marin_data.errors marin_data.retry marin_data.atomic marin_data.lock marin_data.ui marin_data.layout "
-               "marin_data.parquet_io",
+               "marin_data.arrays marin_data.parquet_io marin_data.untrusted_json",
                "marin_data.raw", "marin_data.engines", "marin_data.corpus", "marin_data.stores", "marin_data.transfer",
                "marin_data.levanter", "marin_data.docs", "marin_data.mirror", "marin_data.loader", "marin_data.testing", "marin_data.cli")
 
@@ -147,19 +147,28 @@ def test_data_stages_import_only_from_stages_before_them():
 
 # pyarrow's Parquet readers and the wrappers that make Python-owned memory readable by them.
 _PARQUET_READERS = {"ParquetFile", "read_table", "ParquetDataset", "BufferReader", "PythonFile"}
+# The standard library's JSON parsers, which recurse once per nesting level.
+_JSON_PARSERS = {"json.loads", "json.load", "json.JSONDecoder"}
 
 
-def parquet_reads_outside(allowed: str, files: dict[str, Path]) -> list[str]:
-    """``module:line name`` of every reference to a pyarrow Parquet reader outside the module ``allowed``."""
+def references_outside(names: set[str], allowed: str, files: dict[str, Path]) -> list[str]:
+    """``module:line name`` of every reference to one of ``names`` (``attr`` or ``module.attr``) outside the
+    module ``allowed``."""
     found = []
     for mod, path in files.items():
         if mod == allowed:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
-            if name in _PARQUET_READERS:
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                name = name if name in names else f"{node.value.id}.{name}"
+            if name in names:
                 found.append(f"{mod}:{node.lineno} {name}")
     return found
+
+
+def parquet_reads_outside(allowed: str, files: dict[str, Path]) -> list[str]:
+    return references_outside(_PARQUET_READERS, allowed, files)
 
 
 def test_parquet_reader_check_finds_a_planted_read(tmp_path):
@@ -173,3 +182,17 @@ def test_every_parquet_read_goes_through_open_parquet():
     """A Python-owned source decoded on pyarrow's thread pool can abort the process at exit
     (`marin_data.parquet_io` says how); `open_parquet` decodes such sources on the calling thread."""
     assert parquet_reads_outside("marin_data.parquet_io", module_files()) == []
+
+
+def test_json_parser_check_finds_a_planted_parse(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import json\ndoc = json.loads(b'[]')\n")
+    assert references_outside(_JSON_PARSERS, "marin_data.untrusted_json", {"planted": planted}) == \
+        ["planted:2 json.loads"]
+
+
+def test_every_json_the_data_side_parses_goes_through_the_bounded_loader():
+    """Python's parser recurses per nesting level: 100,000 levels raise RecursionError, not a ValueError
+    (`marin_data.untrusted_json`); `loads` refuses such nesting first."""
+    files = {m: p for m, p in module_files().items() if m.startswith("marin_data")}
+    assert references_outside(_JSON_PARSERS, "marin_data.untrusted_json", files) == []

@@ -133,3 +133,24 @@ def test_expand_inputs_sorts_globs_and_directories_and_rejects_what_it_cannot_re
 def test_json_ids_keep_their_value_as_text(tmp_path: Path):
     path = write_jsonl(tmp_path / "x.jsonl", [{"text": "t", "id": {"k": 1}}, {"text": "t", "id": None}])
     assert [d.id for d in read_documents(path)] == [str({"k": 1}), "x.jsonl:2"]
+
+
+def test_a_record_nested_100000_levels_deep_is_a_bad_record_that_skip_bad_skips(tmp_path: Path):
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(b'{"text": "before"}\n{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b'}\n{"text": "after"}\n')
+    with pytest.raises(BadRecordError) as e:
+        list(read_documents(path))
+    assert (e.value.line, e.value.reason) == (2, BAD_JSON) and "nested 100,001 levels" in str(e.value)
+    skipped: list[BadRecordError] = []
+    assert [d.text for d in read_documents(path, on_bad=skipped.append)] == ["before", "after"]
+    assert [(s.line, s.reason) for s in skipped] == [(2, BAD_JSON)]
+
+
+def test_nesting_is_measured_outside_strings_and_across_chunks():
+    from marin_data.untrusted_json import depth, loads
+
+    text = b'{"a": ["[[[\\"]]", {"b": [[1]]}], "c\\\\": "{"}'
+    assert [depth(text, chunk) for chunk in (1, 2, 3, 5, 1 << 20)] == [5] * 5
+    assert loads(text, max_depth=5)["c\\"] == "{"
+    with pytest.raises(ValueError, match="nested 5 levels"):
+        loads(text, max_depth=4)

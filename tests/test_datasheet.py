@@ -185,7 +185,7 @@ def planted_corpus(root: Path) -> Path:
         tokens = np.concatenate([np.array(d + [EOS], np.uint32) for d in docs])
         assert tokens.max() < VOCAB
         st = write_shard(root / shard.path, ids, tokens, offsets, corpus.manifest.tokenizer)
-        records.append(replace(shard, bytes=st.bytes, sha256=st.sha256, tokens=st.tokens))
+        records.append(shard._replace(bytes=st.bytes, sha256=st.sha256, tokens=st.tokens))
     commit_corpus(root, corpus.manifest, records)
     return root
 

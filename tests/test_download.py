@@ -97,7 +97,7 @@ def _tamper(corpus_root: Path, *, files: dict | None = None, index_path: str | N
     manifest = json.loads((corpus_root / MANIFEST).read_text())
     if index_path is not None:
         rows = read_shard_index(corpus_root / SHARDS_INDEX)
-        rows[0] = type(rows[0])(**{**rows[0].__dict__, "path": index_path})
+        rows[0] = rows[0]._replace(path=index_path)
         write_shard_index(corpus_root / SHARDS_INDEX, rows)
         from marin_data.atomic import sha256_file
 

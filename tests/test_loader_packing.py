@@ -202,15 +202,13 @@ def test_other_caches_and_processes_reuse_a_decode_still_being_stored(make_corpu
 
 
 def test_cache_names_a_missing_shard_and_refuses_one_that_disagrees_with_the_index(make_corpus, tmp_path):
-    from dataclasses import replace
-
     corpus = make_corpus({"a": [5, 7]})
     cache = DecodedShardCache(corpus.root, tmp_path / "cache")
     (corpus.root / corpus.shards[0].path).unlink()
     with pytest.raises(ShardMissingError, match="part-00000"):
         cache.open(corpus.shards[0])
     with pytest.raises(ShardFormatError, match="index says"):
-        cache.open(replace(corpus.shards[1], tokens=corpus.shards[1].tokens + 1))
+        cache.open(corpus.shards[1]._replace(tokens=corpus.shards[1].tokens + 1))
 
 
 def test_a_subset_too_short_for_one_sequence_is_refused_by_name(make_corpus, tmp_path):

@@ -64,3 +64,26 @@ def test_a_fractional_seq_len_or_a_non_boolean_segments_is_a_loader_config_error
         make_loader(corpus.root, LoaderConfig(seq_len=128.0), cache_dir=tmp_path / "c")
     with pytest.raises(LoaderConfigError, match="segments='yes': must be True or False"):
         make_loader(corpus.root, LoaderConfig(segments="yes"), cache_dir=tmp_path / "c")
+
+
+def test_a_shard_of_int64_tokens_listed_with_its_hash_and_counts_is_refused_by_plain_verify_and_the_loader(
+        corpus, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from marin_data.atomic import sha256_file
+    from marin_data.corpus.commit import commit_corpus
+    from marin_data.corpus.verify import ProblemKind, verify_corpus
+    from marin_data.errors import ShardFormatError
+
+    shard = corpus.shards[0]
+    ids, tokens, offsets = read_shard(corpus.root / shard.path)
+    wide = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(tokens.astype(np.int64)))
+    pq.write_table(pa.table({"id": ids, "tokens": wide}), corpus.root / shard.path)
+    digest, size = sha256_file(corpus.root / shard.path)
+    commit_corpus(corpus.root, corpus.manifest, [shard._replace(sha256=digest, bytes=size), *corpus.shards[1:]])
+    report = verify_corpus(corpus.root)  # without deep: from the footer
+    assert [(p.path, p.kind) for p in report.problems] == [(shard.path, ProblemKind.BAD_FORMAT)]
+    assert "int64" in report.problems[0].message
+    with pytest.raises(ShardFormatError, match="int64"):
+        take(make_loader(corpus.root, CONFIG, cache_dir=tmp_path / "c", prefetch=0), 40)

@@ -106,3 +106,15 @@ def test_hub_repos_are_assigned_first_fit_and_a_subset_keeps_its_repo():
     # "a" sorts first but is new: published subsets stay where they are, the newcomer goes where it fits
     assert assign_repos(rows({"a": 1, "b": 3, "c": 4}), meta_files=4, previous=first, max_files_per_repo=8) == {
         "a": 1, "b": 1, "c": 2}
+
+
+def test_a_manifest_nested_100000_levels_deep_is_an_untrusted_manifest(make_corpus):
+    from shard_env import run_cli
+
+    corpus = make_corpus({"a": [3]})
+    doc = (corpus.root / MANIFEST).read_bytes()
+    (corpus.root / MANIFEST).write_bytes(doc[:-2] + b', "deep": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+    with pytest.raises(InvalidManifestError, match="nested 100,001 levels"):
+        load_corpus(corpus.root)
+    out = run_cli("info", corpus.root)
+    assert out.returncode == 2 and "nested" in out.stderr and "Traceback" not in out.stderr, out.stderr

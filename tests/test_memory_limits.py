@@ -1,37 +1,24 @@
 """Memory stays bounded whatever the input: a zstd bomb, one huge document, an oversized remote manifest.
 
 Each test sends a bit more than a limit (the limit made small where it is large) and checks, with
-``tracemalloc``, that the reader never held much more than the limit.
+``tracemalloc`` and Arrow's pool (`memory_checks`), that the reader never held much more than the limit.
 """
 
 from __future__ import annotations
 
 import json
-import tracemalloc
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from memory_checks import peak_bytes
 from shard_env import run_cli, tiny_tokenizer  # noqa: F401 - a fixture
 
 from marin_data.errors import BadRecordError, RemoteError, UnreadableInputError
 from marin_data.raw.documents import TOO_LONG, read_documents
 from marin_data.stores.hf import HfStore
 from marin_data.testing.mirror import running_mirror
-
-
-def peak_bytes(fn) -> tuple[object, int]:
-    """``fn()``'s result (or the exception it raised) and the peak of Python allocations while it ran."""
-    tracemalloc.start()
-    try:
-        try:
-            out = fn()
-        except Exception as e:  # noqa: BLE001 - handed back to the test
-            out = e
-        return out, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def test_a_zstd_bomb_is_decompressed_in_bounded_steps(tmp_path):
@@ -76,6 +63,44 @@ def test_a_parquet_document_over_max_doc_bytes_is_refused_too(tmp_path):
     assert [(e.line, e.reason) for e in skipped] == [(2, TOO_LONG)]
 
 
+@pytest.mark.parametrize("column", ["text", "id"])
+def test_a_value_many_parquet_rows_repeat_is_refused_by_length_without_being_expanded(tmp_path, column):
+    # 256 rows of one 1 MiB value in a few KB (the same as 1,024 rows of 16 MB at the default limit)
+    path = tmp_path / "repeated.parquet"
+    big = "x" * (1 << 20)
+    rows = {"text": [big if column == "text" else "short"] * 256, "id": [big if column == "id" else "i"] * 256}
+    pq.write_table(pa.table(rows), path, compression="zstd")
+    assert path.stat().st_size < 16 << 10
+    skipped: list[BadRecordError] = []
+    docs, peak = peak_bytes(lambda: list(read_documents(path, max_doc_bytes=64 << 10, on_bad=skipped.append)))
+    assert docs == [] and [e.reason for e in skipped] == [TOO_LONG] * 256 and skipped[-1].line == 256
+    assert peak < 8 << 20, peak
+
+
+def test_a_parquet_page_that_decompresses_a_thousandfold_is_refused_before_decoding(tmp_path, monkeypatch):
+    from marin_data.raw import documents
+
+    monkeypatch.setattr(documents, "_BATCH_BYTES", 4 << 20)  # the floor below which any ratio is read
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"text": ["y" * (1 << 20)] * 16}), path, compression="zstd", use_dictionary=False)
+    err, peak = peak_bytes(lambda: list(read_documents(path, max_doc_bytes=64 << 10)))
+    assert isinstance(err, UnreadableInputError) and "compression bomb" in str(err) and peak < 4 << 20, peak
+    assert len(str(err)) < 300
+
+
+def test_plain_parquet_strings_are_read_in_batches_bounded_in_bytes(tmp_path, monkeypatch):
+    import numpy as np
+
+    from marin_data.raw import documents
+
+    monkeypatch.setattr(documents, "_BATCH_BYTES", 1 << 20)
+    texts = [np.random.default_rng(i).bytes(60_000).hex() for i in range(100)]  # 120 KB each, 12 MB in all
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"text": texts}), path, compression="zstd", use_dictionary=False)
+    docs, peak = peak_bytes(lambda: [d.text == t for d, t in zip(read_documents(path), texts)])
+    assert docs == [True] * 100 and peak < 20 << 20, peak  # 34 MiB when the row group is one batch
+
+
 def test_shard_refuses_a_huge_document_with_a_documented_exit_code(tiny_tokenizer, tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"text": "w " * 40_000}) + "\n")
@@ -106,3 +131,51 @@ def test_the_download_path_bounds_the_manifest(tmp_path):
     from marin_data.transfer import plan
 
     assert plan.METADATA_LIMIT == METADATA_LIMIT <= 64 << 20
+
+
+def _shard(path, ids, lengths, row_group_size=None) -> None:
+    import numpy as np
+
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(offsets[-1], np.uint32)))
+    pq.write_table(pa.table({"id": ids, "tokens": tokens}), path, compression="zstd", row_group_size=row_group_size,
+                   use_byte_stream_split=["tokens.list.element"], use_dictionary=["id"])
+
+
+def test_show_and_the_datasheet_bound_a_row_group_from_its_footer_before_decoding(tmp_path):
+    from marin_data.corpus.records import ShardRecord
+    from marin_data.corpus.show import decode_rows
+    from marin_data.docs.stats import _scan
+    from marin_data.errors import ShardFormatError
+
+    path = tmp_path / "zeros.parquet"
+    _shard(path, ["a", "b"], [1, 4 << 20])  # 4M zero tokens (16 MiB decoded) in a few KB
+    assert path.stat().st_size < 64 << 10
+    shard = ShardRecord("zeros.parquet", "s", path.stat().st_size, "0" * 64, 2, (4 << 20) + 1, 1)
+    err, peak = peak_bytes(lambda: decode_rows(iter([(shard, str(path))]), None, n=1, doc_id=None,
+                                               max_row_group_bytes=4 << 20))
+    assert isinstance(err, ShardFormatError) and "row group 0 may decode to" in str(err) and peak < 4 << 20, peak
+
+    class Bar:
+        def update(self, n):
+            pass
+
+    err, peak = peak_bytes(lambda: _scan(tmp_path, [shard], Bar(), None, 0, max_row_group_bytes=4 << 20))
+    assert isinstance(err, ShardFormatError) and "row group 0 may decode to" in str(err) and peak < 4 << 20, peak
+
+
+def test_show_expands_only_the_rows_it_shows(tmp_path):
+    from marin_data.corpus.records import ShardRecord
+    from marin_data.corpus.show import decode_rows
+
+    class Tokenizer:  # what `decode_rows` asks of a loaded tokenizer
+        info = type("Info", (), {"eos_id": 0, "add_bos": False, "bos_id": None})()
+        tokenizer = type("Decoder", (), {"decode": staticmethod(lambda ids, skip_special_tokens: f"{len(ids)}")})()
+
+    path = tmp_path / "ids.parquet"
+    _shard(path, ["k" * (256 << 10)] * 2000, [3] * 2000)  # one 256 KiB id, 2,000 rows: 512 MB expanded
+    shard = ShardRecord("ids.parquet", "s", path.stat().st_size, "0" * 64, 2000, 6000, 1)
+    shown, peak = peak_bytes(lambda: decode_rows(iter([(shard, str(path))]), Tokenizer(), n=2, doc_id=None))
+    assert [(d.tokens, d.text) for d in shown] == [(3, "2")] * 2 and peak < 16 << 20, peak
+    found, peak = peak_bytes(lambda: decode_rows(iter([(shard, str(path))]), Tokenizer(), n=1, doc_id="k" * (256 << 10)))
+    assert len(found) == 1 and peak < 16 << 20, peak

@@ -60,3 +60,14 @@ def test_bytes_and_paths_read_the_same_table(parquet_bytes, tmp_path):
     path.write_bytes(parquet_bytes)
     with open_parquet(parquet_bytes) as from_bytes, open_parquet(path) as from_path:
         assert from_bytes.read().equals(from_path.read())
+
+
+@pytest.mark.parametrize("kind", ["path", "bytes", "file"])
+def test_a_footer_over_the_limit_is_refused_before_pyarrow_parses_it(tmp_path, kind):
+    table = pa.table({"a": [1]}).replace_schema_metadata({"x": "y" * (64 << 10)})  # a 64 KiB footer
+    pq.write_table(table, tmp_path / "big-footer.parquet")
+    data = (tmp_path / "big-footer.parquet").read_bytes()
+    source = {"path": tmp_path / "big-footer.parquet", "bytes": data, "file": io.BytesIO(data)}[kind]
+    with pytest.raises(ValueError, match="footer of"):
+        open_parquet(source, max_footer=32 << 10)
+    assert open_parquet(source, max_footer=1 << 20).metadata.num_rows == 1

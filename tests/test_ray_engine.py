@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -262,7 +261,7 @@ def test_verify_on_ray_finds_the_same_problems_as_the_local_engine(ray_engine, l
     shutil.copytree(local_corpus, root)
     corpus = load_corpus(root)
     shards = corpus.shards
-    rows = [replace(s, docs=s.docs + 1) if s.path == shards[3].path else s for s in shards]
+    rows = [s._replace(docs=s.docs + 1) if s.path == shards[3].path else s for s in shards]
     commit_corpus(root, corpus.manifest, rows, extra_files=[sources_path(SUBSET)])  # miscounts shard 3: deep
     (root / shards[0].path).unlink()
     os.truncate(root / shards[1].path, 100)

@@ -31,7 +31,7 @@ from shard_env import (  # noqa: F401 - tiny_tokenizer is a fixture
     write_parquet,
 )
 
-from marin_data.corpus.arrays import numbers, strings, view
+from marin_data.arrays import numbers, strings, view
 from marin_data.corpus.build import shard_subset
 from marin_data.corpus.index import read_shard_index
 from marin_data.corpus.manifest import load_corpus

@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.server
 import os
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -174,7 +173,7 @@ def test_atomic_writes_refuse_links_below_the_root_but_not_the_root(tmp_path):
 @pytest.mark.parametrize("part_mb", ["0", "1"], ids=["one-get", "ranges"])
 def test_a_listed_size_the_disk_cannot_hold_is_refused_before_anything_is_allocated(source, tmp_path, size, part_mb):
     corpus = build_corpus(tmp_path / "src", {"a": [40, 40], "b": [30]})
-    huge = [replace(s, bytes=size) if s.path == _first_shard(source) else s for s in corpus.shards]
+    huge = [s._replace(bytes=size) if s.path == _first_shard(source) else s for s in corpus.shards]
     commit_corpus(corpus.root, corpus.manifest, huge)
     dest = tmp_path / "dest"
     out = run_cli("download", corpus.root, "--to", dest, "--part-mb", part_mb)
@@ -224,10 +223,10 @@ def test_the_decode_cache_and_the_datasheet_refuse_links(source, tmp_path):
 def test_a_self_contradicting_shard_index_is_refused_before_anything_is_written(tmp_path, defect):
     corpus = build_corpus(tmp_path / "src", {"a": [10, 10]})
     first, second = corpus.shards
-    bad = {"twice": [first, replace(second, path=first.path)],
-           "reserved": [first, replace(second, path=RECORD)],
-           "nested": [first, replace(second, path=first.path + "/inner.parquet")],
-           "negative": [first, replace(second, bytes=-1)]}[defect]
+    bad = {"twice": [first, second._replace(path=first.path)],
+           "reserved": [first, second._replace(path=RECORD)],
+           "nested": [first, second._replace(path=first.path + "/inner.parquet")],
+           "negative": [first, second._replace(bytes=-1)]}[defect]
     commit_corpus(corpus.root, corpus.manifest, bad)
     dest = tmp_path / "dest"
     with pytest.raises(InvalidManifestError) as e:
@@ -236,6 +235,31 @@ def test_a_self_contradicting_shard_index_is_refused_before_anything_is_written(
     assert not dest.exists()
     with pytest.raises(InvalidManifestError):
         load_corpus(corpus.root)
+
+
+@pytest.mark.parametrize("name", [LOCK_NAME, ".staging/commit/manifest.json", RECORD, "mirrors.json", "manifest.json",
+                                  "README.md" + PARTIAL_SUFFIX, "data/a/part-00000.parquet" + RANGES_SUFFIX])
+def test_a_manifest_listing_a_reserved_name_is_refused_before_a_pinned_download_writes_it(tmp_path, name):
+    import hashlib
+    import json
+
+    from marin_data.layout import MANIFEST
+
+    corpus = build_corpus(tmp_path / "src", {"a": [10]})
+    planted = corpus.root / name
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    doc = json.loads((corpus.root / MANIFEST).read_bytes())
+    content = json.dumps({**doc, "version": "planted"}).encode()  # a journal manifest later readers prefer
+    if name != MANIFEST:
+        planted.write_bytes(content)
+    doc["files"][name] = {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+    data = json.dumps(doc).encode()
+    (corpus.root / MANIFEST).write_bytes(data)
+    dest = tmp_path / "dest"
+    with pytest.raises(InvalidManifestError, match="is a reserved name") as e:
+        download(corpus.root, subsets=None, dest=dest, progress=False,
+                 manifest_sha256=hashlib.sha256(data).hexdigest())
+    assert describe(e.value)[1] == EXIT_USAGE and not dest.exists()
 
 
 @pytest.mark.parametrize("size", ['"12"', "1.5", "null", "-1"])

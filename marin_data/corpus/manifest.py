@@ -26,11 +26,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from marin_data.corpus.index import read_shard_index
-from marin_data.corpus.names import check_digest, check_subset_name, safe_relpath
+from marin_data.corpus.names import check_digest, check_subset_name, is_reserved, safe_relpath
 from marin_data.corpus.records import SHARD, FileRecord, ShardRecord, SubsetInfo
-from marin_data.errors import InvalidManifestError, ManifestHashMismatchError
+from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, shown
 from marin_data.layout import COMMIT, DATA, MANIFEST, SHARDS_INDEX
 from marin_data.raw.tokenizer import TokenizerInfo
+from marin_data.untrusted_json import loads
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -88,7 +89,7 @@ class Manifest:
     def from_json(cls, data: bytes, path: str = MANIFEST) -> Manifest:
         """Parse and validate manifest bytes; raise `InvalidManifestError` naming ``path`` on any defect."""
         try:
-            doc = json.loads(data)
+            doc = loads(data)
             if not isinstance(doc, dict):
                 raise TypeError("top level is not an object")
             version = doc.get("schema_version")
@@ -116,6 +117,8 @@ class Manifest:
         for name in manifest.subsets:
             check_subset_name(name, path)
         for fname, rec in manifest.files.items():
+            if is_reserved(fname):  # a download would write it where a writer's own file goes
+                raise InvalidManifestError(f"files[{shown(fname)}] is a reserved name", path=path, actual=fname)
             check_digest(rec.sha256, f"{path} files[{fname}]")
         for name, part in manifest.repos.items():
             if name not in manifest.subsets or not 1 <= part <= len(manifest.subsets):  # each repo holds one

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from marin_data.untrusted_json import loads
+
 __all__ = ["canonical", "read_marker"]
 
 
@@ -21,6 +23,6 @@ def canonical(doc: object) -> bytes:
 def read_marker(path: Path) -> dict | None:
     """The marker at ``path``, or None when it is missing or unreadable (its step is then redone)."""
     try:
-        return json.loads(path.read_bytes())
+        return loads(path.read_bytes())
     except (OSError, ValueError):
         return None

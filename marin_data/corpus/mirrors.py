@@ -20,6 +20,7 @@ from pathlib import Path
 
 from marin_data.atomic import atomic_write_bytes
 from marin_data.layout import MIRRORS
+from marin_data.untrusted_json import loads
 
 __all__ = ["read_mirrors", "record_mirrors"]
 
@@ -32,7 +33,7 @@ def read_mirrors(root: str | os.PathLike) -> list[dict]:
     try:
         if path.stat().st_size > _LIMIT:
             return []
-        doc = json.loads(path.read_bytes())
+        doc = loads(path.read_bytes())
     except (OSError, ValueError):
         return []
     if not isinstance(doc, list):

@@ -2,8 +2,9 @@
 
 Every name in a manifest or shard index is untrusted: `safe_relpath` keeps a path inside the corpus,
 `check_subset_name` keeps a subset name a plain folder path, `check_digest` keeps a digest a hex sha256,
-each raising a typed error that names the file it came from. `select_subsets` resolves the patterns a user
-types against the names a corpus holds.
+each raising a typed error that names the file it came from. `unsafe_paths` and `bad_digests` are the same
+checks over a whole Arrow column at once, for the shard index's 100,000 rows (a test holds each to its
+one-name twin). `select_subsets` resolves the patterns a user types against the names a corpus holds.
 """
 
 from __future__ import annotations
@@ -11,13 +12,33 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from marin_data.errors import InvalidManifestError, UnknownSubsetError, UnsafePathError
-from marin_data.layout import MANIFEST
+import numpy as np
 
-__all__ = ["safe_relpath", "check_subset_name", "check_digest", "select_subsets"]
+from marin_data.arrays import mask, string_buffers
+from marin_data.errors import InvalidManifestError, UnknownSubsetError, UnsafePathError, shown
+from marin_data.layout import LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["WRITER_NAMES", "METADATA_NAMES", "safe_relpath", "unsafe_paths", "is_reserved", "reserved_paths",
+           "check_subset_name", "check_digest", "bad_digests", "select_subsets"]
+
+# Names no listed file may take, as a path's first component (`marin_data.layout`): what writers keep beside a
+# corpus (a download writes and later readers trust them: the lock, a commit journal whose manifest
+# `load_corpus` prefers, a download's record), and, by suffix, partial files, which a download writes and
+# removes. A shard may not take the metadata files' names either.
+WRITER_NAMES = (MANIFEST, RECORD, LOCK_NAME, STAGING, MIRRORS)
+METADATA_NAMES = (SHARDS_INDEX, SUMS, TOKENIZER)
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+# What `safe_relpath` refuses, as one RE2 pattern (where `$` is the end of the text, never before a final
+# newline): empty, absolute, a backslash or NUL, a drive letter, an empty, "." or ".." component.
+_UNSAFE_PATH = r"^$|^/|\\|\x00|^[A-Za-z]:|(^|/)\.{0,2}(/|$)"
+_HEX_BYTES = np.zeros(256, bool)
+_HEX_BYTES[np.frombuffer(b"0123456789abcdef", np.uint8)] = True
 
 
 def safe_relpath(path: str, *, where: str = MANIFEST) -> str:
@@ -35,9 +56,29 @@ def safe_relpath(path: str, *, where: str = MANIFEST) -> str:
         or re.match(r"^[A-Za-z]:", path)
         or any(part in ("", ".", "..") for part in path.split("/"))
     ):
-        raise UnsafePathError(f"unsafe path {path!r} in corpus description (absolute, '..' or malformed)",
+        raise UnsafePathError(f"unsafe path {shown(path)} in corpus description (absolute, '..' or malformed)",
                               path=where, actual=path)
     return path
+
+
+def unsafe_paths(paths: pa.Array) -> np.ndarray:
+    """``[n]`` bool: which of a null-free string column's paths `safe_relpath` refuses."""
+    import pyarrow.compute as pc
+
+    return mask(pc.match_substring_regex(paths, _UNSAFE_PATH))
+
+
+def is_reserved(path: str, names: Sequence[str] = WRITER_NAMES) -> bool:
+    """Whether ``path`` starts with one of ``names`` (a whole component) or is a partial file's name."""
+    return path.split("/")[0] in names or path.endswith(".part")
+
+
+def reserved_paths(paths: pa.Array, names: Sequence[str] = WRITER_NAMES) -> np.ndarray:
+    """``[n]`` bool: `is_reserved` over a null-free string column."""
+    import pyarrow.compute as pc
+
+    pattern = "^(" + "|".join(re.escape(name) for name in names) + r")(/|$)|\.part$"
+    return mask(pc.match_substring_regex(paths, pattern))
 
 
 def check_subset_name(name: str, where: str) -> None:
@@ -46,13 +87,25 @@ def check_subset_name(name: str, where: str) -> None:
     if not re.fullmatch(r"[A-Za-z0-9_.\-=]+(/[A-Za-z0-9_.\-=]+)*", name) or any(
         part in (".", "..") for part in name.split("/")
     ):
-        raise InvalidManifestError(f"invalid subset name {name!r}", path=where, actual=name)
+        raise InvalidManifestError(f"invalid subset name {shown(name)}", path=where, actual=name)
 
 
 def check_digest(digest: str, where: str) -> None:
     """Raise `InvalidManifestError` naming ``where`` unless ``digest`` is a lowercase hex sha256."""
-    if not isinstance(digest, str) or not _HEX64.match(digest):
-        raise InvalidManifestError(f"not a hex sha256: {digest!r}", path=where, actual=digest)
+    if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+        raise InvalidManifestError(f"not a hex sha256: {shown(digest)}", path=where, actual=digest)
+
+
+def bad_digests(digests: pa.Array) -> np.ndarray:
+    """``[n]`` bool: which of a null-free string column's digests `check_digest` refuses: a fixed-width
+    check (64 bytes each, every byte a lowercase hex digit) over the column's bytes, with no per-row call."""
+    offsets, data = string_buffers(digests)
+    bad = np.diff(offsets) != 64
+    starts = offsets[:-1][~bad]
+    if len(starts):  # 64 bytes per good row: one contiguous block when every row is good
+        rows = data[starts[:, None] + np.arange(64)] if bad.any() else data[offsets[0]:offsets[-1]].reshape(-1, 64)
+        bad[~bad] = ~_HEX_BYTES[rows].all(axis=1)
+    return bad
 
 
 def select_subsets(available: Iterable[str], patterns: Sequence[str] | None, *,

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from marin_data.atomic import atomic_write_bytes
-from marin_data.corpus.arrays import view
+from marin_data.arrays import view
 from marin_data.corpus.markers import canonical
 from marin_data.corpus.shard import ShardStats, shard_path, write_shard
 from marin_data.corpus.units import UnitJob, unit_paths

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from marin_data.errors import InvalidManifestError
 from marin_data.layout import RECORD
+from marin_data.untrusted_json import loads
 
 __all__ = ["DownloadRecord", "read_download_record"]
 
@@ -42,7 +43,7 @@ def read_download_record(root: str | os.PathLike) -> DownloadRecord | None:
     """The record of a partial download in ``root``; None when there is none (a full corpus)."""
     path = Path(root) / RECORD
     try:
-        doc = json.loads(path.read_bytes())
+        doc = loads(path.read_bytes())
         return DownloadRecord(source=str(doc["source"]), manifest_sha256=str(doc["manifest_sha256"]),
                               subsets=tuple(str(s) for s in doc["subsets"]),
                               schema_version=int(doc["schema_version"]))

@@ -3,11 +3,16 @@
 `SubsetInfo` is a value of ``manifest.json``'s ``subsets``, `FileRecord` of its ``files`` (the metadata files
 it vouches for), `ShardRecord` a row of ``shards.parquet``. Plain frozen values: the checks live with the
 files they come from (`marin_data.corpus.manifest`, `marin_data.corpus.index`).
+
+`ShardRecord` is a named tuple, not a dataclass: a corpus holds ~100,000 of them, made at every start of the
+loader, and a tuple is made in under half the time (*measured*: 0.13-0.19 s against 0.80-0.86 s for 100,000
+frozen dataclasses on a loaded 2-core machine). Change one with ``record._replace(bytes=...)``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["SubsetInfo", "FileRecord", "ShardRecord", "SHARD", "OFFSETS", "META", "KINDS"]
 
@@ -36,8 +41,7 @@ class FileRecord:
     sha256: str
 
 
-@dataclass(frozen=True)
-class ShardRecord:
+class ShardRecord(NamedTuple):
     path: str  # relative POSIX path inside the corpus, e.g. data/pretrain/code/part-00000.parquet
     subset: str
     bytes: int

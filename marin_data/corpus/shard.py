@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from marin_data.arrays import numbers, strings
 from marin_data.atomic import atomic_path, sha256_file
-from marin_data.corpus.arrays import numbers, strings
 from marin_data.errors import ShardFormatError
 from marin_data.layout import DATA
 from marin_data.parquet_io import open_parquet
@@ -25,6 +25,7 @@ from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = [
     "ROW_GROUP_TOKENS",
+    "MAX_ROW_GROUP_BYTES",
     "MAX_SHARDS_PER_SUBSET",
     "TOKENS_VALUES",
     "ShardStats",
@@ -33,10 +34,14 @@ __all__ = [
     "shard_schema",
     "write_shard",
     "read_shard",
+    "check_schema",
     "inspect_shard",
 ]
 
 ROW_GROUP_TOKENS = 1 << 20  # ~1M tokens per row group: a unit a reader can decode and seek to
+# What a reader that has not checked a shard's bytes (`show`, the datasheet's scan) lets one row group decode
+# to, bounded from the footer first: ours hold ~1M tokens (~12 MB decoded with their offsets).
+MAX_ROW_GROUP_BYTES = 1 << 30
 # The Hub allows fewer than 10,000 files per folder. Subset names are paths, so a subset that outgrows
 # this is split into child subsets (pretrain/dclm/000, pretrain/dclm/001...) that `--subset pretrain/dclm`
 # still selects as one.
@@ -139,6 +144,20 @@ def read_shard(path: str | os.PathLike) -> tuple[list[str], np.ndarray, np.ndarr
     return ids, tokens[base : offsets[-1]], offsets - base
 
 
+def check_schema(schema, path: str | os.PathLike) -> None:
+    """Raise `ShardFormatError` unless ``schema`` (a shard's Arrow schema, from its footer) is the shard format's:
+    ``id`` string and ``tokens`` ``large_list<uint32>``. Tokens of another type (int64, say) would be served
+    reinterpreted: half of them zeros, half of each shard dropped."""
+    import pyarrow as pa
+
+    want = {"id": pa.string(), "tokens": pa.large_list(pa.uint32())}
+    got = {f.name: f.type for f in schema}
+    if got != want:
+        found = ", ".join(f"{k}: {v}" for k, v in got.items())
+        raise ShardFormatError(f"schema {{{found}}} is not {{id: string, tokens: large_list<uint32>}}",
+                               path=str(path), expected=want, actual=got)
+
+
 @dataclass(frozen=True)
 class ShardInspection:
     docs: int
@@ -163,10 +182,7 @@ def inspect_shard(path: str | os.PathLike) -> ShardInspection:
         raise ShardFormatError(f"not a readable Parquet file (truncated or half-written?): {e}",
                                path=str(path)) from e
     schema = pf.schema_arrow
-    want = {"id": pa.string(), "tokens": pa.large_list(pa.uint32())}
-    got = {f.name: f.type for f in schema}
-    if got != want:
-        raise ShardFormatError(f"schema {got} is not {want}", path=str(path), expected=want, actual=got)
+    check_schema(schema, path)
     md = pf.metadata
     col = next(i for i in range(md.num_columns) if md.schema.column(i).path == TOKENS_VALUES)
     encodings = sorted({e for rg in range(md.num_row_groups) for e in md.row_group(rg).column(col).encodings})

@@ -14,12 +14,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from marin_data.arrays import view
 from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.records import ShardRecord
-from marin_data.errors import InvalidManifestError, ShardFormatError, ShardMissingError, UnknownDocumentError
+from marin_data.corpus.shard import MAX_ROW_GROUP_BYTES
+from marin_data.errors import InvalidManifestError, ShardFormatError, ShardMissingError, UnknownDocumentError, shown
 from marin_data.layout import TOKENIZER
-from marin_data.parquet_io import open_parquet
+from marin_data.parquet_io import decoded_bound, open_parquet
 from marin_data.raw.tokenizer import LoadedTokenizer, tokenizer_from_bytes
 
 __all__ = ["ShownDocument", "show_documents", "shards_to_show", "decode_rows"]
@@ -43,31 +47,58 @@ def shards_to_show(shards: Sequence[ShardRecord], subsets: dict, subset: str) ->
 
 
 def decode_rows(files: Iterator[tuple[ShardRecord, object]], tokenizer: LoadedTokenizer, *, n: int,
-                doc_id: str | None) -> list[ShownDocument]:
+                doc_id: str | None, max_row_group_bytes: int = MAX_ROW_GROUP_BYTES) -> list[ShownDocument]:
     """The first ``n`` documents of the first shard, or the one with id ``doc_id`` (searched shard by shard,
-    reading the ``id`` column first). ``files`` yields each shard with a file object pyarrow can read."""
+    reading the ``id`` column first). ``files`` yields each shard with a file object pyarrow can read.
+
+    Shown bytes are not checked against the index, so each row group read is first bounded from the footer
+    (``max_row_group_bytes``), ids are read as dictionaries, and only the rows shown are expanded.
+    """
     out: list[ShownDocument] = []
     for shard, source in files:
         try:
-            with open_parquet(source, pre_buffer=False) as pf:  # decoded on this thread, no read-ahead left pending
+            # decoded on this thread, no read-ahead left pending; a repeated id is decoded once
+            with open_parquet(source, pre_buffer=False, read_dictionary=["id"]) as pf:
                 for group in range(pf.num_row_groups):
-                    if doc_id is not None:
-                        ids = pf.read_row_group(group, columns=["id"]).column("id").to_pylist()
-                        if doc_id not in ids:
-                            continue
-                    table = pf.read_row_group(group, columns=["id", "tokens"])
+                    rows = _rows_to_show(pf, group, doc_id, n - len(out), shard, max_row_group_bytes)
+                    if rows is None:
+                        continue
+                    table = pf.read_row_group(group, columns=["id", "tokens"]).slice(*rows)
                     for row_id, tokens in zip(table.column("id").to_pylist(), table.column("tokens").to_pylist()):
-                        if doc_id is None or row_id == doc_id:
-                            out.append(ShownDocument(row_id, shard.path, len(tokens), _text(tokens, tokenizer)))
-                        if len(out) >= (1 if doc_id is not None else n):
-                            return out
+                        out.append(ShownDocument(row_id, shard.path, len(tokens), _text(tokens, tokenizer)))
+                    if len(out) >= (1 if doc_id is not None else n):
+                        return out
+        except ShardFormatError:
+            raise
         except (OSError, ValueError, KeyError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
             raise ShardFormatError(f"not a readable shard: {e}", path=shard.path) from e
         if doc_id is None:
             return out  # one shard is enough to show its first documents
     if doc_id is not None:
-        raise UnknownDocumentError(f"no document with id {doc_id!r} in this subset", actual=doc_id)
+        raise UnknownDocumentError(f"no document with id {shown(doc_id)} in this subset", actual=doc_id)
     return out
+
+
+def _rows_to_show(pf, group: int, doc_id: str | None, wanted: int, shard: ShardRecord,
+                  limit: int) -> tuple[int, int] | None:
+    """``(first row, count)`` of the rows of ``group`` to show, or None when it holds no row wanted."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bound = decoded_bound(pf.metadata, ("id", "tokens"), row_groups=[group], dictionary=("id",))
+    if bound > limit:
+        raise ShardFormatError(f"row group {group} may decode to {bound:,} bytes, over the {limit:,} a row group "
+                               "may take", path=shard.path, expected=limit, actual=bound)
+    if doc_id is None:
+        return 0, wanted
+    ids = pf.read_row_group(group, columns=["id"]).column("id").combine_chunks()
+    if not pa.types.is_dictionary(ids.type):  # no string column: no id to match
+        return None
+    hit = pc.index(ids.dictionary, doc_id).as_py()  # the id's entry, found among the distinct ids
+    if hit < 0:
+        return None
+    rows = np.flatnonzero(view(pc.cast(pc.fill_null(ids.indices, -1), pa.int64()), np.int64) == hit)
+    return (int(rows[0]), 1) if len(rows) else None
 
 
 def _text(tokens: list[int], tokenizer: LoadedTokenizer) -> str:

@@ -7,7 +7,6 @@ and `check_recorded` holds a re-run of a subset the corpus already holds to it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from marin_data.errors import CorpusConflictError, UnreadableInputError
 from marin_data.layout import SOURCES
 from marin_data.raw.documents import source_names
 from marin_data.ui import progress
+from marin_data.untrusted_json import loads
 
 __all__ = ["InputFile", "sources_path", "hash_inputs", "make_recipe", "check_recorded"]
 
@@ -71,7 +71,7 @@ def check_recorded(root: Path, subset: str, recipe: dict) -> dict:
     """
     path = root / sources_path(subset)
     try:
-        recorded = json.loads(path.read_bytes())
+        recorded = loads(path.read_bytes())
     except (OSError, ValueError):
         recorded = None
     if recorded is None:

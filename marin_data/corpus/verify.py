@@ -3,10 +3,11 @@
 `verify_corpus` loads the corpus (`load_corpus` checks the manifest and shard index: a broken link is an
 invalid manifest, exit 2), re-hashes every listed file on a thread pool (or Ray, ``engine="ray"``) and walks
 the tree for files nobody listed; any finding (`ProblemKind`: missing, truncated, oversized, modified,
-unreadable, unlisted; with ``deep=True`` also bad_format, wrong_tokenizer, count_mismatch) fails it (exit
-1). A partial download is checked for the subsets its record names (`marin_data.corpus.record`). The lock
-file and staging folder are skipped, and so are other tools' bookkeeping folders (`FOREIGN_FOLDERS`, named
-once in the report); leftover ``*.part`` files are reported apart and do not fail it. What
+unreadable, unlisted, bad_format (a shard's schema, from its footer); with ``deep=True`` also its encodings,
+wrong_tokenizer, count_mismatch) fails it (exit 1). A partial download is checked for the subsets its record
+names (`marin_data.corpus.record`). The lock file and staging folder are skipped, and so are other tools'
+bookkeeping folders (`FOREIGN_FOLDERS`, named once in the report); leftover ``*.part`` files are reported
+apart and do not fail it. What
 counts as a finding, and why; the speed; the deep check: docs/data.md.
 """
 
@@ -24,15 +25,16 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from marin_data.atomic import sha256_file
-from marin_data.corpus.manifest import Corpus, load_corpus, subset_folder
+from marin_data.corpus.manifest import MARIN, Corpus, load_corpus, subset_folder
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.record import read_download_record
 from marin_data.corpus.records import ShardRecord
-from marin_data.corpus.shard import inspect_shard
+from marin_data.corpus.shard import check_schema, inspect_shard
 from marin_data.engines import Engine, make_engine
 from marin_data.engines.local import default_workers
 from marin_data.errors import InvalidManifestError, ShardFormatError
 from marin_data.layout import LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
+from marin_data.parquet_io import open_parquet
 from marin_data.ui import progress as progress_bar
 
 __all__ = ["IGNORED_NAMES", "FOREIGN_FOLDERS", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind",
@@ -194,7 +196,8 @@ def verify_corpus(
     """
     corpus = load_corpus(root, manifest_sha256=manifest_sha256)
     chosen, scope = _choose(corpus, list(subsets or []))
-    targets = [_Target(s.path, s.bytes, s.sha256, s) for s in corpus.shards_of(chosen)]
+    parquet = corpus.manifest.format == MARIN  # a pinned Levanter cache's files are checked by its own package
+    targets = [_Target(s.path, s.bytes, s.sha256, s if parquet else None) for s in corpus.shards_of(chosen)]
     targets += [_Target(p, r.bytes, r.sha256) for p, r in corpus.manifest.files.items()]
     unlisted, partial, ignored = _scan_tree(corpus, chosen if scope == SCOPE_FILTER else None)
     jobs = [CheckJob(str(corpus.root), t, deep, corpus.manifest.tokenizer.sha256)
@@ -290,9 +293,23 @@ def check_file(job: CheckJob, on_bytes: Callable[[int], None] | None = None) -> 
     if digest != target.sha256:
         return found(ProblemKind.MODIFIED,
                      f"sha256 {digest[:12]}… differs from the listed {target.sha256[:12]}… (same size)", got)
-    if job.deep and target.shard is not None:
-        return FileCheck(tuple(_inspect(path, target.shard, job.tokenizer_sha256)), read)
+    if target.shard is not None:
+        check = _inspect if job.deep else _check_format
+        return FileCheck(tuple(check(path, target.shard, job.tokenizer_sha256)), read)
     return FileCheck((), read)
+
+
+def _check_format(path: Path, shard: ShardRecord, tokenizer_sha256: str) -> list[Problem]:
+    """The check every verify makes of a shard whose bytes match the index: its schema, from the footer
+    (a few KB read; the loader would serve tokens of another type reinterpreted)."""
+    try:
+        with open_parquet(path) as pf:
+            check_schema(pf.schema_arrow, path)
+    except ShardFormatError as e:
+        return [Problem(shard.path, ProblemKind.BAD_FORMAT, e.message, expected=e.expected, actual=e.actual)]
+    except (OSError, ValueError) as e:
+        return [Problem(shard.path, ProblemKind.BAD_FORMAT, f"not a readable Parquet file: {e}")]
+    return []
 
 
 def _inspect(path: Path, shard: ShardRecord, tokenizer_sha256: str) -> list[Problem]:

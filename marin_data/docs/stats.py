@@ -37,8 +37,9 @@ import numpy as np
 
 from marin_data.corpus.manifest import Corpus
 from marin_data.corpus.records import ShardRecord
+from marin_data.corpus.shard import MAX_ROW_GROUP_BYTES
 from marin_data.errors import ShardFormatError
-from marin_data.parquet_io import open_parquet
+from marin_data.parquet_io import decoded_bound, open_parquet
 from marin_data.ui import progress
 
 __all__ = ["PERCENTILES", "SCAN_TOKENS", "BUCKET_ROWS", "LengthStats", "SubsetStats", "Duplicates", "CorpusStats",
@@ -209,12 +210,13 @@ class _DigestBuckets:
                         dup.cross_tokens[subset[a], subset[b]] += tokens[a]
 
 
-def _scan(root, shards: Sequence[ShardRecord], bar, digests: _DigestBuckets,
-          subset: int) -> tuple[np.ndarray, np.ndarray]:
+def _scan(root, shards: Sequence[ShardRecord], bar, digests: _DigestBuckets, subset: int, *,
+          max_row_group_bytes: int = MAX_ROW_GROUP_BYTES) -> tuple[np.ndarray, np.ndarray]:
     """Histogram of the document lengths of ``shards``, one row group in memory at a time; their digests.
 
     Each shard's document and token counts are checked against its row in the index: a datasheet must not
-    describe bytes that differ from the ones the manifest vouches for.
+    describe bytes that differ from the ones the manifest vouches for. Each row group is bounded from the
+    footer before it is decoded (``max_row_group_bytes``).
     """
     import pyarrow.compute as pc
 
@@ -225,6 +227,10 @@ def _scan(root, shards: Sequence[ShardRecord], bar, digests: _DigestBuckets,
         try:
             pf = open_parquet(path)
             for rg in range(pf.metadata.num_row_groups):
+                bound = decoded_bound(pf.metadata, ("tokens",), row_groups=[rg])
+                if bound > max_row_group_bytes:
+                    raise ShardFormatError(f"row group {rg} may decode to {bound:,} bytes, over the "
+                                           f"{max_row_group_bytes:,} a row group may take", path=str(path))
                 for chunk in pf.read_row_group(rg, columns=["tokens"]).column("tokens").chunks:
                     lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False).astype(np.int64)
                     acc = _merge(acc, lengths)
@@ -232,6 +238,8 @@ def _scan(root, shards: Sequence[ShardRecord], bar, digests: _DigestBuckets,
                     docs += len(lengths)
                     tokens += int(lengths.sum())
                 bar.update(pf.metadata.row_group(rg).num_rows)
+        except ShardFormatError:
+            raise
         except (OSError, ValueError, KeyError) as e:
             raise ShardFormatError(f"cannot read document lengths: {e}", path=str(path)) from e
         if (docs, tokens) != (shard.docs, shard.tokens):

@@ -1,13 +1,13 @@
 """JSON from a cache, read as hostile input: a size bound before parsing, nesting that cannot exhaust the
-stack (the parser's own recursion guard, caught), and typed field access that names the file and the key on any defect (`CacheFormatError`)."""
+stack (`marin_data.untrusted_json`), and typed field access that names the file and the key on any defect (`CacheFormatError`)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from marin_data.errors import CacheFormatError
+from marin_data.untrusted_json import loads
 
 __all__ = ["MAX_JSON_BYTES", "parse_json", "field", "int_field", "str_map"]
 
@@ -22,8 +22,8 @@ def parse_json(data: bytes, where: str, *, limit: int = MAX_JSON_BYTES) -> dict:
     if len(data) > limit:
         raise CacheFormatError(f"{len(data)} bytes, more than the {limit} a cache's JSON may have", path=where)
     try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        doc = loads(data)
+    except ValueError as e:  # UnicodeDecodeError and too deep a nesting are ValueErrors
         raise CacheFormatError(f"not valid JSON: {e}", path=where) from e
     if not isinstance(doc, dict):
         raise CacheFormatError(f"top level is a {type(doc).__name__}, not an object", path=where)

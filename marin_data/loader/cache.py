@@ -45,8 +45,10 @@ import numpy as np
 
 from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
 from marin_data.corpus.records import ShardRecord
+from marin_data.corpus.shard import check_schema
 from marin_data.errors import ShardChecksumError, ShardFormatError, ShardMissingError
 from marin_data.parquet_io import open_parquet
+from marin_data.untrusted_json import loads
 
 __all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "default_cache_dir", "map_npy", "SEAL", "sealed"]
 
@@ -212,7 +214,7 @@ def sealed(folder: Path, shard: ShardRecord | None = None) -> bool:
     try:
         if (folder / SEAL).stat().st_size > _SEAL_LIMIT:
             return False
-        seal = json.loads((folder / SEAL).read_bytes())
+        seal = loads((folder / SEAL).read_bytes())
         files = seal["files"]
         if any(_stat(folder / name) != files[name] for name in ("tokens.npy", "offsets.npy")):
             return False
@@ -290,7 +292,10 @@ def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_pa
                                  expected=shard.sha256, actual=actual[0])
     try:
         with open_parquet(source) as pf:
+            check_schema(pf.schema_arrow, source)  # the values are written out as uint32 unconverted
             column = pf.read(columns=["tokens"]).column("tokens")
+    except ShardFormatError:
+        raise
     except (OSError, ValueError, KeyError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
         raise ShardFormatError(f"not a readable shard: {e}", path=str(source)) from e
     spans = [(np.asarray(c.offsets, dtype=np.int64), c) for c in column.chunks]

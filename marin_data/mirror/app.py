@@ -23,7 +23,6 @@ started writable.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import mimetypes
 import os
@@ -38,6 +37,7 @@ from marin_data.errors import UnsafeDestinationError
 from marin_data.mirror.http import BodyError, HubError, json_response, raw_segments, read_body, repo_path, snapshot_at
 from marin_data.mirror.repo import FileEntry, RepoStore, Snapshot, file_stamp
 from marin_data.mirror.upload import Uploads
+from marin_data.untrusted_json import loads
 
 __all__ = ["MirrorApp", "DEFAULT_PAGE_SIZE"]
 
@@ -213,7 +213,7 @@ class MirrorApp:
         body = read_body(request)
         if request.is_json:
             try:
-                paths = (json.loads(body) or {}).get("paths", [])
+                paths = (loads(body) or {}).get("paths", [])
             except (ValueError, AttributeError) as e:
                 raise HubError(400, f"malformed JSON body: {e}") from e
         else:

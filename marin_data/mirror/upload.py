@@ -31,6 +31,7 @@ from marin_data.layout import MANIFEST
 from marin_data.mirror.http import MAIN_REVISIONS, HubError, json_response, read_body, repo_path, snapshot_at
 from marin_data.mirror.repo import RepoStore, Snapshot, hidden_file, split_repo_id
 from marin_data.stores.hub_ids import is_lfs
+from marin_data.untrusted_json import loads
 
 __all__ = ["Uploads", "STAGING"]
 
@@ -276,7 +277,7 @@ class Uploads:
 
 def _json(request: Request) -> dict:
     try:
-        data = json.loads(read_body(request))
+        data = loads(read_body(request))
     except ValueError:
         data = None
     if not isinstance(data, dict):
@@ -320,7 +321,7 @@ def _parse_commit(request: Request) -> tuple[dict, list[_Add], list[tuple[str, b
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
+            item = loads(line)
             key, value = item["key"], item["value"]
             if key == "header":
                 header = dict(value)

@@ -23,7 +23,6 @@ failures come out typed (`marin_data.retry.status_error`) and `marin_data.retry.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ from marin_data.layout import MANIFEST
 from marin_data.retry import parse_retry_after, status_error
 from marin_data.stores.base import METADATA_LIMIT, READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header
 from marin_data.stores.hub_ids import parse_hf_url
+from marin_data.untrusted_json import loads
 
 __all__ = ["HfStore"]
 
@@ -138,7 +138,7 @@ class HfStore(Store):
         finally:
             response.close()
         try:
-            return json.loads(body), response
+            return loads(body), response
         except ValueError as e:
             raise RetryableRemoteError(f"not JSON from {url}: {e}", path=where) from e
 
@@ -163,7 +163,7 @@ class HfStore(Store):
         try:
             data = self.read_bytes(MANIFEST, limit=METADATA_LIMIT)  # bounded before it is buffered
             if data:
-                doc = json.loads(data)
+                doc = loads(data)
                 repos = doc.get("repos", {}) if isinstance(doc, dict) else {}
                 numbers = {n for n in repos.values() if isinstance(n, int)} if isinstance(repos, dict) else set()
                 parts = [f"{self.hf.repo_id}-part{n}" for n in sorted(numbers) if 1 < n <= len(repos)]

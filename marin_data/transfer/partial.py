@@ -32,6 +32,7 @@ from marin_data.errors import InsufficientSpaceError, RetryableRemoteError, Shar
 from marin_data.layout import PARTIAL_SUFFIX, RANGES_SUFFIX
 from marin_data.stores.base import Store
 from marin_data.transfer.plan import FileTask
+from marin_data.untrusted_json import loads
 
 __all__ = ["Meter", "StreamPartial", "RangedPartial", "open_partial", "partial_path", "ranges_path",
            "resumed_bytes"]
@@ -71,7 +72,7 @@ def resumed_bytes(partial: Path) -> int:
     try:
         fd = os.open(ranges_path(partial), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with open(fd, "rb") as f:
-            return sum(json.loads(f.read(_RECORD_LIMIT))["done"])
+            return sum(loads(f.read(_RECORD_LIMIT))["done"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
@@ -186,7 +187,7 @@ class RangedPartial:
         try:
             fd = self.folder.open(self.record.name, os.O_RDONLY)
             with open(fd, "rb") as f:
-                record = json.loads(f.read(_RECORD_LIMIT))
+                record = loads(f.read(_RECORD_LIMIT))
         except FileNotFoundError:
             size = os.fstat(self.fd).st_size
             prefix = size if size <= self.task.bytes else 0
