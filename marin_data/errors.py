@@ -39,6 +39,7 @@ __all__ = [
     "VerificationFailedError",
     "RemoteError",
     "RetryableRemoteError",
+    "RemoteLimitError",
     "ObjectTooLargeError",
     "TransferFailedError",
     "MissingExtraError",
@@ -211,6 +212,11 @@ class RemoteError(OSError, MarinDataError):
 
 class RetryableRemoteError(RemoteError):
     """A transient remote failure (dropped connection, 429, 5xx, truncated body): retry, then fail over."""
+
+
+class RemoteLimitError(RemoteError):
+    """A store's answer is larger than marin accepts (a listing past its bound, a body past what was asked or
+    listed): a broken or hostile server. Not retried; a download tries the next mirror."""
 
 
 class ObjectTooLargeError(ValueError, MarinDataError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marin_data.corpus.manifest import Corpus, ShardRecord, load_corpus, select_subsets
-from marin_data.errors import InvalidManifestError, ShardFormatError, ShardMissingError
+from marin_data.errors import InvalidManifestError, RemoteError, ShardFormatError, ShardMissingError
 from marin_data.layout import TOKENIZER
 from marin_data.parquet_io import open_parquet
 from marin_data.raw.tokenizer import LoadedTokenizer, tokenizer_from_bytes
@@ -59,6 +59,8 @@ def decode_rows(files: Iterator[tuple[ShardRecord, object]], tokenizer: LoadedTo
                             out.append(ShownDocument(row_id, shard.path, len(tokens), _text(tokens, tokenizer)))
                         if len(out) >= (1 if doc_id is not None else n):
                             return out
+        except RemoteError:  # the store failed the read (pyarrow passes it on): not the shard's fault
+            raise
         except (OSError, ValueError, KeyError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
             raise ShardFormatError(f"not a readable shard: {e}", path=shard.path) from e
         if doc_id is None:

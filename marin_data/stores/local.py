@@ -56,7 +56,7 @@ class LocalStore(Store):
                 left -= len(chunk)
                 yield chunk
 
-        return ReadStream(chunks(), start=start, close=f.close)
+        return ReadStream(chunks(), start=start, close=f.close, stop=end)
 
     def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
         with atomic_path(self._file(path)) as tmp, open(src, "rb") as fin, open(tmp, "wb") as fout:

@@ -24,11 +24,13 @@ from urllib.parse import urlsplit
 from marin_data.corpus.manifest import safe_relpath
 from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
 from marin_data.retry import parse_retry_after, status_error
-from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header
+from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_span, range_header
+from marin_data.stores.limits import ListingBudget, RequestClock
 
 __all__ = ["S3Store", "SINGLE_PUT_LIMIT", "parse_s3_url"]
 
 SINGLE_PUT_LIMIT = 5 << 30  # S3 refuses a single PUT over 5 GiB
+IDLE_TIMEOUT = 60  # seconds without a byte before a read gives up
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -77,7 +79,7 @@ class S3Store(Store):
             retries={"total_max_attempts": 1, "mode": "standard"},  # marin_data.retry retries, once
             max_pool_connections=max(1, max_connections),
             connect_timeout=10,
-            read_timeout=60,
+            read_timeout=IDLE_TIMEOUT,
             signature_version=botocore.UNSIGNED if anonymous else None,
             # We hash every byte ourselves; botocore validating too would hash downloads twice.
             response_checksum_validation="when_required",
@@ -104,12 +106,17 @@ class S3Store(Store):
         return {"url": self.url, **({"endpoint_url": self.endpoint_url} if self.endpoint_url else {})}
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object under the prefix, over ListObjectsV2's continuation pages; the listing as a whole is
+        bounded (`ListingBudget`: keys and their bytes), though botocore parses each page whole."""
         root = f"{self.prefix}/" if self.prefix else ""
+        budget = ListingBudget(self.describe(prefix))
         with _mapped_errors(self.describe(prefix)):
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=root + (prefix.strip("/") + "/" if prefix else ""), **self._payer)
             for page in pages:
-                for obj in page.get("Contents", []):
+                contents = page.get("Contents", [])
+                budget.take(entries=len(contents), nbytes=sum(len(o.get("Key", "")) for o in contents), page=True)
+                for obj in contents:
                     yield ObjectInfo(obj["Key"][len(root):], obj["Size"])
 
     def head(self, path: str) -> ObjectInfo | None:
@@ -130,17 +137,28 @@ class S3Store(Store):
     def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
         where = self.describe(path)
         wanted = range_header(start, end)
+        clock = RequestClock(where)
         with _mapped_errors(where):
             r = self.client.get_object(Bucket=self.bucket, Key=self._key(path),
                                        **({"Range": wanted} if wanted else {}), **self._payer)
         body = r["Body"]
-        begin = body_start(r["ResponseMetadata"]["HTTPStatusCode"], r.get("ContentRange"), where, body.close)
+        begin, stop = body_span(r["ResponseMetadata"]["HTTPStatusCode"], r.get("ContentRange"), start, end, where,
+                                body.close)
 
-        def chunks() -> Iterator[bytes]:
+        def pieces() -> Iterator[bytes]:
+            # One socket read at a time, each waiting at most what the clock has left: botocore's own reads
+            # wait for a whole chunk, which a server sending a byte now and then never completes.
+            raw = body._raw_stream  # urllib3's response under botocore's StreamingBody
             with _mapped_errors(where):
-                yield from body.iter_chunks(READ_CHUNK)
+                while True:
+                    with contextlib.suppress(AttributeError):  # the body is complete: its socket is released
+                        body.set_socket_timeout(max(0.001, min(IDLE_TIMEOUT, clock.remaining())))
+                    piece = raw.read1(READ_CHUNK)
+                    if not piece:
+                        return
+                    yield piece
 
-        return ReadStream(chunks(), start=begin, close=body.close)
+        return ReadStream(pieces(), start=begin, stop=stop, close=body.close, clock=clock)
 
     def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
         checksum = {} if self.s3_compat else {
@@ -170,8 +188,11 @@ def _status(e: Exception) -> int | None:
 @contextlib.contextmanager
 def _mapped_errors(where: str) -> Iterator[None]:
     """Turn boto/urllib3/socket failures into `RemoteError` / `RetryableRemoteError` naming ``where``."""
+    import http.client
+
     import botocore.exceptions as bx
     import urllib3.exceptions as ux
+    from botocore.parsers import ResponseParserError  # an answer that is not the XML or JSON S3 sends
 
     try:
         yield
@@ -186,7 +207,7 @@ def _mapped_errors(where: str) -> Iterator[None]:
         raise RemoteError(f"{e}: configure AWS credentials or a --profile, or pass --anonymous for a public "
                           "bucket", path=where) from e
     except (bx.HTTPClientError, bx.ConnectionError, bx.IncompleteReadError, bx.ResponseStreamingError,
-            bx.ChecksumError, ux.HTTPError, OSError) as e:
+            bx.ChecksumError, ux.HTTPError, OSError, ResponseParserError, http.client.HTTPException) as e:
         raise RetryableRemoteError(f"{type(e).__name__}: {e}", path=where) from e
     except bx.BotoCoreError as e:  # bad profile, bad parameter, bad endpoint: retrying will not help
         raise RemoteError(f"{type(e).__name__}: {e}", path=where) from e
