@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from marin_data.ui import printable
+
 __all__ = [
     "MarinDataError",
     "InvalidManifestError",
@@ -69,7 +71,8 @@ class MarinDataError(Exception):
         self.actual = actual
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
+        # A path may come from a store or an index: escaped, it cannot end the line or move the cursor.
+        return f"{printable(self.path)}: {self.message}" if self.path else self.message
 
     def __reduce__(self) -> tuple:
         # Errors raised in worker processes (a process pool, Ray tasks) cross a pickle. The keyword fields
@@ -167,7 +170,7 @@ class BadRecordError(ValueError, MarinDataError):
         self.reason = reason
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
+        return f"{printable(self.path)}:{self.line}: {self.message}"
 
 
 class UnreadableInputError(OSError, MarinDataError):

@@ -8,6 +8,7 @@ import click
 
 from marin_data.docs.stats import SCAN_TOKENS
 from marin_data.docs.write import write_datasheet
+from marin_data.ui import echo
 
 __all__ = ["command"]
 
@@ -43,13 +44,13 @@ def command(corpus: Path, meta: Path | None, out: Path | None, strict: bool, sca
     """
     result = write_datasheet(corpus, meta=meta, out=out, strict=strict, scan_tokens=scan_tokens)
     for rel in result.written:
-        click.echo(f"wrote      {result.dest / rel}")
+        echo(f"wrote      {result.dest / rel}")
     for rel in result.unchanged:
-        click.echo(f"unchanged  {result.dest / rel}")
+        echo(f"unchanged  {result.dest / rel}")
     where = "listed in the corpus manifest" if result.in_corpus else "outside the corpus (--out)"
-    click.echo(f"card, croissant.json and figures: {where}")
-    click.echo(f"manifest sha256 (stated in the datasheet): {result.manifest_sha256}")
+    echo(f"card, croissant.json and figures: {where}")
+    echo(f"manifest sha256 (stated in the datasheet): {result.manifest_sha256}")
     if result.unanswered:
-        click.echo(f"{len(result.unanswered)} question(s) not answered (marked in the datasheet): "
-                   f"{', '.join(result.unanswered)}", err=True)
-    click.echo(f"datasheet: {result.datasheet}")
+        echo(f"{len(result.unanswered)} question(s) not answered (marked in the datasheet): "
+             f"{', '.join(result.unanswered)}", err=True)
+    echo(f"datasheet: {result.datasheet}")

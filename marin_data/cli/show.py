@@ -10,6 +10,7 @@ import click
 
 from marin_data.cli._hf_options import hf_options
 from marin_data.cli._store_options import check_sha256, is_url, store_options
+from marin_data.ui import echo, printable
 
 __all__ = ["command"]
 
@@ -58,6 +59,6 @@ def command(corpus: str, subset: str, n: int, doc_id: str | None, as_json: bool,
         docs = show_documents(corpus, subset=subset, n=n, doc_id=doc_id)
     for d in docs:
         if as_json:
-            click.echo(json.dumps({"id": d.id, "shard": d.shard, "tokens": d.tokens, "text": d.text}))
+            echo(json.dumps({"id": d.id, "shard": d.shard, "tokens": d.tokens, "text": d.text}))
         else:
-            click.echo(f"== {d.id}  ({d.tokens:,} tokens, {d.shard})\n{d.text}\n")
+            echo(f"== {printable(d.id)}  ({d.tokens:,} tokens, {printable(d.shard)})\n{d.text}\n")

@@ -11,7 +11,7 @@ from marin_data.cli._engine_options import engine_kwargs, engine_options
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import check_sha256, store_kwargs, store_options
 from marin_data.errors import VerificationFailedError
-from marin_data.ui import human_bytes
+from marin_data.ui import echo, human_bytes, printable
 from marin_data.corpus.verify import SCOPE_DOWNLOADED, VerifyReport, verify_corpus
 
 __all__ = ["command"]
@@ -76,7 +76,7 @@ def command(corpus: Path, subsets: tuple[str, ...], workers: int | None, deep: b
             store_kwargs(endpoint_url, profile, anonymous, requester_pays)
         report = verify_remote(corpus, remote, subsets=subsets or None, manifest_sha256=manifest_sha256,
                                **({"workers": workers} if workers else {}), **options)
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else _human(report))
+    echo(json.dumps(report.to_json(), indent=2) if as_json else _human(report))
     if not report.ok:
         n = len(report.problems)
         raise VerificationFailedError(f"{n} problem{'s' * (n != 1)} found in {corpus}", problems=list(report.problems))
@@ -84,8 +84,8 @@ def command(corpus: Path, subsets: tuple[str, ...], workers: int | None, deep: b
 
 def _human(report: VerifyReport) -> str:
     width = max([len(p.kind.value) for p in report.problems] + [len("partial")])
-    lines = [f"{p.kind.value:<{width}}  {p.path}  {p.message}" for p in report.problems]
-    lines += [f"{'partial':<{width}}  {p}  leftover of an interrupted write: not a failure, safe to delete "
+    lines = [f"{p.kind.value:<{width}}  {printable(p.path)}  {printable(p.message)}" for p in report.problems]
+    lines += [f"{'partial':<{width}}  {printable(p)}  leftover of an interrupted write: not a failure, safe to delete "
               f"when no marin-data process is writing" for p in report.partial_files]
     deep = " deep," if report.deep else ""
     downloaded = " (those downloaded here)" if report.scope == SCOPE_DOWNLOADED else ""

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from marin_data.corpus.manifest import SubsetInfo, load_corpus
 from marin_data.corpus.mirrors import read_mirrors
 from marin_data.raw.tokenizer import TokenizerInfo
-from marin_data.ui import format_table, human_bytes
+from marin_data.ui import format_table, human_bytes, printable
 
 __all__ = ["CorpusInfo", "corpus_info", "total_of", "subsets_table"]
 
@@ -38,12 +38,12 @@ class CorpusInfo:
         t = self.tokenizer
         bos = f", BOS {t.bos_id} prepended" if t.add_bos else ""
         lines = [
-            f"{self.name} {self.version}  ({self.root})",
+            f"{printable(self.name)} {printable(self.version)}  ({printable(self.root)})",
             "",
             subsets_table(self.subsets),
             "",
-            f"tokenizer        {t.name}: vocab {t.vocab_size:,}, EOS {t.eos_id}{bos}; tokenizer.json sha256 {t.sha256}",
-            *(f"mirror           {m.get('url')}  ({', '.join(m.get('subsets') or ['all subsets'])})"
+            f"tokenizer        {printable(t.name)}: vocab {t.vocab_size:,}, EOS {t.eos_id}{bos}; tokenizer.json sha256 {t.sha256}",
+            *(f"mirror           {printable(m.get('url'))}  ({printable(', '.join(m.get('subsets') or ['all subsets']))})"
               for m in self.mirrors),
             f"manifest sha256  {self.manifest_sha256}",
         ]

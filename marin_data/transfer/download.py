@@ -30,6 +30,7 @@ from marin_data.stores.base import Store
 from marin_data.transfer.fetch import PART_BYTES, ByteMeter, already_there, fetch_one
 from marin_data.transfer.partial import partial_path, resumed_bytes
 from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, plan_download
+from marin_data.ui import printable
 from marin_data.ui import progress as progress_bar
 
 __all__ = ["DownloadReport", "download"]
@@ -52,7 +53,7 @@ class DownloadReport:
         return not self.failed
 
     def error(self) -> TransferFailedError:
-        lines = "".join(f"\n  {path}: {why}" for path, why in self.failed)
+        lines = "".join(f"\n  {printable(path)}: {printable(why)}" for path, why in self.failed)
         return TransferFailedError(f"{len(self.failed)} of {len(self.plan.files)} files failed:{lines}",
                                    path=self.dest, failures=list(self.failed))
 

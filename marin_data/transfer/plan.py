@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from marin_data.corpus.manifest import Manifest, read_shard_index, select_subsets
 from marin_data.errors import (
@@ -20,13 +20,13 @@ from marin_data.errors import (
     ShardChecksumError,
 )
 from marin_data.layout import MANIFEST, SHARDS_INDEX
-from marin_data.retry import RetryPolicy, retry_call
+from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores.base import METADATA_LIMIT, Store
 
 __all__ = ["DOWNLOAD_POLICY", "METADATA_LIMIT", "FileTask", "DownloadPlan", "plan_download"]
 
 # A checksum mismatch is worth a retry too: the bytes may have been damaged in flight.
-DOWNLOAD_POLICY = RetryPolicy(retry_on=(RetryableRemoteError, ShardChecksumError))
+DOWNLOAD_POLICY = replace(DEFAULT_POLICY, retry_on=(RetryableRemoteError, ShardChecksumError))
 
 
 @dataclass(frozen=True)
