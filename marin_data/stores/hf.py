@@ -72,6 +72,7 @@ class HfStore(Store):
         self._list_lock = threading.Lock()  # one listing at a time: concurrent first reads wait for it
         self._commits: dict[str, str] = {}
         self._index: dict[str, tuple[str, ObjectInfo]] | None = None  # path -> (repo, info)
+        self._index_error: RemoteLimitError | None = None  # a listing past its bound is not walked again
 
     # --- Store -------------------------------------------------------------------------------------------
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
@@ -172,13 +173,19 @@ class HfStore(Store):
     def _listing(self) -> dict[str, tuple[str, ObjectInfo]]:
         """``path -> (repo, info)`` over every repo of the corpus, listed once."""
         with self._list_lock:
+            if self._index_error is not None:
+                raise self._index_error
             if self._index is None:
                 index: dict[str, tuple[str, ObjectInfo]] = {}
                 budget = ListingBudget(self.url)  # every page of every repo of the corpus counts
-                for i, repo in enumerate(self._repos()):
-                    for path, info in self._list_repo(repo, budget):
-                        if i == 0 or path != "README.md":  # a part repo's own card is not a corpus file
-                            index.setdefault(path, (repo, info))
+                try:
+                    for i, repo in enumerate(self._repos()):
+                        for path, info in self._list_repo(repo, budget):
+                            if i == 0 or path != "README.md":  # a part repo's own card is not a corpus file
+                                index.setdefault(path, (repo, info))
+                except RemoteLimitError as e:
+                    self._index_error = e
+                    raise
                 self._index = index
             return self._index
 

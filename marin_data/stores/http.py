@@ -105,6 +105,9 @@ class mapped_errors:
     def __exit__(self, etype, exc, tb) -> bool:
         if exc is None or isinstance(exc, MarinDataError) or not isinstance(exc, Exception):
             return False
+        clock = current_clock()
+        if clock is not None and clock.remaining() <= 0:  # a read cut at the end of the request's time
+            raise clock.late() from exc
         if isinstance(exc, httpx2.TooManyRedirects):
             raise RemoteError(f"redirected more than {MAX_REDIRECTS} times: a redirect loop", path=self.where) from exc
         if isinstance(exc, (httpx2.InvalidURL, httpx2.UnsupportedProtocol)):

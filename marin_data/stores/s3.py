@@ -92,6 +92,7 @@ class S3Store(Store):
             session = botocore.session.Session(profile=profile)
             region = session.get_config_variable("region") or os.environ.get("AWS_REGION") or "us-east-1"
             self.client = session.create_client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+        self.client.meta.events.register("before-call.s3.HeadBucket", _no_region_probe)
 
     @classmethod
     def from_url(cls, url: str, **options) -> S3Store:
@@ -132,7 +133,11 @@ class S3Store(Store):
         if sha is None:
             meta = (r.get("Metadata") or {}).get("sha256", "").lower()
             sha, source = (meta, "metadata") if _HEX64.match(meta) else (None, None)
-        return ObjectInfo(path, int(r["ContentLength"]), sha, source)
+        size = r.get("ContentLength")
+        if type(size) is not int or size < 0:
+            raise RetryableRemoteError(f"HEAD answered without a usable Content-Length ({size!r})",
+                                       path=self.describe(path))
+        return ObjectInfo(path, size, sha, source)
 
     def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
         where = self.describe(path)
@@ -151,8 +156,9 @@ class S3Store(Store):
             raw = body._raw_stream  # urllib3's response under botocore's StreamingBody
             with _mapped_errors(where):
                 while True:
-                    with contextlib.suppress(AttributeError):  # the body is complete: its socket is released
-                        body.set_socket_timeout(max(0.001, min(IDLE_TIMEOUT, clock.remaining())))
+                    conn = raw.connection  # None once the body is complete and the connection released
+                    if conn is not None and conn.sock is not None:
+                        conn.sock.settimeout(max(0.001, min(IDLE_TIMEOUT, clock.remaining())))
                     piece = raw.read1(READ_CHUNK)
                     if not piece:
                         return
@@ -168,6 +174,17 @@ class S3Store(Store):
         with _mapped_errors(self.describe(path)), open(src, "rb") as body:
             self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=body, ContentLength=size,
                                    Metadata={"sha256": sha256}, **checksum, **self._payer)
+
+
+def _no_region_probe(**_) -> tuple:
+    """The answer to botocore's HeadBucket probe, which it sends to find a bucket's region when a redirect
+    names none. The probe's own redirect would probe again, without end (a redirect loop recursing into a
+    RecursionError); marin never asks HeadBucket itself, and AWS names the region in its redirects. So the
+    probe finds no region, and the redirect is reported as it came (`RemoteError`)."""
+    from botocore.awsrequest import AWSResponse
+
+    return AWSResponse(None, 400, {}, None), {"Error": {"Code": "NoRegionProbe", "Message": "not probed"},
+                                              "ResponseMetadata": {"HTTPStatusCode": 400, "HTTPHeaders": {}}}
 
 
 def _full_object_sha256(value: str | None, checksum_type: str | None) -> str | None:
@@ -201,8 +218,11 @@ def _mapped_errors(where: str) -> Iterator[None]:
     except bx.ClientError as e:
         err = e.response.get("Error", {})
         headers = e.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
-        raise status_error(f"{err.get('Code', 'error')}: {err.get('Message', '') or e}", status=_status(e),
-                           path=where, retry_after=parse_retry_after(headers.get("retry-after"))) from e
+        message = f"{err.get('Code', 'error')}: {err.get('Message', '') or e}"
+        if 300 <= (_status(e) or 0) < 400:
+            message += f" (a redirect to {str(headers.get('location'))[:200]!r}: an S3 endpoint's are not followed)"
+        raise status_error(message, status=_status(e), path=where,
+                           retry_after=parse_retry_after(headers.get("retry-after"))) from e
     except (bx.NoCredentialsError, bx.PartialCredentialsError) as e:
         raise RemoteError(f"{e}: configure AWS credentials or a --profile, or pass --anonymous for a public "
                           "bucket", path=where) from e

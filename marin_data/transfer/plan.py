@@ -97,6 +97,7 @@ def _fetch_manifest(stores: Sequence[Store], pinned: str | None, policy: RetryPo
             raise ManifestHashMismatchError(
                 f"manifest sha256 is {digest}, but {pinned} was pinned: this mirror's copy differs",
                 path=store.describe(MANIFEST), expected=pinned, actual=digest)
+        Manifest.from_json(data, store.describe(MANIFEST))  # a store serving garbage: the next one may not
         return data, digest
 
     return _from_first(stores, get, None, MANIFEST)
@@ -110,7 +111,7 @@ def _from_first(stores: Sequence[Store], get: Callable, policy: RetryPolicy | No
         try:
             return get(store) if policy is None else retry_call(lambda: get(store), policy=policy,
                                                                 what=store.describe(what))
-        except (RemoteError, ShardChecksumError, ManifestHashMismatchError) as e:
+        except (RemoteError, ShardChecksumError, InvalidManifestError) as e:
             errors.append(e)
     raise errors[0]
 
