@@ -24,7 +24,8 @@ from typing import TypeVar
 from marin_data.errors import RemoteError, RetryableRemoteError
 from marin_data.ui import printable
 
-__all__ = ["RETRY_STATUSES", "RetryPolicy", "DEFAULT_POLICY", "policy_from_env", "retry_call", "parse_retry_after", "status_error"]
+__all__ = ["RETRY_STATUSES", "RetryPolicy", "DEFAULT_POLICY", "policy_from_env", "retry_call", "parse_retry_after",
+           "status_error"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

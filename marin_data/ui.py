@@ -104,5 +104,5 @@ def progress(total: float | None, desc: str, unit: str = "it", *, unit_scale: bo
         return _Hidden()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=printable(desc), unit=unit, unit_scale=unit_scale, unit_divisor=1024 if unit == "B" else 1000,
-                dynamic_ncols=True, leave=False)
+    return tqdm(total=total, desc=printable(desc), unit=unit, unit_scale=unit_scale,
+                unit_divisor=1024 if unit == "B" else 1000, dynamic_ncols=True, leave=False)

@@ -43,8 +43,8 @@ __all__ = ["Hostility", "HostileServer", "MODES", "CAP", "DRIP_SECONDS"]
 MODES = ("endless", "whole", "wrong_range", "drip", "drip_head", "redirect_loop", "bad_encoding", "cut_chunked",
          "reset", "tls", "bad_http", "missing", "endless_tree")
 CAP = 768 << 20  # an endless body ends here: past any bound a fixed client keeps
-CAP_PAGES = 25  # 25 pages of 20,000 entries: ~70 MB of JSON, ~500 MB parsed
-PAGE_ENTRIES = 20_000
+CAP_PAGES = 50  # 50 pages of 10,000 entries: ~110 MB of JSON, ~1 GB parsed
+PAGE_ENTRIES = 10_000  # ~2.2 MiB a tree page: the bound is reached over pages, not in one
 DRIP_SECONDS = 0.4
 _ZEROS = bytes(256 << 10)
 COMMIT = "c0ffee" + "0" * 34
@@ -153,7 +153,8 @@ def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
                 return getattr(self, f"_{hostile.mode}")(body or b"", status, headers)
             if hostile is not None and hostile.mode == "missing":
                 return self._send(404, b"", {"X-Error-Message": "not here"})
-            if hostile is not None and hostile.mode == "endless_tree" and ("/tree/" in path or "list-type" in parts.query):
+            listing = "/tree/" in path or "list-type" in parts.query
+            if hostile is not None and hostile.mode == "endless_tree" and listing:
                 return self._endless_tree(path, parts.query)
             body, status, headers = self._route(path, parts.query)
             self._send(status, body, headers)
