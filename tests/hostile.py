@@ -32,11 +32,12 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from marin_data.stores.hub_ids import git_blob_sha1, is_lfs
+from marin_data.testing.loopback import LoopbackServer
 
 __all__ = ["Hostility", "HostileServer", "MODES", "CAP", "DRIP_SECONDS"]
 
@@ -60,7 +61,7 @@ class Hostility:
     ranged_only: bool = False  # only requests carrying a Range header
 
 
-class HostileServer:
+class HostileServer(LoopbackServer):
     """``with HostileServer(corpus_root) as srv: srv.hub_url / srv.s3_url / srv.endpoint``."""
 
     def __init__(self, root: Path, *, repo: str = "team/corpus", bucket: str = "bkt", prefix: str = "corpus"):
@@ -69,22 +70,9 @@ class HostileServer:
         self.hostility: Hostility | None = None
         self.served = 0
         self.lock = threading.Lock()
-        self._server = _Server(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        super().__init__(_handler(self))
         self.hub_url = f"hf://datasets/{repo}"
         self.s3_url = f"s3://{bucket}/{prefix}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-
-    def __enter__(self) -> HostileServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
 
     def store_args(self, kind: str) -> list[str]:
         """The URL and CLI options that reach this server as a ``kind`` ("hf" or "s3") store."""
@@ -122,11 +110,6 @@ class HostileServer:
     def count(self, n: int) -> None:
         with self.lock:
             self.served += n
-
-
-class _Server(ThreadingHTTPServer):
-    def handle_error(self, request, client_address) -> None:  # clients hang up on purpose
-        pass
 
 
 def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
@@ -182,13 +165,14 @@ def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
             return data, 200, extra
 
         # --- honest ------------------------------------------------------------------------------------
-        def _send(self, status: int, body: bytes, headers: dict, *, length: bool = True) -> None:
+        def _head(self, status: int, headers: dict) -> None:
             self.send_response(status)
             for k, v in headers.items():
                 self.send_header(k, v)
-            if length:
-                self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+
+        def _send(self, status: int, body: bytes, headers: dict) -> None:
+            self._head(status, {**headers, "Content-Length": str(len(body))})
             if self.command != "HEAD" and body:
                 self.wfile.write(body)
                 srv.count(len(body))
@@ -208,11 +192,7 @@ def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
 
         # --- hostile -----------------------------------------------------------------------------------
         def _endless(self, body: bytes, status: int, headers: dict) -> None:
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Connection", "close")
-            self.end_headers()
+            self._head(status, {**headers, "Connection": "close"})
             if self.command != "HEAD":
                 self._stream_forever(body)
             self.close_connection = True
@@ -230,11 +210,7 @@ def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
             self._send(status, body, headers)
 
         def _drip(self, body: bytes, status: int, headers: dict) -> None:
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
+            self._head(status, {**headers, "Content-Length": str(len(body))})
             self.wfile.flush()
             if self.command == "HEAD":
                 return
@@ -266,11 +242,7 @@ def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
             self._send(status, b"\x1f\x8b not gzip at all" + body[:64], {**headers, "Content-Encoding": "gzip"})
 
         def _cut_chunked(self, body: bytes, status: int, headers: dict) -> None:
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
+            self._head(status, {**headers, "Transfer-Encoding": "chunked"})
             if self.command != "HEAD":
                 half = body[:max(1, len(body) // 2)]
                 self.wfile.write(b"%x\r\n" % (len(half) * 2) + half)
@@ -278,11 +250,7 @@ def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
             self._hang_up()
 
         def _reset(self, body: bytes, status: int, headers: dict) -> None:
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
+            self._head(status, {**headers, "Content-Length": str(len(body))})
             if self.command != "HEAD":
                 self.wfile.write(body[:len(body) // 2])
             self.wfile.flush()
