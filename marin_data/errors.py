@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from marin_data.ui import printable
+
 __all__ = [
     "MarinDataError",
     "InvalidManifestError",
@@ -42,6 +44,7 @@ __all__ = [
     "RemoteError",
     "RetryableRemoteError",
     "NoSuchBucketError",
+    "RemoteLimitError",
     "ObjectTooLargeError",
     "TransferFailedError",
     "MissingExtraError",
@@ -77,7 +80,8 @@ class MarinDataError(Exception):
         self.actual = actual
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
+        # A path may come from a store or an index: escaped, it cannot end the line or move the cursor.
+        return f"{printable(self.path)}: {self.message}" if self.path else self.message
 
     def __reduce__(self) -> tuple:
         # Errors raised in worker processes (a process pool, Ray tasks) cross a pickle. The keyword fields
@@ -191,7 +195,7 @@ class BadRecordError(ValueError, MarinDataError):
         self.reason = reason
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
+        return f"{printable(self.path)}:{self.line}: {self.message}"
 
 
 class UnreadableInputError(OSError, MarinDataError):
@@ -252,6 +256,9 @@ class NoSuchBucketError(RemoteError):
         RemoteError.__init__(self, message, path=path, status=status)
         self.bucket = bucket
         self.endpoint_url = endpoint_url
+class RemoteLimitError(RemoteError):
+    """A store's answer is larger than marin accepts (a listing past its bound, a body past what was asked or
+    listed): a broken or hostile server. Not retried; a download tries the next mirror."""
 
 
 class ObjectTooLargeError(ValueError, MarinDataError):

@@ -13,16 +13,19 @@ connection, a truncated body or a status in `RETRY_STATUSES` (with the server's 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
 from marin_data.errors import RemoteError, RetryableRemoteError
+from marin_data.ui import printable
 
-__all__ = ["RETRY_STATUSES", "RetryPolicy", "DEFAULT_POLICY", "retry_call", "parse_retry_after", "status_error"]
+__all__ = ["RETRY_STATUSES", "RetryPolicy", "DEFAULT_POLICY", "policy_from_env", "retry_call", "parse_retry_after",
+           "status_error"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,7 +62,24 @@ class RetryPolicy:
         return w * (1 - self.jitter * random.random())
 
 
-DEFAULT_POLICY = RetryPolicy()
+def policy_from_env() -> RetryPolicy:
+    """`RetryPolicy` with ``MARIN_MAX_RETRIES`` (retries after the first attempt) and ``MARIN_RETRY_WAIT``
+    (seconds before the first retry; the longest backoff is 8x it, a server's ``Retry-After`` is obeyed up
+    to 60x it) applied when set: ``MARIN_MAX_RETRIES=0`` fails over to the next mirror at once."""
+    policy = RetryPolicy()
+    retries, wait = os.environ.get("MARIN_MAX_RETRIES"), os.environ.get("MARIN_RETRY_WAIT")
+    try:
+        if retries is not None:
+            policy = replace(policy, max_retries=max(0, int(retries)))
+        if wait is not None:
+            policy = replace(policy, base_wait=max(0.0, float(wait)), max_wait=8 * max(0.0, float(wait)),
+                             max_retry_after=60 * max(0.0, float(wait)))
+    except ValueError:
+        raise ValueError(f"MARIN_MAX_RETRIES={retries!r} / MARIN_RETRY_WAIT={wait!r}: not numbers") from None
+    return policy
+
+
+DEFAULT_POLICY = policy_from_env()
 
 
 def retry_call(
@@ -93,7 +113,8 @@ def retry_call(
                 raise
             retry += 1
             wait = policy.wait(retry, e)
-            log.warning("%s: %s. Retrying in %.1fs [%d/%d]", what, e, wait, retry, policy.max_retries)
+            log.warning("%s: %s. Retrying in %.1fs [%d/%d]", printable(what), printable(e), wait, retry,
+                        policy.max_retries)
             sleep(wait)
 
 

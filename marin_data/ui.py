@@ -1,10 +1,49 @@
-"""Terminal output shared by the commands: tables, sizes and progress bars."""
+"""Terminal output shared by the commands: tables, sizes, progress bars, and the escaping of text that
+came from elsewhere.
+
+Names and messages from a store, a manifest or an index may hold terminal control characters: a ``\r``
+that lets a later text overwrite a summary line, an escape sequence that recolours the screen or retitles
+the window, a bidirectional override that reverses what follows. `printable` escapes every one of them
+(``\x1b``, ``\r``, ``\u202e``) in a name or a field, newlines included; `terminal_safe` does it for whole
+output, keeping its newlines and tabs; `echo` is ``click.echo`` through `terminal_safe`, and every command
+prints with it. JSON output needs neither: ``json.dumps`` escapes them itself.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-__all__ = ["human_bytes", "human_count", "plural", "format_table", "progress"]
+__all__ = ["human_bytes", "human_count", "plural", "format_table", "progress", "printable", "terminal_safe", "echo"]
+
+# C0 controls, DEL, C1 controls, the bidirectional formatting characters and the line/paragraph separators
+_CONTROLS = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_UNSAFE = re.compile(f"[{_CONTROLS}]")
+_UNSAFE_IN_TEXT = re.compile(f"(?![\n\t])[{_CONTROLS}]")
+
+
+def _escaped(m: re.Match) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: object) -> str:
+    """``str(text)`` with every terminal control character escaped, newlines and tabs included: for a name
+    or a field printed within a line."""
+    return _UNSAFE.sub(_escaped, str(text))
+
+
+def terminal_safe(text: object) -> str:
+    """``str(text)`` with every terminal control character escaped but its newlines and tabs: for a whole
+    message or a document's text."""
+    return _UNSAFE_IN_TEXT.sub(_escaped, str(text))
+
+
+def echo(text: object = "", *, err: bool = False, fg: str | None = None) -> None:
+    """Print a line on stdout (``err``: stderr) through `terminal_safe`, optionally coloured."""
+    import click
+
+    click.secho(terminal_safe(text), err=err, fg=fg)
 
 
 def human_bytes(n: float) -> str:
@@ -31,7 +70,7 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain-text table: first column left-aligned, the others right-aligned (they are numbers)."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    cells = [[printable(h) for h in headers]] + [[printable(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
     def line(r: Sequence[str]) -> str:
@@ -71,5 +110,5 @@ def progress(total: float | None, desc: str, unit: str = "it", *, unit_scale: bo
         return _Hidden()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, unit_divisor=1024 if unit == "B" else 1000,
-                dynamic_ncols=True, leave=False)
+    return tqdm(total=total, desc=printable(desc), unit=unit, unit_scale=unit_scale,
+                unit_divisor=1024 if unit == "B" else 1000, dynamic_ncols=True, leave=False)

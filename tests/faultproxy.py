@@ -15,8 +15,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
+
+from marin_data.testing.loopback import LoopbackServer
 
 __all__ = ["Fault", "Logged", "FaultProxy"]
 
@@ -54,7 +56,7 @@ class Logged:
     fault: str | None = None
 
 
-class FaultProxy:
+class FaultProxy(LoopbackServer):
     """``with FaultProxy("http://127.0.0.1:5000") as proxy: ... proxy.endpoint ...``"""
 
     def __init__(self, upstream: str):
@@ -65,20 +67,7 @@ class FaultProxy:
         self.log: list[Logged] = []
         self.lock = threading.Lock()
         self._active = 0  # requests being forwarded right now
-        self._server = _QuietServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-
-    def __enter__(self) -> FaultProxy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        super().__init__(_handler(self))
 
     def add(self, fault: Fault) -> None:
         with self.lock:
@@ -121,11 +110,6 @@ class FaultProxy:
     def _count(self, path: str, n: int) -> None:
         with self.lock:
             self.served[path] += n
-
-
-class _QuietServer(ThreadingHTTPServer):
-    def handle_error(self, request, client_address) -> None:  # clients hang up mid-response on purpose
-        pass
 
 
 def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:

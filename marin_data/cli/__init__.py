@@ -16,6 +16,7 @@ import traceback
 import click
 
 from marin_data.cli._errors import describe
+from marin_data.ui import echo
 
 __all__ = ["main", "cli"]
 
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
+        echo("Aborted.", err=True)
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - the one place errors become exit codes
         known = describe(e)
@@ -95,5 +96,5 @@ def main(argv: list[str] | None = None) -> None:
         if known is None:
             sys.exit(70)
         message, code = known
-        click.secho(f"error: {message}", err=True, fg="red")
+        echo(f"error: {message}", err=True, fg="red")
         sys.exit(code)

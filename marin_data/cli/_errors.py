@@ -11,11 +11,12 @@ from collections.abc import Callable
 
 from marin_data import errors as E
 
-__all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "EXIT_DENIED", "ERROR_TABLE", "describe"]
+__all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "EXIT_DENIED", "EXIT_LIMIT", "ERROR_TABLE", "describe"]
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1  # verify found missing/modified/unlisted files; some downloads failed
 EXIT_USAGE = 2  # bad flags (click's own code) or an invalid manifest: nothing was checked
+EXIT_LIMIT = 23  # a store's answer passed a bound marin sets (a listing too long)
 
 
 def _with_fix(fix: str) -> Callable[[Exception], str]:
@@ -81,6 +82,9 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                     + (f" --endpoint-url {e.endpoint_url}" if e.endpoint_url else ""), 8),
     (E.RetryableRemoteError, _with_fix("a transient network failure outlasted the retries: run the same "
                                        "command again to resume"), 7),
+    (E.RemoteLimitError, _with_fix("the server sent more than marin accepts from it (docs/security.md, \"Memory "
+                                   "limits\"): use another mirror, or raise the bound it names if the corpus "
+                                   "really is that large"), EXIT_LIMIT),
     (E.RemoteError, _with_fix("check the URL, credentials and endpoint"), 8),
     (E.MissingExtraError, _with_fix("install the optional extra it names (in a checkout: pip install -e "
                                     "'.[NAME]')"), 13),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from marin_data.ui import human_bytes
+from marin_data.ui import echo, human_bytes, plural
 
 __all__ = ["command"]
 
@@ -37,5 +37,5 @@ def command(path: Path, tokenizer: str, name: str | None, license_: str, workers
     from marin_data.levanter.adopt import adopt
 
     report = adopt(path, tokenizer=tokenizer, name=name, license=license_, workers=workers)
-    click.echo(f"pinned {len(report.subsets)} subset{'s' * (len(report.subsets) != 1)}, {report.files:,} files, "
-               f"{human_bytes(report.bytes)} hashed in {report.seconds:.2f}s; manifest sha256 {report.manifest_sha256}")
+    echo(f"pinned {plural(len(report.subsets), 'subset')}, {plural(report.files, 'file')}, "
+         f"{human_bytes(report.bytes)} hashed in {report.seconds:.2f}s; manifest sha256 {report.manifest_sha256}")

@@ -8,7 +8,7 @@ import click
 
 from marin_data.docs.stats import SCAN_TOKENS
 from marin_data.docs.write import write_datasheet
-from marin_data.ui import plural
+from marin_data.ui import echo, plural
 
 __all__ = ["command"]
 
@@ -55,17 +55,17 @@ def command(corpus: Path, meta: Path | None, meta_template: bool, out: Path | No
         from marin_data.corpus.manifest import load_corpus
         from marin_data.docs.questions import meta_template as template
 
-        click.echo(template(load_corpus(corpus).manifest.subsets, corpus=str(corpus)), nl=False)
+        click.echo(template(load_corpus(corpus).manifest.subsets, corpus=str(corpus)), nl=False)  # names checked
         return
     result = write_datasheet(corpus, meta=meta, out=out, strict=strict, scan_tokens=scan_tokens)
     for rel in result.written:
-        click.echo(f"wrote      {result.dest / rel}")
+        echo(f"wrote      {result.dest / rel}")
     for rel in result.unchanged:
-        click.echo(f"unchanged  {result.dest / rel}")
+        echo(f"unchanged  {result.dest / rel}")
     where = "listed in the corpus manifest" if result.in_corpus else "outside the corpus (--out)"
-    click.echo(f"card, croissant.json and figures: {where}")
-    click.echo(f"manifest sha256 (stated in the datasheet): {result.manifest_sha256}")
+    echo(f"card, croissant.json and figures: {where}")
+    echo(f"manifest sha256 (stated in the datasheet): {result.manifest_sha256}")
     if result.unanswered:
-        click.echo(f"{plural(len(result.unanswered), 'question')} not answered (marked in the datasheet): "
-                   f"{', '.join(result.unanswered)}", err=True)
-    click.echo(f"datasheet: {result.datasheet}")
+        echo(f"{plural(len(result.unanswered), 'question')} not answered (marked in the datasheet): "
+             f"{', '.join(result.unanswered)}", err=True)
+    echo(f"datasheet: {result.datasheet}")

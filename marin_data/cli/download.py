@@ -11,7 +11,7 @@ from marin_data.cli._store_options import check_s3_flags, check_sha256, show_ret
 from marin_data.layout import RECORD
 from marin_data.transfer.download import DownloadReport, download
 from marin_data.transfer.fetch import PART_BYTES
-from marin_data.ui import format_table, human_bytes, human_count, plural
+from marin_data.ui import echo, format_table, human_bytes, human_count, plural, printable
 
 __all__ = ["command"]
 
@@ -71,9 +71,9 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
     report = download(source, subsets=list(subsets) or None, dest=dest, mirrors=list(mirrors),
                       manifest_sha256=manifest_sha256, workers=workers, part_bytes=part_mb << 20, dry_run=dry_run,
                       **store_kwargs(endpoint_url, profile, anonymous, requester_pays), **hf)
-    click.echo(_dry_run(report) if dry_run else _summary(report))
+    echo(_dry_run(report) if dry_run else _summary(report))
     for note in report.notes:
-        click.echo(f"note: {note}", err=True)
+        echo(f"note: {note}", err=True)
     if not report.ok:
         raise report.error()
 
@@ -84,8 +84,8 @@ def _dry_run(report: DownloadReport) -> str:
     return "\n".join([
         format_table(["file", "bytes"], rows),
         f"Would fetch {plural(len(plan.files), 'file')}, {human_bytes(plan.bytes)}, {human_count(plan.tokens)} "
-        f"tokens ({plural(len(plan.subsets), 'subset')}: {', '.join(plan.subsets)}) into {report.dest}, and the "
-        f"datasheet if the source has one; files already there and verified will be skipped.",
+        f"tokens ({plural(len(plan.subsets), 'subset')}: {printable(', '.join(plan.subsets))}) into {report.dest}, "
+        f"and the datasheet if the source has one; files already there and verified will be skipped.",
         f"manifest sha256: {plan.manifest_sha256}",
     ])
 
@@ -95,5 +95,5 @@ def _summary(report: DownloadReport) -> str:
     return (f"{'Downloaded' if report.ok else 'INCOMPLETE'}: {plural(len(report.fetched), 'file')} fetched "
             f"({human_bytes(report.bytes_fetched)} in {report.seconds:.1f}s, {human_bytes(rate)}/s), "
             f"{len(report.skipped)} already present and verified, {len(report.failed)} failed; "
-            f"subsets {', '.join(report.plan.subsets)} in {report.dest} (recorded in {RECORD}).\n"
+            f"subsets {printable(', '.join(report.plan.subsets))} in {report.dest} (recorded in {RECORD}).\n"
             f"manifest sha256: {report.plan.manifest_sha256}")

@@ -10,6 +10,7 @@ import click
 
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import check_sha256, is_url, store_kwargs, store_options
+from marin_data.ui import echo
 
 __all__ = ["command", "remote_options"]
 
@@ -64,7 +65,7 @@ def command(corpus: str, as_json: bool, manifest_sha256: str | None, endpoint_ur
         from marin_data.corpus.info import corpus_info
 
         info = corpus_info(corpus)
-    click.echo(json.dumps(info.to_json(), indent=2) if as_json else str(info))
+    echo(json.dumps(info.to_json(), indent=2) if as_json else str(info))
 
 
 def remote_options(url: str, endpoint_url: str | None, profile: str | None, anonymous: bool,

@@ -10,7 +10,7 @@ import click
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import show_retries, store_kwargs, store_options
 from marin_data.transfer.publish_s3 import publish
-from marin_data.ui import human_bytes, plural
+from marin_data.ui import echo, human_bytes, plural
 
 __all__ = ["command"]
 
@@ -52,10 +52,10 @@ def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None
         from marin_data.transfer.publish_hf import publish_hf
 
         report = publish_hf(corpus, to=to, endpoint=endpoint, token=token, workers=workers)
-        click.echo(f"Published {corpus} to {', '.join(report.repos)}: {plural(len(report.uploaded), 'file')} "
-                   f"uploaded ({human_bytes(report.bytes_uploaded)} in {report.seconds:.1f}s, "
-                   f"{plural(report.commits, 'commit')}), {len(report.skipped)} already there.")
-        click.echo(f"manifest sha256: {report.manifest_sha256}")
+        echo(f"Published {corpus} to {', '.join(report.repos)}: {plural(len(report.uploaded), 'file')} "
+             f"uploaded ({human_bytes(report.bytes_uploaded)} in {report.seconds:.1f}s, "
+             f"{plural(report.commits, 'commit')}), {len(report.skipped)} already there.")
+        echo(f"manifest sha256: {report.manifest_sha256}")
         return
     if anonymous:
         raise click.UsageError("--anonymous cannot publish: uploads need credentials")
@@ -63,7 +63,7 @@ def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None
     report = publish(corpus, to=to, workers=workers, s3_compat=s3_compat,
                      **store_kwargs(endpoint_url, profile, anonymous, requester_pays))
     rate = report.bytes_uploaded / report.seconds if report.seconds else 0.0
-    click.echo(f"Published {corpus} to {report.url}: {plural(len(report.uploaded), 'file')} uploaded "
-               f"({human_bytes(report.bytes_uploaded)} in {report.seconds:.1f}s, {human_bytes(rate)}/s), "
-               f"{len(report.skipped)} already there.")
-    click.echo(f"manifest sha256: {report.manifest_sha256}")
+    echo(f"Published {corpus} to {report.url}: {plural(len(report.uploaded), 'file')} uploaded "
+         f"({human_bytes(report.bytes_uploaded)} in {report.seconds:.1f}s, {human_bytes(rate)}/s), "
+         f"{len(report.skipped)} already there.")
+    echo(f"manifest sha256: {report.manifest_sha256}")

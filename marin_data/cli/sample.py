@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from marin_data.corpus.sample import DEFAULT_VOCAB_SIZE, build_sample
-from marin_data.ui import plural
+from marin_data.ui import echo, plural
 
 __all__ = ["command"]
 
@@ -39,7 +39,7 @@ def command(out: Path, tokenizer: str | None, vocab_size: int, workers: int | No
         raise click.UsageError("--vocab-size applies to the trained tokenizer; it cannot be used with --tokenizer")
     start = time.perf_counter()
     report = build_sample(out, tokenizer=tokenizer, vocab_size=vocab_size, workers=workers)
-    click.echo(str(report.info))
+    echo(str(report.info))
     done = sum(not r.unchanged for r in report.subsets)
-    click.echo(f"\nbuilt {done} of {plural(len(report.subsets), 'subset')} in {time.perf_counter() - start:.1f}s"
-               + (" (tokenizer trained)" if report.trained_tokenizer else ""))
+    echo(f"\nbuilt {done} of {plural(len(report.subsets), 'subset')} in {time.perf_counter() - start:.1f}s"
+         + (" (tokenizer trained)" if report.trained_tokenizer else ""))

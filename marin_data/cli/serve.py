@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from marin_data.layout import MANIFEST
-from marin_data.ui import plural
+from marin_data.ui import echo, plural
 
 __all__ = ["command"]
 
@@ -65,16 +65,16 @@ def command(root: Path, host: str, port: int, writable: bool, token: str | None,
     def ready(mirror) -> None:
         repos = mirror.app.repos.repo_ids()
         mode = "read-write (token required)" if writable else "read-only"
-        click.echo(f"Serving {plural(len(repos), 'repo')} from {root} at {mirror.url} ({mode}); "
-                   f"Ctrl-C stops.\n  export HF_ENDPOINT={mirror.url}", err=True)
+        echo(f"Serving {plural(len(repos), 'repo')} from {root} at {mirror.url} ({mode}); "
+             f"Ctrl-C stops.\n  export HF_ENDPOINT={mirror.url}", err=True)
         for repo_id in repos[:20]:
-            click.echo(f"  {repo_id}", err=True)
+            echo(f"  {repo_id}", err=True)
         if len(repos) > 20:
-            click.echo(f"  ... and {len(repos) - 20} more", err=True)
+            echo(f"  ... and {len(repos) - 20} more", err=True)
         for folder, why in mirror.app.repos.skipped():
-            click.echo(f"  skipped {folder}: {why}", err=True)
+            echo(f"  skipped {folder}: {why}", err=True)
         if not repos:
-            click.echo(f"  {root} holds no repo: ROOT/org/name folders are served as the dataset repos org/name",
-                       err=True)
+            echo(f"  {root} holds no repo: ROOT/org/name folders are served as the dataset repos org/name",
+                 err=True)
 
     serve(root, host=host, port=port, token=token, writable=writable, threads=threads, on_ready=ready)

@@ -12,7 +12,7 @@ from marin_data.corpus.build import DEFAULT_SHARD_TOKENS, ShardReport, shard_sub
 from marin_data.corpus.names import check_subset_name
 from marin_data.errors import InvalidManifestError
 from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES
-from marin_data.ui import format_table, human_bytes, plural
+from marin_data.ui import echo, format_table, human_bytes, plural
 
 __all__ = ["command"]
 
@@ -104,7 +104,7 @@ def command(inputs: tuple[str, ...], subset: str, tokenizer: str, out: Path, wor
                           bos_token=bos_token, tokenizer_name=tokenizer_name, skip_bad=skip_bad, max_doc_bytes=max_doc_bytes, license=license_,
                           shard_tokens=shard_tokens, name=corpus_name, version=corpus_version,
                           **engine_kwargs(engine, ray_address))
-    click.echo(summary(report))
+    echo(summary(report))
 
 
 def summary(report: ShardReport) -> str:

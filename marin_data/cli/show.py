@@ -11,7 +11,7 @@ import click
 
 from marin_data.cli._hf_options import hf_options
 from marin_data.cli._store_options import check_sha256, is_url, store_options
-from marin_data.ui import plural
+from marin_data.ui import echo, plural, printable
 
 __all__ = ["command", "TERMINAL_MAX_CHARS"]
 
@@ -98,8 +98,8 @@ def command(corpus: str, subset: str | None, tokenizer: str | None, row: int | N
         more = max(0, len(d.text) - max_chars) if max_chars else 0
         text = d.text[:len(d.text) - more]
         if as_json:
-            click.echo(json.dumps({"id": d.id, "shard": d.shard, "tokens": d.tokens, "text": text,
-                                   **({"more_chars": more} if more else {})}))
+            echo(json.dumps({"id": d.id, "shard": d.shard, "tokens": d.tokens, "text": text,
+                             **({"more_chars": more} if more else {})}))
         else:
             cut = f"… ({plural(more, 'more character')}; --max-chars 0 shows them)" if more else ""
-            click.echo(f"== {d.id}  ({d.tokens:,} tokens, {d.shard})\n{text}{cut}\n")
+            echo(f"== {printable(d.id)}  ({d.tokens:,} tokens, {printable(d.shard)})\n{text}{cut}\n")

@@ -9,7 +9,7 @@ import click
 from marin_data.cli.shard import TokenCount
 from marin_data.raw.bpe import SPECIAL_TOKENS, train_tokenizer_file
 from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES
-from marin_data.ui import plural
+from marin_data.ui import echo, plural
 
 __all__ = ["command"]
 
@@ -55,8 +55,8 @@ def train(inputs: tuple[str, ...], vocab_size: int, out: Path, text_field: str, 
     report = train_tokenizer_file(inputs, vocab_size=vocab_size, out=out, text_field=text_field, skip_bad=skip_bad,
                                   max_doc_bytes=max_doc_bytes, force=force)
     skipped = sum(report.skipped.values())
-    click.echo(f"trained a byte-level BPE of {plural(report.vocab_size, 'token')} on "
-               f"{plural(report.documents, 'document')} from {plural(report.inputs, 'file')} in {report.seconds:.1f}s"
-               + (f" ({plural(skipped, 'bad record')} skipped: "
-                  f"{', '.join(f'{k} {v}' for k, v in report.skipped.items())})" if skipped else ""))
-    click.echo(f"wrote {report.path} (sha256 {report.sha256})")
+    echo(f"trained a byte-level BPE of {plural(report.vocab_size, 'token')} on "
+         f"{plural(report.documents, 'document')} from {plural(report.inputs, 'file')} in {report.seconds:.1f}s"
+         + (f" ({plural(skipped, 'bad record')} skipped: "
+            f"{', '.join(f'{k} {v}' for k, v in report.skipped.items())})" if skipped else ""))
+    echo(f"wrote {report.path} (sha256 {report.sha256})")

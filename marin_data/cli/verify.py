@@ -11,7 +11,7 @@ from marin_data.cli._engine_options import engine_kwargs, engine_options
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import check_sha256, is_url, store_kwargs, store_options
 from marin_data.errors import VerificationFailedError
-from marin_data.ui import human_bytes, plural
+from marin_data.ui import echo, human_bytes, plural, printable
 from marin_data.corpus.verify import FOREIGN_FOLDERS, SCOPE_DOWNLOADED, VerifyReport, verify_corpus
 
 __all__ = ["command"]
@@ -112,7 +112,7 @@ def command(corpus: str, subsets: tuple[str, ...], workers: int | None, deep: bo
             store_kwargs(endpoint_url, profile, anonymous, requester_pays)
         report = verify_remote(corpus, remote, subsets=subsets or None, manifest_sha256=manifest_sha256,
                                **({"workers": workers} if workers else {}), **options)
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else _human(report))
+    echo(json.dumps(report.to_json(), indent=2) if as_json else _human(report))
     if not report.ok:
         raise VerificationFailedError(f"{plural(len(report.problems), 'problem')} found in {corpus}",
                                       problems=list(report.problems))
@@ -140,8 +140,8 @@ def _levanter_source(corpus: str, endpoint_url, profile, anonymous, requester_pa
 
 def _human(report: VerifyReport) -> str:
     width = max([len(p.kind.value) for p in report.problems] + [len("partial")])
-    lines = [f"{p.kind.value:<{width}}  {p.path}  {p.message}" for p in report.problems]
-    lines += [f"{'partial':<{width}}  {p}  leftover of an interrupted write: not a failure, safe to delete "
+    lines = [f"{p.kind.value:<{width}}  {printable(p.path)}  {printable(p.message)}" for p in report.problems]
+    lines += [f"{'partial':<{width}}  {printable(p)}  leftover of an interrupted write: not a failure, safe to delete "
               f"when no marin-data process is writing" for p in report.partial_files]
     lines += [f"{'ignored':<{width}}  {p}/  {FOREIGN_FOLDERS[p]}: not part of the corpus, not checked"
               for p in report.ignored]

@@ -16,7 +16,7 @@ from marin_data.corpus.names import select_subsets
 from marin_data.corpus.record import read_download_record
 from marin_data.corpus.records import SubsetInfo
 from marin_data.raw.tokenizer import TokenizerInfo
-from marin_data.ui import format_table, human_bytes, plural
+from marin_data.ui import format_table, human_bytes, plural, printable
 
 __all__ = ["CorpusInfo", "corpus_info", "total_of", "subsets_table"]
 
@@ -45,14 +45,14 @@ class CorpusInfo:
         t = self.tokenizer
         bos = f", BOS {t.bos_id} prepended" if t.add_bos else ""
         lines = [
-            f"{self.name} {self.version}  ({self.root})",
+            f"{printable(self.name)} {printable(self.version)}  ({printable(self.root)})",
             "",
             subsets_table(self.subsets, self.present),
             "",
             *([f"partial copy     holds {len(self.present)} of {plural(len(self.subsets), 'subset')} (here: yes); "
                "`marin-data download` fetches the others"] if self.present is not None else []),
-            f"tokenizer        {t.name}: vocab {t.vocab_size:,}, EOS {t.eos_id}{bos}; tokenizer.json sha256 {t.sha256}",
-            *(f"mirror           {m.get('url')}  ({', '.join(m.get('subsets') or ['all subsets'])})"
+            f"tokenizer        {printable(t.name)}: vocab {t.vocab_size:,}, EOS {t.eos_id}{bos}; tokenizer.json sha256 {t.sha256}",
+            *(f"mirror           {printable(m.get('url'))}  ({printable(', '.join(m.get('subsets') or ['all subsets']))})"
               for m in self.mirrors),
             f"manifest sha256  {self.manifest_sha256}",
         ]

@@ -21,7 +21,8 @@ from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.shard import MAX_ROW_GROUP_BYTES
-from marin_data.errors import InvalidManifestError, ShardFormatError, ShardMissingError, UnknownDocumentError, shown
+from marin_data.errors import (InvalidManifestError, RemoteError, ShardFormatError, ShardMissingError,
+                               UnknownDocumentError, shown)
 from marin_data.layout import TOKENIZER
 from marin_data.parquet_io import decoded_bound, open_parquet
 from marin_data.raw.tokenizer import LoadedTokenizer, tokenizer_from_bytes
@@ -68,7 +69,7 @@ def decode_rows(files: Iterator[tuple[ShardRecord, object]], tokenizer: LoadedTo
                         out.append(ShownDocument(row_id, shard.path, len(tokens), _text(tokens, tokenizer)))
                     if len(out) >= (1 if doc_id is not None else n):
                         return out
-        except ShardFormatError:
+        except (ShardFormatError, RemoteError):  # already typed (pyarrow passes a store's failure on as is)
             raise
         except (OSError, ValueError, KeyError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
             raise ShardFormatError(f"not a readable shard: {e}", path=shard.path) from e

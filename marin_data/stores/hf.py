@@ -29,14 +29,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
+from marin_data.errors import RemoteError, RemoteLimitError, RetryableRemoteError, shown
 from marin_data.layout import MANIFEST
 from marin_data.retry import parse_retry_after, status_error
-from marin_data.stores.base import METADATA_LIMIT, READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header
+from marin_data.stores.base import METADATA_LIMIT, ObjectInfo, ReadStream, Store, body_span, collect, range_header
+from marin_data.stores.http import http_client, mapped_errors
 from marin_data.stores.hub_ids import parse_hf_url
+from marin_data.stores.limits import PAGE_MAX_BYTES, ListingBudget, RequestClock
 from marin_data.untrusted_json import loads
 
 __all__ = ["HfStore"]
+
+_REVISION_LIMIT = 1 << 20  # a revision lookup answers a commit id and a few fields
 
 
 class HfStore(Store):
@@ -53,7 +57,6 @@ class HfStore(Store):
 
     def __init__(self, url: str, *, endpoint: str | None = None, token: str | None = None,
                  max_connections: int = 16):
-        import httpx2
         from huggingface_hub import constants, get_token
 
         try:
@@ -64,13 +67,12 @@ class HfStore(Store):
         self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
         token = token or get_token()
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx2.Client(
-            timeout=httpx2.Timeout(60.0, connect=10.0), follow_redirects=True,
-            limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+        self._client = http_client(max_connections)
         self._lock = threading.Lock()
         self._list_lock = threading.Lock()  # one listing at a time: concurrent first reads wait for it
         self._commits: dict[str, str] = {}
         self._index: dict[str, tuple[str, ObjectInfo]] | None = None  # path -> (repo, info)
+        self._index_error: RemoteLimitError | None = None  # a listing past its bound is not walked again
 
     # --- Store -------------------------------------------------------------------------------------------
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
@@ -89,14 +91,7 @@ class HfStore(Store):
         where = self.describe(path)
         wanted = range_header(start, end)
         headers = {**self._headers, "Accept-Encoding": "identity", **({"Range": wanted} if wanted else {})}
-        response = self._send("GET", url, where, headers=headers, stream=True)
-        begin = body_start(response.status_code, response.headers.get("Content-Range"), where, response.close)
-
-        def chunks() -> Iterator[bytes]:
-            with _mapped_errors(where):
-                yield from response.iter_bytes(READ_CHUNK)
-
-        return ReadStream(chunks(), start=begin, close=response.close)
+        return self._get(url, where, start, end, headers)[0]
 
     def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
         raise RemoteError("a Hugging Face repo is written in commits: publish with `marin-data publish "
@@ -109,38 +104,39 @@ class HfStore(Store):
         return f"{self.url}/{path}"
 
     # --- internals ---------------------------------------------------------------------------------------
-    def _send(self, method: str, url: str, where: str, *, headers: dict | None = None, stream: bool = False):
-        """One request; any non-2xx answer or transport failure raises the typed error."""
-        with _mapped_errors(where):
-            request = self._client.build_request(method, url, headers=headers or self._headers)
-            response = self._client.send(request, stream=stream)
+    def _get(self, url: str, where: str, start: int = 0, end: int | None = None,
+             headers: dict | None = None):
+        """One GET as a stream of its body (and the response, for its headers), on a fresh `RequestClock`;
+        any non-2xx answer or transport failure raises the typed error."""
+        clock = RequestClock(where)
+        with clock.running(), mapped_errors(where):
+            request = self._client.build_request("GET", url, headers=headers or self._headers)
+            response = self._client.send(request, stream=True)
         if response.status_code >= 300:
-            if stream:
-                response.read()
-            response.close()
+            response.close()  # its body unread: an error answer is only its status and headers
             message = response.headers.get("X-Error-Message") or f"HTTP {response.status_code}"
             if response.headers.get("X-Error-Code"):
                 message = f"{response.headers['X-Error-Code']}: {message}"
             raise status_error(message, status=response.status_code, path=where,
                                retry_after=parse_retry_after(response.headers.get("Retry-After")))
-        return response
+        begin, stop = body_span(response.status_code, response.headers.get("Content-Range"), start, end, where,
+                                response.close)
 
-    def _json(self, url: str, where: str):
-        """The JSON answer at ``url``, refused past `METADATA_LIMIT` bytes as they arrive."""
-        response = self._send("GET", url, where, stream=True)
-        body = bytearray()
+        def pieces() -> Iterator[bytes]:
+            with mapped_errors(where):
+                yield from response.iter_bytes()  # as they arrive: the clock is checked at each
+
+        return ReadStream(pieces(), start=begin, stop=stop, close=response.close, clock=clock), response
+
+    def _json(self, url: str, where: str, limit: int = METADATA_LIMIT):
+        """The JSON answer at ``url``, its size and its ``Link`` header's links; refused past ``limit`` bytes
+        as they arrive (`RemoteLimitError`)."""
+        stream, response = self._get(url, where)
+        body = collect(stream, limit=limit, where=where)
         try:
-            with _mapped_errors(where):
-                for chunk in response.iter_bytes(READ_CHUNK):
-                    body += chunk
-                    if len(body) > METADATA_LIMIT:
-                        raise RemoteError(f"answer larger than the {METADATA_LIMIT} bytes expected of it", path=where)
-        finally:
-            response.close()
-        try:
-            return loads(body), response
-        except ValueError as e:
-            raise RetryableRemoteError(f"not JSON from {url}: {e}", path=where) from e
+            return loads(body), len(body), response.links
+        except ValueError as e:  # too deep a nesting is a ValueError too (`marin_data.untrusted_json`)
+            raise RetryableRemoteError(f"not JSON from {url}: {shown(e)}", path=where) from e
 
     def _commit(self, repo: str) -> str:
         """The commit id the repo's revision names, resolved once (every read then names that commit)."""
@@ -148,8 +144,8 @@ class HfStore(Store):
             if repo in self._commits:
                 return self._commits[repo]
         rev = (self.hf.revision or "main") if repo == self.hf.repo_id else "main"
-        info, _ = self._json(f"{self.endpoint}/api/datasets/{repo}/revision/{quote(rev, safe='')}",
-                             f"hf://datasets/{repo}@{rev}")
+        info, _, _ = self._json(f"{self.endpoint}/api/datasets/{repo}/revision/{quote(rev, safe='')}",
+                                f"hf://datasets/{repo}@{rev}", limit=_REVISION_LIMIT)
         sha = info.get("sha") if isinstance(info, dict) else None
         if not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{40}", sha)):
             raise RemoteError("the endpoint gave no commit id for the revision: not a Hub-compatible endpoint?",
@@ -177,36 +173,55 @@ class HfStore(Store):
     def _listing(self) -> dict[str, tuple[str, ObjectInfo]]:
         """``path -> (repo, info)`` over every repo of the corpus, listed once."""
         with self._list_lock:
+            if self._index_error is not None:
+                raise self._index_error
             if self._index is None:
                 index: dict[str, tuple[str, ObjectInfo]] = {}
-                for i, repo in enumerate(self._repos()):
-                    for path, info in self._list_repo(repo):
-                        if i == 0 or path != "README.md":  # a part repo's own card is not a corpus file
-                            index.setdefault(path, (repo, info))
+                budget = ListingBudget(self.url)  # every page of every repo of the corpus counts
+                try:
+                    for i, repo in enumerate(self._repos()):
+                        for path, info in self._list_repo(repo, budget):
+                            if i == 0 or path != "README.md":  # a part repo's own card is not a corpus file
+                                index.setdefault(path, (repo, info))
+                except RemoteLimitError as e:
+                    self._index_error = e
+                    raise
                 self._index = index
             return self._index
 
-    def _list_repo(self, repo: str) -> Iterator[tuple[str, ObjectInfo]]:
+    def _list_repo(self, repo: str, budget: ListingBudget) -> Iterator[tuple[str, ObjectInfo]]:
         url: str | None = f"{self.endpoint}/api/datasets/{repo}/tree/{self._commit(repo)}?recursive=true&expand=false"
-        pages = 0
+        where = f"hf://datasets/{repo}"
         while url is not None:
-            items, response = self._json(url, f"hf://datasets/{repo}")
+            try:
+                items, size, links = self._json(url, where, limit=min(PAGE_MAX_BYTES, budget.bytes_left()))
+            except RemoteLimitError as e:
+                raise budget.exceeded(f"a page of more than {min(PAGE_MAX_BYTES, budget.bytes_left()):,} bytes "
+                                      "left for it") from e
             if not isinstance(items, list):
-                raise RemoteError("malformed tree listing", path=f"hf://datasets/{repo}")
+                raise RemoteError("malformed tree listing", path=where)
+            budget.take(entries=len(items), nbytes=size, page=True)
             for e in items:
                 if isinstance(e, dict) and e.get("type") == "file":
                     lfs = e.get("lfs") or {}
                     if not (isinstance(e.get("path"), str) and type(e.get("size")) is int and e["size"] >= 0
                             and isinstance(lfs, dict)):
-                        raise RemoteError(f"malformed tree listing entry {str(e)[:200]}",
-                                          path=f"hf://datasets/{repo}")
+                        raise RemoteError(f"malformed tree listing entry {str(e)[:200]}", path=where)
                     yield e["path"], ObjectInfo(e["path"], e["size"], sha256=lfs.get("oid"),
                                                 sha256_source="lfs" if lfs else None,
                                                 git_sha1=None if lfs else e.get("oid"))
-            url = response.links.get("next", {}).get("url")
-            pages += 1
-            if pages > 100_000:  # bounded: a server looping its Link header would never end
-                raise RemoteError("tree listing does not end", path=f"hf://datasets/{repo}")
+            url = self._next_page(links, where)
+
+    def _next_page(self, links: dict, where: str) -> str | None:
+        """The ``Link: rel="next"`` URL, followed only on the endpoint's own origin: the request carries the
+        token, which another host must not get."""
+        url = links.get("next", {}).get("url")
+        if url is None:
+            return None
+        if not isinstance(url, str) or _origin(url) != _origin(self.endpoint):
+            raise RemoteError(f"the tree listing's next page {str(url)[:200]!r} is not on {self.endpoint}: not "
+                              "followed", path=where)
+        return url
 
     def _repo_of(self, path: str) -> str:
         hit = self._listing().get(path)
@@ -219,21 +234,11 @@ def _default_endpoint() -> str:
     return constants.ENDPOINT.rstrip("/")
 
 
-class _mapped_errors:
-    """Turn httpx2 transport failures (connection refused or dropped, timeouts, truncated bodies) into
-    `RetryableRemoteError` naming ``where``."""
+def _origin(url: str) -> tuple[str, str, int | None]:
+    from urllib.parse import urlsplit
 
-    def __init__(self, where: str):
-        self.where = where
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, etype, exc, tb) -> bool:
-        import httpx2
-
-        if exc is None or isinstance(exc, MarinDataError):
-            return False
-        if isinstance(exc, (httpx2.TransportError, httpx2.StreamError, OSError)):
-            raise RetryableRemoteError(f"{type(exc).__name__}: {exc}", path=self.where) from exc
-        return False
+    try:
+        parts = urlsplit(url)
+        return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:  # a malformed port or host
+        return ("", "", None)

@@ -11,6 +11,7 @@ from marin_data.atomic import atomic_path
 from marin_data.corpus.names import safe_relpath
 from marin_data.errors import RemoteError, RetryableRemoteError
 from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store
+from marin_data.stores.limits import ListingBudget
 
 __all__ = ["LocalStore"]
 
@@ -27,8 +28,10 @@ class LocalStore(Store):
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         top = self._file(prefix) if prefix else self.root
+        budget = ListingBudget(self.describe(prefix))  # a mounted share may hold more than any corpus
         for dirpath, dirnames, filenames in os.walk(top):
             dirnames.sort()
+            budget.take(entries=len(dirnames) + len(filenames), nbytes=sum(map(len, dirnames + filenames)))
             for name in sorted(filenames):
                 p = Path(dirpath) / name
                 yield ObjectInfo(p.relative_to(self.root).as_posix(), p.stat().st_size)
@@ -56,7 +59,7 @@ class LocalStore(Store):
                 left -= len(chunk)
                 yield chunk
 
-        return ReadStream(chunks(), start=start, close=f.close)
+        return ReadStream(chunks(), start=start, close=f.close, stop=end)
 
     def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
         with atomic_path(self._file(path)) as tmp, open(src, "rb") as fin, open(tmp, "wb") as fout:

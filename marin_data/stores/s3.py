@@ -24,11 +24,13 @@ from urllib.parse import urlsplit
 from marin_data.corpus.names import safe_relpath
 from marin_data.errors import MarinDataError, NoSuchBucketError, RemoteError, RetryableRemoteError
 from marin_data.retry import parse_retry_after, status_error
-from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_start, range_header
+from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_span, range_header
+from marin_data.stores.limits import ListingBudget, RequestClock
 
 __all__ = ["S3Store", "SINGLE_PUT_LIMIT", "parse_s3_url"]
 
 SINGLE_PUT_LIMIT = 5 << 30  # S3 refuses a single PUT over 5 GiB
+IDLE_TIMEOUT = 60  # seconds without a byte before a read gives up
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -77,7 +79,7 @@ class S3Store(Store):
             retries={"total_max_attempts": 1, "mode": "standard"},  # marin_data.retry retries, once
             max_pool_connections=max(1, max_connections),
             connect_timeout=10,
-            read_timeout=60,
+            read_timeout=IDLE_TIMEOUT,
             signature_version=botocore.UNSIGNED if anonymous else None,
             # We hash every byte ourselves; botocore validating too would hash downloads twice.
             response_checksum_validation="when_required",
@@ -90,6 +92,7 @@ class S3Store(Store):
             session = botocore.session.Session(profile=profile)
             region = session.get_config_variable("region") or os.environ.get("AWS_REGION") or "us-east-1"
             self.client = session.create_client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+        self.client.meta.events.register("before-call.s3.HeadBucket", _no_region_probe)
 
     @classmethod
     def from_url(cls, url: str, **options) -> S3Store:
@@ -104,12 +107,17 @@ class S3Store(Store):
         return {"url": self.url, **({"endpoint_url": self.endpoint_url} if self.endpoint_url else {})}
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object under the prefix, over ListObjectsV2's continuation pages; the listing as a whole is
+        bounded (`ListingBudget`: keys and their bytes), though botocore parses each page whole."""
         root = f"{self.prefix}/" if self.prefix else ""
+        budget = ListingBudget(self.describe(prefix))
         with _mapped_errors(self.describe(prefix), self.endpoint_url):
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=root + (prefix.strip("/") + "/" if prefix else ""), **self._payer)
             for page in pages:
-                for obj in page.get("Contents", []):
+                contents = page.get("Contents", [])
+                budget.take(entries=len(contents), nbytes=sum(len(o.get("Key", "")) for o in contents), page=True)
+                for obj in contents:
                     yield ObjectInfo(obj["Key"][len(root):], obj["Size"])
 
     def head(self, path: str) -> ObjectInfo | None:
@@ -125,22 +133,38 @@ class S3Store(Store):
         if sha is None:
             meta = (r.get("Metadata") or {}).get("sha256", "").lower()
             sha, source = (meta, "metadata") if _HEX64.match(meta) else (None, None)
-        return ObjectInfo(path, int(r["ContentLength"]), sha, source)
+        size = r.get("ContentLength")
+        if type(size) is not int or size < 0:
+            raise RetryableRemoteError(f"HEAD answered without a usable Content-Length ({size!r})",
+                                       path=self.describe(path))
+        return ObjectInfo(path, size, sha, source)
 
     def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
         where = self.describe(path)
         wanted = range_header(start, end)
+        clock = RequestClock(where)
         with _mapped_errors(where, self.endpoint_url):
             r = self.client.get_object(Bucket=self.bucket, Key=self._key(path),
                                        **({"Range": wanted} if wanted else {}), **self._payer)
         body = r["Body"]
-        begin = body_start(r["ResponseMetadata"]["HTTPStatusCode"], r.get("ContentRange"), where, body.close)
+        begin, stop = body_span(r["ResponseMetadata"]["HTTPStatusCode"], r.get("ContentRange"), start, end, where,
+                                body.close)
 
-        def chunks() -> Iterator[bytes]:
+        def pieces() -> Iterator[bytes]:
+            # One socket read at a time, each waiting at most what the clock has left: botocore's own reads
+            # wait for a whole chunk, which a server sending a byte now and then never completes.
+            raw = body._raw_stream  # urllib3's response under botocore's StreamingBody
             with _mapped_errors(where):
-                yield from body.iter_chunks(READ_CHUNK)
+                while True:
+                    conn = raw.connection  # None once the body is complete and the connection released
+                    if conn is not None and conn.sock is not None:
+                        conn.sock.settimeout(max(0.001, min(IDLE_TIMEOUT, clock.remaining())))
+                    piece = raw.read1(READ_CHUNK)
+                    if not piece:
+                        return
+                    yield piece
 
-        return ReadStream(chunks(), start=begin, close=body.close)
+        return ReadStream(pieces(), start=begin, stop=stop, close=body.close, clock=clock)
 
     def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
         checksum = {} if self.s3_compat else {
@@ -150,6 +174,17 @@ class S3Store(Store):
         with _mapped_errors(self.describe(path), self.endpoint_url), open(src, "rb") as body:
             self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=body, ContentLength=size,
                                    Metadata={"sha256": sha256}, **checksum, **self._payer)
+
+
+def _no_region_probe(**_) -> tuple:
+    """The answer to botocore's HeadBucket probe, which it sends to find a bucket's region when a redirect
+    names none. The probe's own redirect would probe again, without end (a redirect loop recursing into a
+    RecursionError); marin never asks HeadBucket itself, and AWS names the region in its redirects. So the
+    probe finds no region, and the redirect is reported as it came (`RemoteError`)."""
+    from botocore.awsrequest import AWSResponse
+
+    return AWSResponse(None, 400, {}, None), {"Error": {"Code": "NoRegionProbe", "Message": "not probed"},
+                                              "ResponseMetadata": {"HTTPStatusCode": 400, "HTTPHeaders": {}}}
 
 
 def _full_object_sha256(value: str | None, checksum_type: str | None) -> str | None:
@@ -171,8 +206,11 @@ def _status(e: Exception) -> int | None:
 def _mapped_errors(where: str, endpoint_url: str | None = None) -> Iterator[None]:
     """Turn boto/urllib3/socket failures into `RemoteError` / `RetryableRemoteError` naming ``where`` (an
     ``s3://`` URL; ``endpoint_url``, where known, goes into `NoSuchBucketError`'s hint)."""
+    import http.client
+
     import botocore.exceptions as bx
     import urllib3.exceptions as ux
+    from botocore.parsers import ResponseParserError  # an answer that is not the XML or JSON S3 sends
 
     try:
         yield
@@ -184,13 +222,16 @@ def _mapped_errors(where: str, endpoint_url: str | None = None) -> Iterator[None
         if err.get("Code") == "NoSuchBucket":
             raise NoSuchBucketError(f"NoSuchBucket: {err.get('Message', '') or e}", path=where,
                                     bucket=urlsplit(where).netloc, endpoint_url=endpoint_url) from e
-        raise status_error(f"{err.get('Code', 'error')}: {err.get('Message', '') or e}", status=_status(e),
-                           path=where, retry_after=parse_retry_after(headers.get("retry-after"))) from e
+        message = f"{err.get('Code', 'error')}: {err.get('Message', '') or e}"
+        if 300 <= (_status(e) or 0) < 400:
+            message += f" (a redirect to {str(headers.get('location'))[:200]!r}: an S3 endpoint's are not followed)"
+        raise status_error(message, status=_status(e), path=where,
+                           retry_after=parse_retry_after(headers.get("retry-after"))) from e
     except (bx.NoCredentialsError, bx.PartialCredentialsError) as e:
         raise RemoteError(f"{e}: configure AWS credentials or a --profile, or pass --anonymous for a public "
                           "bucket", path=where) from e
     except (bx.HTTPClientError, bx.ConnectionError, bx.IncompleteReadError, bx.ResponseStreamingError,
-            bx.ChecksumError, ux.HTTPError, OSError) as e:
+            bx.ChecksumError, ux.HTTPError, OSError, ResponseParserError, http.client.HTTPException) as e:
         raise RetryableRemoteError(f"{type(e).__name__}: {e}", path=where) from e
     except bx.BotoCoreError as e:  # bad profile, bad parameter, bad endpoint: retrying will not help
         raise RemoteError(f"{type(e).__name__}: {e}", path=where) from e

@@ -31,7 +31,8 @@ from marin_data.stores.base import METADATA_LIMIT, Store
 from marin_data.transfer.fetch import PART_BYTES, ByteMeter, already_there, fetch_one
 from marin_data.transfer.partial import partial_path, resumed_bytes
 from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, plan_download
-from marin_data.ui import plural, progress as progress_bar
+from marin_data.ui import plural, printable
+from marin_data.ui import progress as progress_bar
 
 __all__ = ["DownloadReport", "download"]
 
@@ -54,7 +55,7 @@ class DownloadReport:
         return not self.failed
 
     def error(self) -> TransferFailedError:
-        lines = "".join(f"\n  {path}: {why}" for path, why in self.failed)
+        lines = "".join(f"\n  {printable(path)}: {printable(why)}" for path, why in self.failed)
         return TransferFailedError(f"{len(self.failed)} of {plural(len(self.plan.files), 'file')} failed:{lines}",
                                    path=self.dest, failures=list(self.failed))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from marin_data.corpus.index import read_shard_index
 from marin_data.corpus.manifest import Manifest
@@ -22,13 +22,13 @@ from marin_data.errors import (
     ShardChecksumError,
 )
 from marin_data.layout import MANIFEST, SHARDS_INDEX
-from marin_data.retry import RetryPolicy, retry_call
+from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores.base import METADATA_LIMIT, Store
 
 __all__ = ["DOWNLOAD_POLICY", "METADATA_LIMIT", "FileTask", "DownloadPlan", "plan_download"]
 
 # A checksum mismatch is worth a retry too: the bytes may have been damaged in flight.
-DOWNLOAD_POLICY = RetryPolicy(retry_on=(RetryableRemoteError, ShardChecksumError))
+DOWNLOAD_POLICY = replace(DEFAULT_POLICY, retry_on=(RetryableRemoteError, ShardChecksumError))
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,7 @@ def _fetch_manifest(stores: Sequence[Store], pinned: str | None, policy: RetryPo
             raise ManifestHashMismatchError(
                 f"manifest sha256 is {digest}, but {pinned} was pinned: this mirror's copy differs",
                 path=store.describe(MANIFEST), expected=pinned, actual=digest)
+        Manifest.from_json(data, store.describe(MANIFEST))  # a store serving garbage: the next one may not
         return data, digest
 
     return _from_first(stores, get, None, MANIFEST)
@@ -112,7 +113,7 @@ def _from_first(stores: Sequence[Store], get: Callable, policy: RetryPolicy | No
         try:
             return get(store) if policy is None else retry_call(lambda: get(store), policy=policy,
                                                                 what=store.describe(what))
-        except (RemoteError, ShardChecksumError, ManifestHashMismatchError) as e:
+        except (RemoteError, ShardChecksumError, InvalidManifestError) as e:
             errors.append(e)
     raise errors[0]
 

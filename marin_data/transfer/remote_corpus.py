@@ -17,7 +17,7 @@ from marin_data.corpus.info import CorpusInfo
 from marin_data.corpus.manifest import Manifest, summarize_subsets
 from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.show import ShownDocument, decode_rows, shards_to_show
-from marin_data.errors import InvalidManifestError
+from marin_data.errors import InvalidManifestError, RetryableRemoteError
 from marin_data.layout import MANIFEST, TOKENIZER
 from marin_data.raw.tokenizer import tokenizer_from_bytes
 from marin_data.retry import retry_call
@@ -49,19 +49,32 @@ class StoreFile(io.RawIOBase):
         return self.pos
 
     def readinto(self, buffer) -> int:
+        """Fill ``buffer`` from the current position, with one ranged request (retried): only the bytes asked
+        for are kept, whatever the server sends (a 200 with the whole object is skipped through, not held)."""
         end = min(self.size, self.pos + len(buffer))
         if end <= self.pos:
             return 0
+        out = memoryview(buffer).cast("B")
 
-        def get() -> bytes:
+        def get() -> int:
+            filled = 0
             with self.store.read(self.path, self.pos, end) as stream:
-                skip = self.pos - stream.start  # a server may answer a range with more than asked
-                return b"".join(stream)[skip:skip + end - self.pos]
+                at = stream.start
+                for chunk in stream:
+                    want = self.pos + filled  # the next byte we need
+                    if at + len(chunk) > want:
+                        piece = memoryview(chunk)[want - at:end - at]
+                        out[filled:filled + len(piece)] = piece
+                        filled += len(piece)
+                    at += len(chunk)
+            if self.pos + filled < end:
+                raise RetryableRemoteError(f"truncated range: {filled} of {end - self.pos} bytes from byte "
+                                           f"{self.pos}", path=self.store.describe(self.path))
+            return filled
 
-        data = retry_call(get, policy=DOWNLOAD_POLICY, what=self.store.describe(self.path))
-        buffer[:len(data)] = data
-        self.pos += len(data)
-        return len(data)
+        n = retry_call(get, policy=DOWNLOAD_POLICY, what=self.store.describe(self.path))
+        self.pos += n
+        return n
 
 
 def _open(url: str, manifest_sha256: str | None, store_options: dict):
