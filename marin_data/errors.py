@@ -45,6 +45,7 @@ __all__ = [
     "EngineError",
     "UnsafeDestinationError",
     "InsufficientSpaceError",
+    "CheckpointDamagedError",
 ]
 
 
@@ -249,3 +250,9 @@ class UnsafeDestinationError(OSError, MarinDataError):
 class InsufficientSpaceError(OSError, MarinDataError):
     """The destination's file system lacks the free space the files need (or refuses a file that large).
     Abort before writing them; free space or choose another destination, then run again to resume."""
+
+
+# --- training checkpoints ---------------------------------------------------------------------------
+class CheckpointDamagedError(ValueError, MarinDataError):
+    """A training checkpoint is missing, incomplete or not what its seal says (a file's size or sha256, its
+    step). Abort the resume: the message names the file and the newest intact checkpoint to resume from."""

@@ -71,6 +71,7 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                          "another destination), then run the same command again"), 16),
     (E.InsufficientSpaceError, _with_fix("free space on that file system or choose another destination, then run "
                                          "the same command again to resume"), 17),
+    (E.CheckpointDamagedError, str, 19),  # the message names the checkpoint to resume from instead
     (E.MarinDataError, str, 9),
 ]
 
