@@ -46,6 +46,7 @@ __all__ = [
     "UnsafeDestinationError",
     "InsufficientSpaceError",
     "CheckpointDamagedError",
+    "PublishInProgressError",
 ]
 
 
@@ -212,6 +213,11 @@ class RemoteError(OSError, MarinDataError):
 
 class RetryableRemoteError(RemoteError):
     """A transient remote failure (dropped connection, 429, 5xx, truncated body): retry, then fail over."""
+
+
+class PublishInProgressError(RemoteError):
+    """A store's manifest lists a file it does not hold as listed: a publish is under way there, or one was
+    interrupted. Wait for it (or run it again), or read another mirror; the copy is not corrupt."""
 
 
 class ObjectTooLargeError(ValueError, MarinDataError):

@@ -60,6 +60,9 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                       "nothing was uploaded"), 10),
     (E.TransferFailedError, _with_fix("finished files are kept: run the same command again to resume (a "
                                       "download also takes --mirror URL)"), EXIT_PROBLEMS),
+    (E.PublishInProgressError, _with_fix("a publish is writing this copy, or was interrupted: wait for it to "
+                                         "finish (or run it again), or read another copy (--mirror URL); "
+                                         "nothing was written"), 20),
     (E.RetryableRemoteError, _with_fix("a transient network failure outlasted the retries: run the same "
                                        "command again to resume"), 7),
     (E.RemoteError, _with_fix("check the URL, credentials and endpoint"), 8),

@@ -35,8 +35,8 @@ from pathlib import Path
 
 from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, UnknownSubsetError, UnsafePathError
-from marin_data.layout import (COMMIT, LISTED, LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER,
-                               UNLISTED)
+from marin_data.layout import (BY_SHA256, COMMIT, LISTED, LOCK_NAME, MANIFEST, RECORD, SHARDS_INDEX, STAGING, SUMS,
+                               TOKENIZER, UNLISTED)
 from marin_data.parquet_io import open_parquet
 from marin_data.raw.tokenizer import TokenizerInfo
 
@@ -281,7 +281,7 @@ def read_shard_index(source: str | os.PathLike | bytes, metadata: Iterable[str] 
     return shards
 
 
-_RESERVED = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, RECORD, LOCK_NAME, STAGING}
+_RESERVED = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, RECORD, LOCK_NAME, STAGING, BY_SHA256}
 
 
 def _check_paths(paths: list[str], metadata: set[str], where: str) -> None:

@@ -29,14 +29,14 @@ from marin_data.corpus.shard import inspect_shard
 from marin_data.engines import Engine, make_engine
 from marin_data.engines.local import default_workers
 from marin_data.errors import InvalidManifestError, ShardFormatError
-from marin_data.layout import DATA, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
+from marin_data.layout import BY_SHA256, DATA, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.ui import progress as progress_bar
 
 __all__ = ["IGNORED_NAMES", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind", "Problem", "VerifyReport",
            "CheckJob", "FileCheck", "check_file", "verify_corpus"]
 
 # Top-level names that belong to writers, not to the corpus: the write lock and the staging folder.
-IGNORED_NAMES = frozenset({LOCK_NAME, STAGING})
+IGNORED_NAMES = frozenset({LOCK_NAME, STAGING, BY_SHA256})  # by-sha256/: a store's copies of its versions
 PARTIAL_SUFFIX = ".part"
 SCOPE_ALL = "all"  # every subset, the metadata files, the whole tree
 SCOPE_FILTER = "subset filter"  # --subset: those subsets' shards, only their data/<subset>/ folders
