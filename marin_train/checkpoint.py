@@ -212,6 +212,9 @@ def _read_seal(path: Path) -> dict[str, Any] | str:
         if not isinstance(seal["step"], int) or not all(
                 isinstance(f["bytes"], int) and isinstance(f["sha256"], str) for f in files.values()):
             raise TypeError
+        if not all(isinstance(n, str) and n not in ("", ".", "..") and "/" not in n and "\0" not in n
+                   for n in files):
+            raise ValueError("a sealed name is not a file of the folder")  # nothing is read outside it
         return seal
     except FileNotFoundError:
         return f"has no seal ({SEAL}: a save that did not finish, or files removed)"
