@@ -11,6 +11,15 @@ held sockets time out, ~60 s). Bounded: every socket has a timeout, every loop a
 
     .venv/bin/python benchmarks/bench_mirror_load.py --runs 6            # the record
     .venv/bin/python benchmarks/bench_mirror_load.py --runs 2 --connections 200   # quick check
+
+``--memory`` measures instead what the server's own memory (its RSS) spends per stalled download: a fresh
+server per run, its RSS read once it answered 10 requests (the baseline), then ``--rounds`` rounds of
+``--connections`` downloads of a 400 MiB file that never read, held until the RSS stops moving, then
+closed, and the RSS read again. Per connection is (held - baseline) / connections (the first round also
+starts the worker threads), and "after" is the RSS after the close over the baseline. ``--compare DIR`` runs another checkout's server (a
+git worktree of an older commit) in alternate runs, the order rotated, side by side with this one.
+
+    .venv/bin/python benchmarks/bench_mirror_load.py --memory --runs 2 --compare /tmp/old   # the record
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from marin_data.testing.mirror import mirror_process
+from marin_data.testing.mirror import mirror_process, served_process
+from marin_data.testing.stalls import settled_rss, stalled_downloads
 
 REPO = "bench/corpus"
 
@@ -37,6 +47,8 @@ def make_root(root: Path) -> None:
     repo.mkdir(parents=True)
     (repo / "small.bin").write_bytes(bytes(range(256)) * 256)  # 64 KiB
     (repo / "big.bin").write_bytes(b"\0" * (32 << 20))
+    with open(repo / "huge.bin", "wb") as f:
+        f.truncate(400 << 20)  # sparse: what a stalled download asks for
 
 
 def ordinary_client(host: str, port: int, requests: int) -> list[float]:
@@ -110,17 +122,67 @@ class Held:
             s.close()
 
 
+def memory_run(root: Path, tree: Path | None, connections: int, rounds: int) -> dict:
+    """One server (this checkout's, or ``tree``'s): its RSS before any download, then per round the RSS
+    with the stalled downloads held and after they closed."""
+    path = f"/datasets/{REPO}/resolve/main/huge.bin"
+    with served_process(root, checkout=tree) as (url, server):
+        parts = urlsplit(url)
+        ordinary_client(parts.hostname, parts.port, 10)  # imports and caches, as in the latency runs
+        out = {"base": settled_rss(server.pid, quiet=2.0, timeout=60), "held": [], "after": []}
+        for _ in range(rounds):
+            with stalled_downloads(parts.hostname, parts.port, path, connections):
+                out["held"].append(settled_rss(server.pid, quiet=2.0, timeout=60))
+            out["after"].append(settled_rss(server.pid, quiet=2.0, timeout=60))
+    return out
+
+
+def memory(args) -> None:
+    trees = {"this": None, **({"compare": args.compare} if args.compare else {})}
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = _root(Path(tmp))
+        for run in range(args.runs):
+            order = list(trees) if run % 2 == 0 else list(reversed(trees))
+            for name in order:
+                r = memory_run(root, trees[name], args.connections, args.rounds)
+                runs[name].append(r)
+                per = [(h - r["base"]) / args.connections / 1024 for h in r["held"]]
+                after = [(a - r["base"]) / 2**20 for a in r["after"]]
+                print(f"run {run + 1} {name}: base {r['base'] / 2**20:.1f} MiB; per connection "
+                      f"{', '.join(f'{x:.0f}' for x in per)} KiB; after closing "
+                      f"{', '.join(f'{x:+.1f}' for x in after)} MiB", flush=True)
+    summary = {}
+    for name, rs in runs.items():
+        per = sorted((h - r["base"]) / args.connections / 1024 for r in rs for h in r["held"])
+        after = sorted((a - r["base"]) / 2**20 for r in rs for a in r["after"])
+        summary[name] = {"per_connection_kib_median": round(statistics.median(per), 1),
+                         "per_connection_kib_range": [round(per[0], 1), round(per[-1], 1)],
+                         "after_close_mib_median": round(statistics.median(after), 1),
+                         "after_close_mib_range": [round(after[0], 1), round(after[-1], 1)],
+                         "base_mib": [round(r["base"] / 2**20, 1) for r in rs]}
+    print(json.dumps({"connections": args.connections, "rounds": args.rounds, "runs": args.runs, **summary}))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=6, help="runs per condition; medians and spread are reported")
     ap.add_argument("--connections", type=int, default=1000, help="connections held open in the held runs")
     ap.add_argument("--requests", type=int, default=200, help="requests of the ordinary client per run")
+    ap.add_argument("--memory", action="store_true", help="measure the server's memory per stalled download")
+    ap.add_argument("--rounds", type=int, default=3, help="--memory: rounds of stalled downloads per server")
+    ap.add_argument("--compare", type=Path, help="--memory: another checkout whose server runs alternately")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = args.connections + 256
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+    if args.memory:
+        memory(args)
+        return
     results: dict[str, list[float]] = {"quiet": [], "held": []}
     open_counts = []
     with tempfile.TemporaryDirectory() as tmp, mirror_process(_root(Path(tmp))) as url:

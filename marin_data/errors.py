@@ -57,6 +57,8 @@ __all__ = [
     "CacheUnfinishedError",
     "CacheCheckError",
     "UnsupportedFormatError",
+    "CheckpointDamagedError",
+    "PublishInProgressError",
 ]
 
 
@@ -256,9 +258,16 @@ class NoSuchBucketError(RemoteError):
         RemoteError.__init__(self, message, path=path, status=status)
         self.bucket = bucket
         self.endpoint_url = endpoint_url
+
+
 class RemoteLimitError(RemoteError):
     """A store's answer is larger than marin accepts (a listing past its bound, a body past what was asked or
     listed): a broken or hostile server. Not retried; a download tries the next mirror."""
+
+
+class PublishInProgressError(RemoteError):
+    """A store's manifest lists a file it does not hold as listed: a publish is under way there, or one was
+    interrupted. Wait for it (or run it again), or read another mirror; the copy is not corrupt."""
 
 
 class ObjectTooLargeError(ValueError, MarinDataError):
@@ -331,3 +340,9 @@ class CacheCheckError(ValueError, MarinDataError):
 class UnsupportedFormatError(ValueError, MarinDataError):
     """A command that does not read this corpus's format yet (a pinned Levanter cache where Parquet is
     expected): abort before reading or writing anything."""
+
+
+# --- training checkpoints ---------------------------------------------------------------------------
+class CheckpointDamagedError(ValueError, MarinDataError):
+    """A training checkpoint is missing, incomplete or not what its seal says (a file's size or sha256, its
+    step). Abort the resume: the message names the file and the newest intact checkpoint to resume from."""

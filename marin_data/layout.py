@@ -8,6 +8,9 @@ Names only, no behaviour. A corpus (docs/design.md, the corpus layout) is::
     datasheets/datasheet.md                          the one file the manifest does not list (`UNLISTED`)
     mirrors.json                                     where publish put it: local, never published, never trusted
 
+and, in a store it was published to, ``by-sha256/<sha256>/<name>``: every manifest and every file one lists,
+under its content (`marin_data.transfer.versions`),
+
 and, while it is being written or fetched, ``.marin.lock``, ``.staging/``, ``*.marin-download.part`` (with
 ``*.marin-download.ranges.part``) and, in a partial download, ``.marin-download.json``.
 """
@@ -31,6 +34,7 @@ __all__ = [
     "LISTED",
     "UNLISTED",
     "MIRRORS",
+    "BY_SHA256",
     "LOCK_NAME",
     "STAGING",
     "COMMIT",
@@ -58,6 +62,7 @@ FIGURES = (f"{DATASHEETS}/{COMPOSITION_PNG}", f"{DATASHEETS}/{LENGTHS_PNG}")
 LISTED = (CARD, CROISSANT, *FIGURES)  # generated files the manifest lists (in-corpus mode)
 UNLISTED = (DATASHEET,)  # states the manifest's digest, so the manifest cannot list it
 MIRRORS = "mirrors.json"  # the places publish has put the corpus; outside the chain of trust, kept local
+BY_SHA256 = "by-sha256"  # in a store: by-sha256/<sha256>/<name>, each published manifest and file it lists
 
 # Present only while the corpus is being written or fetched.
 LOCK_NAME = ".marin.lock"  # one writer per corpus

@@ -18,14 +18,16 @@ from safetensors.torch import load_file, save
 
 from marin_model.config import ModelConfig
 from marin_model.model import Transformer
-from marin_train.checkpoint import atomic_write, checkpoint_config
+from marin_train.checkpoint import atomic_write, checkpoint_config, verify_checkpoint
 
 __all__ = ["export_checkpoint", "load_exported"]
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike) -> Path:
-    """Write ``to/model.safetensors`` and ``to/config.json`` from a checkpoint directory; returns ``to``."""
+    """Write ``to/model.safetensors`` and ``to/config.json`` from a checkpoint directory; returns ``to``.
+    A checkpoint whose files are not the ones its seal names is refused (`CheckpointDamagedError`)."""
     config = checkpoint_config(checkpoint)
+    verify_checkpoint(checkpoint)
     with torch.device("meta"):
         model = Transformer(ModelConfig.from_dict(config["model"]))
     state = {"model": {name: torch.empty_like(t, device="cpu") for name, t in model.state_dict().items()}}

@@ -16,9 +16,10 @@ from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.mirrors import read_mirrors
 from marin_data.corpus.verify import verify_corpus
 from marin_data.errors import ObjectTooLargeError, ShardChecksumError
-from marin_data.layout import MANIFEST, MIRRORS
+from marin_data.layout import BY_SHA256, MANIFEST, MIRRORS
 from marin_data.testing.mirror import running_mirror
 from marin_data.transfer.publish_hf import plan_repos, publish_hf
+from marin_data.transfer.versions import content_path
 
 TOKEN = "t0ken"
 SUBSETS = {"a": [20, 30], "b/c": [20], "d": [5, 5, 5]}
@@ -41,14 +42,20 @@ def test_publish_then_download_is_identical_and_a_rerun_sends_nothing(mirror, tm
     report = publish_hf(corpus.root, to="hf://datasets/team/c", endpoint=mirror.url, token=TOKEN,
                         commit_files=3, progress=False)
     assert report.repos == ("hf://datasets/team/c",) and report.skipped == ()
-    assert report.commits == 5 and report.uploaded[-1] == MANIFEST  # 6 shards + 4 metadata files by 3, manifest
+    # 6 shards and 4 content copies by 3, then the manifest with the plain metadata files and the card
+    assert report.commits == 5 and report.uploaded[-1] == MANIFEST
     assert report.manifest_sha256 == corpus.manifest_sha256 == load_corpus(corpus.root).manifest_sha256
     assert read_mirrors(corpus.root) == [{"url": "hf://datasets/team/c", "subsets": sorted(SUBSETS),
                                           "endpoint": mirror.url}]
 
     local = download(mirror, "team/c", tmp_path / "dl")
-    assert corpus_files(local) == [f for f in corpus_files(corpus.root) if f != MIRRORS]  # that stays local
-    assert all(filecmp.cmp(corpus.root / f, local / f, shallow=False) for f in corpus_files(local))
+    listed = {**{p: r.sha256 for p, r in corpus.manifest.files.items()}, MANIFEST: corpus.manifest_sha256}
+    copies = sorted(content_path(sha, p) for p, sha in listed.items())  # each also by its content, for old pins
+    assert [f for f in corpus_files(local) if f.startswith(BY_SHA256 + "/")] == copies
+    assert [f for f in corpus_files(local) if f not in copies] == [f for f in corpus_files(corpus.root)
+                                                                   if f != MIRRORS]  # that stays local
+    assert all(filecmp.cmp(corpus.root / f, local / f, shallow=False) for f in corpus_files(local) if f not in copies)
+    assert all(filecmp.cmp(corpus.root / p, local / content_path(sha, p), shallow=False) for p, sha in listed.items())
     assert load_corpus(local).manifest_sha256 == report.manifest_sha256
 
     sha = HfApi(endpoint=mirror.url).dataset_info("team/c").sha
@@ -101,7 +108,7 @@ def test_subsets_are_split_across_repos_as_the_pinned_manifest_says(mirror, tmp_
 
 def test_limits_the_manifest_split_does_not_meet_are_refused_before_any_upload(mirror, tmp_path):
     corpus = build_corpus(tmp_path / "src", SUBSETS)
-    with pytest.raises(ObjectTooLargeError, match="repo team/x would hold 10 files"):
+    with pytest.raises(ObjectTooLargeError, match="repo team/x would hold 14 files"):  # 10 and 4 content copies
         plan_repos(corpus, "team/x", max_files_per_repo=9)
     with pytest.raises(ObjectTooLargeError, match="fewer than 3 per folder"):
         plan_repos(corpus, "team/x", max_files_per_folder=3)

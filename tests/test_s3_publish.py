@@ -17,6 +17,7 @@ from marin_data.layout import MANIFEST, MIRRORS
 from marin_data.stores.s3 import parse_s3_url
 from marin_data.transfer.publish_s3 import publish
 from marin_data.transfer.remote_verify import verify_remote
+from marin_data.transfer.versions import content_path
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,8 @@ def test_big_shard_gets_a_full_object_sha256_checksum_and_metadata(moto, bucket_
     # Every file is up, byte-identical manifest included, and that manifest is the root of trust.
     expected = {s.path: s.bytes for s in big_corpus.shards} | {p: r.bytes for p, r in load_corpus(root).manifest.files.items()}
     expected[MANIFEST] = (root / MANIFEST).stat().st_size
+    listed = {**{p: r.sha256 for p, r in load_corpus(root).manifest.files.items()}, MANIFEST: report.manifest_sha256}
+    expected |= {content_path(sha, p): expected[p] for p, sha in listed.items()}  # each also by its content
     assert _objects(moto, bucket_url) == expected
     remote_manifest = s3_client(moto).get_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST}")["Body"].read()
     assert remote_manifest == (root / MANIFEST).read_bytes()
@@ -64,11 +67,16 @@ def test_republishing_skips_every_file_and_keeps_the_manifest_digest(moto, bucke
     assert again.manifest_sha256 == first.manifest_sha256
 
 
-def test_manifest_is_uploaded_last_with_one_put_per_file(moto, bucket_url, fault_corpus, proxy, tmp_path):
+def test_manifest_is_uploaded_after_every_file_it_names_with_one_put_per_file(moto, bucket_url, fault_corpus, proxy,
+                                                                             tmp_path):
     root = copy_corpus(fault_corpus, tmp_path / "c")
     publish(root, to=bucket_url, endpoint_url=proxy.endpoint, workers=4)
     puts = [r.path for r in proxy.log if r.method == "PUT"]
-    assert puts[-1].endswith("/" + MANIFEST)
+    flip = next(i for i, p in enumerate(puts) if p.endswith("/" + MANIFEST) and "/by-sha256/" not in p)
+    listed = load_corpus(root).manifest.files
+    assert {p.rpartition("/corpus/")[2] for p in puts[:flip]} >= {s.path for s in fault_corpus.shards} | {
+        content_path(r.sha256, p) for p, r in listed.items()}  # readers read the listed files by content
+    assert {p.rpartition("/corpus/")[2] for p in puts[flip + 1:]} == set(listed)  # then their plain names
     assert len(puts) == len(set(puts)) == len(_objects(moto, bucket_url))  # no multipart: one PUT per file
     assert all(r.headers.get("x-amz-checksum-sha256") for r in proxy.log if r.method == "PUT")
 
@@ -115,7 +123,8 @@ def test_verify_remote_reports_modified_missing_resized_and_unverifiable_objects
     root = copy_corpus(fault_corpus, tmp_path / "c")
     publish(root, to=bucket_url, endpoint_url=moto)
     ok = verify_remote(root, bucket_url, endpoint_url=moto)
-    assert ok.ok and ok.files_checked == len(fault_corpus.shards) + len(fault_corpus.manifest.files) + 1
+    listed = len(fault_corpus.manifest.files) + 1  # and the manifest; each also checked by its content name
+    assert ok.ok and ok.files_checked == len(fault_corpus.shards) + 2 * listed
     bucket, prefix = parse_s3_url(bucket_url)
     s3 = s3_client(moto)
     a0, a1, b0, b1 = (s.path for s in fault_corpus.shards)
@@ -129,7 +138,7 @@ def test_verify_remote_reports_modified_missing_resized_and_unverifiable_objects
     assert kinds == {a0: ProblemKind.MODIFIED, a1: ProblemKind.MISSING, b0: ProblemKind.TRUNCATED,
                      b1: ProblemKind.UNREADABLE}
     only_b = verify_remote(root, bucket_url, endpoint_url=moto, subsets=["b"])  # b's shards and the metadata
-    assert only_b.files_checked == 2 + len(fault_corpus.manifest.files) + 1 and len(only_b.problems) == 2
+    assert only_b.files_checked == 2 + 2 * listed and len(only_b.problems) == 2
 
 
 def test_cli_publish_prints_the_manifest_sha256_and_refuses_bad_urls(moto, bucket_url, fault_corpus, tmp_path):

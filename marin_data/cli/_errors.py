@@ -80,6 +80,9 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.NoSuchBucketError, lambda e: f"{e}\n  -> check the bucket's name (and --endpoint-url); to publish to a new "
                                     f"bucket, create it first: aws s3 mb s3://{e.bucket or 'BUCKET'}"
                                     + (f" --endpoint-url {e.endpoint_url}" if e.endpoint_url else ""), 8),
+    (E.PublishInProgressError, _with_fix("a publish is writing this copy, or was interrupted: wait for it to "
+                                         "finish (or run it again), or read another copy (--mirror URL); "
+                                         "nothing was written"), 25),
     (E.RetryableRemoteError, _with_fix("a transient network failure outlasted the retries: run the same "
                                        "command again to resume"), 7),
     (E.RemoteLimitError, _with_fix("the server sent more than marin accepts from it (docs/security.md, \"Memory "
@@ -96,6 +99,7 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                          "path"), EXIT_USAGE),
     (E.InsufficientSpaceError, _with_fix("free space on that file system or choose another destination, then run "
                                          "the same command again to resume"), 17),
+    (E.CheckpointDamagedError, str, 24),  # the message names the checkpoint to resume from instead
     (E.MarinDataError, str, 9),
 ]
 

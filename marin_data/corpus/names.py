@@ -18,7 +18,7 @@ import numpy as np
 
 from marin_data.arrays import mask, string_buffers
 from marin_data.errors import InvalidManifestError, UnknownSubsetError, UnsafePathError, shown
-from marin_data.layout import LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
+from marin_data.layout import BY_SHA256, LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -30,7 +30,7 @@ __all__ = ["WRITER_NAMES", "METADATA_NAMES", "safe_relpath", "unsafe_paths", "is
 # corpus (a download writes and later readers trust them: the lock, a commit journal whose manifest
 # `load_corpus` prefers, a download's record), and, by suffix, partial files, which a download writes and
 # removes. A shard may not take the metadata files' names either.
-WRITER_NAMES = (MANIFEST, RECORD, LOCK_NAME, STAGING, MIRRORS)
+WRITER_NAMES = (MANIFEST, RECORD, LOCK_NAME, STAGING, MIRRORS, BY_SHA256)
 METADATA_NAMES = (SHARDS_INDEX, SUMS, TOKENIZER)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")

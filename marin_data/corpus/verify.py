@@ -33,7 +33,7 @@ from marin_data.corpus.shard import check_schema, inspect_shard
 from marin_data.engines import Engine, make_engine
 from marin_data.engines.local import default_workers
 from marin_data.errors import InvalidManifestError, ShardFormatError
-from marin_data.layout import LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
+from marin_data.layout import BY_SHA256, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.parquet_io import open_parquet
 from marin_data.ui import progress as progress_bar
 
@@ -41,7 +41,7 @@ __all__ = ["IGNORED_NAMES", "FOREIGN_FOLDERS", "SCOPE_ALL", "SCOPE_FILTER", "SCO
            "Problem", "VerifyReport", "CheckJob", "FileCheck", "check_file", "verify_corpus"]
 
 # Top-level names that belong to writers, not to the corpus: the write lock and the staging folder.
-IGNORED_NAMES = frozenset({LOCK_NAME, STAGING})
+IGNORED_NAMES = frozenset({LOCK_NAME, STAGING, BY_SHA256})  # by-sha256/: a store's copies of its versions
 # Folders other tools keep inside a copy of the corpus for their own bookkeeping: skipped, and said once.
 FOREIGN_FOLDERS = {".cache/huggingface": "huggingface_hub's own bookkeeping of a `hf download --local-dir` copy"}
 PARTIAL_SUFFIX = ".part"

@@ -34,7 +34,8 @@ from urllib.parse import parse_qs, quote, urlencode
 from werkzeug.wrappers import Request, Response
 
 from marin_data.errors import UnsafeDestinationError
-from marin_data.mirror.http import BodyError, HubError, json_response, raw_segments, read_body, repo_path, snapshot_at
+from marin_data.mirror.http import (BodyError, FileSpan, HubError, json_response, raw_segments, read_body, repo_path,
+                                   snapshot_at)
 from marin_data.mirror.repo import FileEntry, RepoStore, Snapshot, file_stamp
 from marin_data.mirror.upload import Uploads
 from marin_data.untrusted_json import loads
@@ -45,7 +46,6 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("marin_data.mirror.access")
 
 DEFAULT_PAGE_SIZE = 1000  # the Hub's tree page size
-_BODY_CHUNK = 256 << 10  # what a slow reader makes the server hold, besides the socket's send buffer
 _KINDS = {"datasets": "dataset", "models": "model"}
 
 
@@ -324,28 +324,9 @@ def _file_response(request: Request, snap: Snapshot, entry: FileEntry, f) -> Res
         f.close()
         body = []  # an iterable, not b"": werkzeug would reset Content-Length to 0 for bytes
     else:
-        body = _FileBody(f, start, length)
+        body = FileSpan(f, start, length)
     return Response(body, status=status, headers=headers, mimetype=mimetype or "application/octet-stream",
                     direct_passthrough=True)
-
-
-class _FileBody:
-    """Streams ``length`` bytes of ``f`` from ``start``; closing it closes the file (also when never read)."""
-
-    def __init__(self, f, start: int, length: int):
-        self._f, self._start, self._left = f, start, length
-
-    def __iter__(self):
-        self._f.seek(self._start)
-        while self._left > 0:
-            block = self._f.read(min(_BODY_CHUNK, self._left))
-            if not block:
-                return  # the file shrank: the client sees a short body against Content-Length
-            self._left -= len(block)
-            yield block
-
-    def close(self) -> None:
-        self._f.close()
 
 
 def _iso(ts: float) -> str:

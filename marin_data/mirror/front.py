@@ -2,8 +2,11 @@
 
 One event loop reads every request head, and every body the app could read before checking credentials,
 itself, under the size and time limits of `Limits`; only a complete request reaches the app, which runs on
-a bounded pool of worker threads. The response body is pulled from the app's iterable one chunk at a time on
-that pool and sent by the loop, so a client that reads slowly holds a socket and one chunk, not a worker.
+a bounded pool of worker threads. A file body (`FileSpan`) is sent by the loop with ``sendfile``, from the page
+cache to the socket in pieces of ``send_buffer`` bytes, none of them through this process's memory; any other
+body is pulled from the app's iterable one chunk at a time on that pool and sent by the loop. So a client that
+reads slowly holds a socket (and its kernel buffers) and an open file, or one chunk of a small answer, never
+a worker.
 Bodies of requests that carry credentials (``streams_body``) stream to the app as they arrive (a multi-GB
 LFS upload never sits in memory); the app checks the credentials before it reads.
 
@@ -15,10 +18,12 @@ many connections), 505 (not HTTP/1.x); each closes the connection and is logged 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import io
 import json
 import logging
 import re
+import socket
 import sys
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -27,7 +32,7 @@ from email.utils import formatdate
 from http import HTTPStatus
 from urllib.parse import unquote_to_bytes
 
-from marin_data.mirror.http import MAX_JSON_BODY, BodyError
+from marin_data.mirror.http import MAX_JSON_BODY, BodyError, FileSpan
 
 __all__ = ["Limits", "HttpFront"]
 
@@ -51,7 +56,8 @@ class Limits:
     body_timeout: float = 30.0  # waiting for the next bytes of a body; 408 (or a cut connection) beyond
     send_timeout: float = 60.0  # waiting for a client to take more of a response; the connection is cut
     max_connections: int = 4096  # open connections; more are answered 503 and closed
-    send_buffer: int = 256 << 10  # response bytes queued per connection before waiting for the client
+    send_buffer: int = 256 << 10  # response bytes queued per connection before waiting for the client; also
+    # a file's sendfile piece, which the client must take within send_timeout
 
 
 class _Refuse(Exception):
@@ -169,6 +175,8 @@ class HttpFront:
         finally:
             self.connections.discard(task)
             writer.close()
+            if not self.connections:
+                _trim_heap()
 
     # --- one request -------------------------------------------------------------------------------------
     async def _one_request(self, reader, writer, peer) -> bool:
@@ -328,6 +336,13 @@ class HttpFront:
             out += ["Connection: close" if not keep else ("Connection: keep-alive" if not http11 else "")]
             writer.write(("\r\n".join(o for o in out if o) + "\r\n\r\n").encode("latin-1"))
             sent = 0
+            if isinstance(result, FileSpan) and not head_only:
+                sent = await self._send_file(writer, result) if not chunked else 0
+                if sent == result.length:
+                    head_only = True  # the body is sent
+                else:  # sendfile unavailable, or the file shrank: the rest is read and written
+                    chunks = iter(FileSpan(result.file, result.start + sent, result.length - sent, result.block))
+                    first = await loop.run_in_executor(self.pool, next, chunks, None)
             chunk = first
             while chunk is not None and not head_only:
                 if chunk:
@@ -342,6 +357,28 @@ class HttpFront:
         finally:
             if hasattr(result, "close"):
                 await loop.run_in_executor(self.pool, result.close)
+
+    async def _send_file(self, writer: asyncio.StreamWriter, span: FileSpan) -> int:
+        """Send what it can of ``span`` with ``sendfile``, ``send_buffer`` bytes a call, each taken within
+        ``send_timeout`` (one call for the whole would give a slow client no deadline, or cut a long
+        download); return the bytes sent. Fewer than the span when the file shrank or sendfile is not
+        available: the caller writes the rest. asyncio's own fallback is not used, since it also stands for
+        a connection the client reset, on which it would wait out the timeout."""
+        loop, piece = asyncio.get_running_loop(), max(1, self.limits.send_buffer)
+        sent = 0
+        while sent < span.length:
+            try:
+                n = await asyncio.wait_for(
+                    loop.sendfile(writer.transport, span.file, span.start + sent, min(piece, span.length - sent),
+                                  fallback=False), self.limits.send_timeout)
+            except (asyncio.SendfileNotAvailableError, RuntimeError):
+                if writer.transport.is_closing() or not _established(writer):  # the client went away
+                    raise ConnectionResetError("the client closed the connection") from None
+                return sent  # sendfile is not available here: the caller writes the rest
+            if not n:
+                break
+            sent += n
+        return sent
 
     async def _refuse(self, writer, peer, e: _Refuse, head: bytes = b"") -> None:
         method, target = (head.split(b" ", 2)[:2] + [b"-", b"-"])[:2] if head else (b"-", b"-")
@@ -368,11 +405,48 @@ def _call_app(app: Callable, environ: dict):
         return _no_write
 
     result = app(environ, start_response)
+    if isinstance(result, FileSpan):  # sent with sendfile by the loop: nothing read here
+        if not got:
+            raise RuntimeError("the WSGI app returned without calling start_response")
+        return got[0], got[1], result, None, None
     chunks = iter(result)
     first = next(chunks, None)
     if not got:
         raise RuntimeError("the WSGI app returned without calling start_response")
     return got[0], got[1], result, chunks, first
+
+
+def _established(writer: asyncio.StreamWriter) -> bool:
+    """Whether the connection is still open at the TCP level (Linux's ``TCP_INFO``; elsewhere assumed so,
+    and the writes that follow find out)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "TCP_INFO"):
+        return True
+    try:
+        state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+    except OSError:
+        return False
+    return state in (_TCP_ESTABLISHED, _TCP_CLOSE_WAIT)  # CLOSE_WAIT: the client only stopped sending
+
+
+_TCP_ESTABLISHED, _TCP_CLOSE_WAIT = 1, 8  # linux/tcp_states.h
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc; elsewhere there is none, and nothing to do
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def _trim_heap() -> None:
+    """Hand the heap memory freed by closed connections back to the system (glibc keeps it otherwise, and a
+    burst of connections would leave the server at its high-water mark); called when the last one closes."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _no_write(data: bytes) -> None:

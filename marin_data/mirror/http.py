@@ -22,13 +22,36 @@ from werkzeug.wrappers import Request, Response
 
 from marin_data.mirror.repo import RepoStore, Snapshot, hidden_file
 
-__all__ = ["HubError", "BodyError", "json_response", "raw_segments", "repo_path", "snapshot_at", "read_body",
+__all__ = ["HubError", "BodyError", "FileSpan", "json_response", "raw_segments", "repo_path", "snapshot_at", "read_body",
            "MAX_PATH_CHARS", "MAX_JSON_BODY", "MAIN_REVISIONS"]
 
 MAX_PATH_CHARS = 4096
 MAX_JSON_BODY = 1 << 20  # a JSON or form body (paths-info, preupload, LFS batch): ~5,000 paths; 413 beyond
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAIN_REVISIONS = ("main", "refs/heads/main")  # the mirror's one branch
+
+
+class FileSpan:
+    """A response body that is ``length`` bytes of the open file ``file`` from ``start``. The HTTP front
+    (`marin_data.mirror.front`) sends it with ``sendfile``, so its bytes go from the page cache to the
+    socket through no buffer of the server's; any other WSGI server iterates it, ``block`` bytes at a time.
+    Closing it closes the file (also when it was never read)."""
+
+    def __init__(self, file, start: int, length: int, block: int = 256 << 10):
+        self.file, self.start, self.length, self.block = file, start, length, block
+
+    def __iter__(self):
+        self.file.seek(self.start)
+        left = self.length
+        while left > 0:
+            data = self.file.read(min(self.block, left))
+            if not data:
+                return  # the file shrank: the client sees a short body against Content-Length
+            left -= len(data)
+            yield data
+
+    def close(self) -> None:
+        self.file.close()
 
 
 class BodyError(OSError):

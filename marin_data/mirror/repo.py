@@ -41,6 +41,7 @@ from marin_data.corpus.manifest import Manifest
 from marin_data.layout import MANIFEST, SHARDS_INDEX
 from marin_data.levanter.ledger import STATS, SUCCESS
 from marin_data.stores.hub_ids import LFS_SAMPLE_BYTES, git_blob_sha1, git_blob_sha1_file, is_lfs, lfs_pointer
+from marin_data.transfer.versions import content_path
 
 __all__ = ["FileEntry", "Snapshot", "ContentHashes", "RepoStore", "valid_repo_part", "split_repo_id", "file_stamp",
            "hidden_file"]
@@ -337,15 +338,24 @@ def _tree_ids(files: Mapping[str, FileEntry], folders: set[str], children: Mappi
 
 
 def _marin_hashes(directory: Path) -> dict[str, tuple[str, int]]:
-    """``path -> (sha256, size)`` vouched for by a marin corpus's manifest and shard index, if it is one.
+    """``path -> (sha256, size)`` of the shards a marin corpus's shard index vouches for, if it is one (the
+    metadata files are small: they are hashed).
 
-    Best effort: a folder that is not a (valid) corpus simply gets every file hashed.
+    The index is the one the manifest lists, read by content (``by-sha256/``, `marin_data.transfer.versions`)
+    where the repo keeps it so, and used only when its sha256 is the listed one: a folder caught between two
+    versions never lends one version's hashes to the other's files. Best effort: a folder that is not a
+    (valid) corpus simply gets every file hashed.
     """
     try:
         manifest = Manifest.from_json((directory / MANIFEST).read_bytes())
-        out = {p: (r.sha256, r.bytes) for p, r in manifest.files.items()}
-        if SHARDS_INDEX in manifest.files:
-            out.update({s.path: (s.sha256, s.bytes) for s in read_shard_index(directory / SHARDS_INDEX)})
+        out: dict[str, tuple[str, int]] = {}
+        rec = manifest.files.get(SHARDS_INDEX)
+        if rec is not None:
+            for candidate in (content_path(rec.sha256, SHARDS_INDEX), SHARDS_INDEX):
+                path = directory / candidate
+                if path.is_file() and sha256_file(path) == (rec.sha256, rec.bytes):
+                    out.update({s.path: (s.sha256, s.bytes) for s in read_shard_index(path)})
+                    break
         return out
     except (OSError, ValueError) as e:
         if (directory / MANIFEST).exists():

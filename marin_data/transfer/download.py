@@ -31,6 +31,7 @@ from marin_data.stores.base import METADATA_LIMIT, Store
 from marin_data.transfer.fetch import PART_BYTES, ByteMeter, already_there, fetch_one
 from marin_data.transfer.partial import partial_path, resumed_bytes
 from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, plan_download
+from marin_data.transfer.versions import versioned
 from marin_data.ui import plural, printable
 from marin_data.ui import progress as progress_bar
 
@@ -104,6 +105,7 @@ def download(
     stores = [open_store(url, **options) for url in [source, *mirrors]]
     plan, manifest_bytes, index_bytes = plan_download(stores, subsets=subsets, manifest_sha256=manifest_sha256,
                                                       policy=policy)
+    stores = [versioned(s, manifest_bytes) for s in stores]  # this version's files, never a newer one's
     root = Path(dest)
     if dry_run:
         return DownloadReport(plan=plan, dest=str(root), dry_run=True)

@@ -1,8 +1,10 @@
 """What a download will fetch: the manifest and shard index read and checked, the subsets resolved.
 
-`plan_download` reads ``manifest.json`` from the first store that serves one matching the pinned digest, then
+`plan_download` reads the manifest from the first store that serves one matching the pinned digest, then
 ``shards.parquet`` (checked against the manifest's digest), and lists every file to fetch as a `FileTask`
 (metadata files first, then the chosen subsets' shards). No bucket listing: it is slow and may be forbidden.
+Both come by content where the store keeps them so (`marin_data.transfer.versions`): an older version
+stays readable by its pin, and a publish under way is never seen half done.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from marin_data.errors import (
 from marin_data.layout import MANIFEST, SHARDS_INDEX
 from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores.base import METADATA_LIMIT, Store
+from marin_data.transfer.versions import fetch_manifest, half_published, versioned
 
 __all__ = ["DOWNLOAD_POLICY", "METADATA_LIMIT", "FileTask", "DownloadPlan", "plan_download"]
 
@@ -69,13 +72,15 @@ def plan_download(
             outside the corpus; ``subsets`` matching nothing.
         RemoteError: no store could serve them.
     """
-    manifest_bytes, digest = _fetch_manifest(stores, manifest_sha256, policy)
+    pinned = manifest_sha256.strip().lower() if manifest_sha256 else None
+    manifest_bytes, digest = _from_first(stores, lambda s: fetch_manifest(s, pinned, policy), None, MANIFEST)
     manifest = Manifest.from_json(manifest_bytes, f"{stores[0].url}/{MANIFEST}")
     rec = manifest.files.get(SHARDS_INDEX)
     if rec is None:
         raise InvalidManifestError(f"manifest does not list {SHARDS_INDEX}", path=stores[0].describe(MANIFEST))
-    index_bytes = _from_first(stores, lambda s: _checked_bytes(s, FileTask(SHARDS_INDEX, rec.bytes, rec.sha256)),
-                              policy, SHARDS_INDEX)
+    task = FileTask(SHARDS_INDEX, rec.bytes, rec.sha256)
+    index_bytes = _from_first(stores, lambda s: _index(versioned(s, manifest_bytes), task, policy), None,
+                              SHARDS_INDEX)
     shards = read_shard_index(index_bytes, metadata=manifest.files)
     chosen = select_subsets(manifest.subsets, list(subsets or []))
     wanted = set(chosen)
@@ -103,6 +108,20 @@ def _fetch_manifest(stores: Sequence[Store], pinned: str | None, policy: RetryPo
         return data, digest
 
     return _from_first(stores, get, None, MANIFEST)
+def _index(store: Store, task: FileTask, policy: RetryPolicy) -> bytes:
+    """The shard index the manifest lists. One the store lacks or holds with other bytes (after the retries
+    a damaged transfer deserves) is a copy caught mid-publish: `PublishInProgressError`."""
+    try:
+        return retry_call(lambda: _checked_bytes(store, task), policy=policy, what=store.describe(task.path))
+    except ShardChecksumError as e:
+        raise half_published(store, task.path, e.message) from e
+    except RemoteError as e:  # no such file, or one larger than listed (refused as it arrived)?
+        have = None if e.status == 404 else retry_call(lambda: store.head(task.path), policy=policy,
+                                                        what=store.describe(task.path))
+        if e.status == 404 or (have is not None and have.size != task.bytes):
+            held = "the store does not hold it" if have is None else f"{have.size} bytes, {task.bytes} listed"
+            raise half_published(store, task.path, held) from e
+        raise
 
 
 def _from_first(stores: Sequence[Store], get: Callable, policy: RetryPolicy | None, what: str):

@@ -13,8 +13,12 @@ What it does, and why:
   anything is sent; they are parameters so tests can use tiny ones.
 - **Batched commits** of at most ``commit_files`` files / ``commit_bytes`` bytes: one commit per file would
   flood the Hub, one commit for 100,000 files would be lost whole by one failure. Data files go first,
-  the part repos before the main one, and ``manifest.json`` alone in the very last commit, so a reader who
-  finds the manifest finds every file it names.
+  the part repos before the main one, with the content copies of the metadata files and of the manifest
+  (``by-sha256/<sha256>/<name>``, `marin_data.transfer.versions`) and the kept files of the version the
+  repo served before; then ``manifest.json`` and the plain metadata files (index, ``SHA256SUMS``, card...)
+  together in the very last commit. Each commit is atomic, so a reader of any commit (the Hub's own
+  viewer, ``snapshot_download``) sees one whole version, and a reader pinned to an older manifest finds
+  it and its files by content.
 - **Resumable**: each repo is listed once (``list_repo_tree``); a file already there with the same content
   (LFS sha256 and size, or git blob SHA-1 for a regular file) is skipped without being read. A file about to
   be sent is hashed first and refused if it no longer matches the manifest.
@@ -33,7 +37,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from marin_data.atomic import sha256_file
@@ -42,6 +46,8 @@ from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.errors import ObjectTooLargeError, RemoteError, ShardChecksumError
 from marin_data.layout import CARD, MANIFEST, UNLISTED
 from marin_data.lock import corpus_lock
+from marin_data.retry import DEFAULT_POLICY
+from marin_data.stores import open_store
 from marin_data.stores.hub_ids import (
     MAX_FILES_PER_FOLDER,
     MAX_FILES_PER_REPO,
@@ -50,6 +56,7 @@ from marin_data.stores.hub_ids import (
     parse_hf_url,
 )
 from marin_data.transfer.publish_s3 import PublishReport, check_datasheet, check_published
+from marin_data.transfer.versions import content_path, keep_published
 from marin_data.ui import human_bytes, plural, progress as progress_bar
 
 __all__ = ["HfPublishReport", "RepoPlan", "plan_repos", "publish_hf"]
@@ -63,10 +70,16 @@ class HfPublishReport(PublishReport):
 
 @dataclass(frozen=True)
 class _File:
-    path: str
+    path: str  # in the repo
     bytes: int
     sha256: str | None  # None for a file that is not in the manifest (a part repo's generated card)
-    content: bytes | None = None  # generated files are uploaded from memory
+    content: bytes | None = None  # generated and kept files are uploaded from memory
+    src: str | None = None  # the local file, relative to the corpus, when not ``path`` (a content name's)
+    last: bool = False  # in the last commit, with the manifest
+
+    @property
+    def local(self) -> str:
+        return self.src or self.path
 
 
 @dataclass(frozen=True)
@@ -85,10 +98,14 @@ def plan_repos(corpus: Corpus, repo_id: str, *, max_files_per_repo: int = MAX_FI
     Raises:
         ObjectTooLargeError: a repo or a folder would hold more files than the limits allow.
     """
-    meta = [_File(p, r.bytes, r.sha256) for p, r in sorted(corpus.manifest.files.items())]
+    meta = [_File(p, r.bytes, r.sha256, last=True) for p, r in sorted(corpus.manifest.files.items())]
     unlisted = [*UNLISTED, *([CARD] if CARD not in corpus.manifest.files else [])]  # the card, even when unlisted
-    meta += [_File(p, (corpus.root / p).stat().st_size, None) for p in unlisted if (corpus.root / p).is_file()]
-    meta.append(_File(MANIFEST, (corpus.root / MANIFEST).stat().st_size, None))
+    meta += [_File(p, (corpus.root / p).stat().st_size, None, last=True) for p in unlisted
+             if (corpus.root / p).is_file()]
+    manifest = _File(MANIFEST, (corpus.root / MANIFEST).stat().st_size, corpus.manifest_sha256, last=True)
+    copies = [_File(content_path(f.sha256, f.path), f.bytes, f.sha256, src=f.path)
+              for f in [*meta, manifest] if f.sha256 is not None]
+    meta += [manifest, *copies]
     by_subset: dict[str, list[_File]] = {}
     for s in corpus.shards:
         by_subset.setdefault(s.subset, []).append(_File(s.path, s.bytes, s.sha256))
@@ -192,6 +209,10 @@ def publish_hf(
     with corpus_lock(corpus.root):
         finish_commit(corpus.root)  # a commit a kill left moving in: its files, not a mix, are uploaded
         corpus = load_corpus(corpus.root, manifest_sha256=corpus.manifest_sha256)  # unchanged since planned
+        served = open_store(str(url), endpoint=endpoint, token=token)
+        kept = [_File(k.path, len(k.data), k.sha256, k.data)
+                for k in keep_published(served, corpus.manifest_sha256, corpus.shards, DEFAULT_POLICY)]
+        plans[0] = replace(plans[0], files=(*kept, *plans[0].files))
         bar = progress_bar(sum(f.bytes for p in plans for f in p.files), "publish", unit="B", unit_scale=True,
                            disable=None if progress is None else not progress)
         try:
@@ -222,7 +243,7 @@ class _Totals:
 
 def _publish_repo(api, plan: RepoPlan, root: Path, totals: _Totals, bar, *, commit_files: int, commit_bytes: int,
                   workers: int, main: bool) -> None:
-    """Send what ``plan.repo_id`` lacks, in batched commits, ``manifest.json`` alone and last."""
+    """Send what ``plan.repo_id`` lacks, in batched commits, ``manifest.json`` and the plain metadata last."""
     remote = _remote_ids(api, plan.repo_id)
     label = (lambda p: p) if main else (lambda p: f"{plan.repo_id}:{p}" if p == CARD else p)
     todo = []
@@ -232,9 +253,12 @@ def _publish_repo(api, plan: RepoPlan, root: Path, totals: _Totals, bar, *, comm
             bar.update(f.bytes)
         else:
             todo.append(f)
-    data = [f for f in todo if f.path != MANIFEST]
+    data = [f for f in todo if not f.last]
+    last = [f for f in todo if f.last]
+    if last and not any(f.path == MANIFEST for f in last):  # the plain copies lag the published manifest
+        last.append(next(f for f in plan.files if f.path == MANIFEST))
     with _lfs_unless_xet(api, plan.repo_id):
-        for batch in [*_batches(data, commit_files, commit_bytes), [f for f in todo if f.path == MANIFEST]]:
+        for batch in [*_batches(data, commit_files, commit_bytes), sorted(last, key=lambda f: f.path == MANIFEST)]:
             if batch:
                 _commit(api, plan.repo_id, root, batch, workers)
                 totals.commits += 1
@@ -260,7 +284,7 @@ def _same(root: Path, f: _File, remote: tuple[int, str | None, str] | None) -> b
         return f.sha256 is not None and lfs_sha256 == f.sha256
     if f.content is not None:
         return git_blob_sha1(f.content) == blob_id
-    return git_blob_sha1_file(root / f.path) == blob_id  # a regular (small) file
+    return git_blob_sha1_file(root / f.local) == blob_id  # a regular (small) file
 
 
 def _batches(files: Sequence[_File], max_files: int, max_bytes: int) -> Iterator[list[_File]]:
@@ -285,13 +309,13 @@ def _commit(api, repo_id: str, root: Path, batch: Sequence[_File], workers: int)
         if f.content is not None:
             ops.append(CommitOperationAdd(f.path, f.content))
             continue
-        digest, size = sha256_file(root / f.path)
+        digest, size = sha256_file(root / f.local)
         if f.sha256 is not None and (digest, size) != (f.sha256, f.bytes):
             raise ShardChecksumError(
                 f"the local file no longer matches the manifest (sha256/size {digest[:12]}…/{size} != "
                 f"{f.sha256[:12]}…/{f.bytes}); not uploaded, and neither is the manifest", path=f.path,
                 expected=f.sha256, actual=digest)
-        op = CommitOperationAdd(f.path, str(root / f.path))
+        op = CommitOperationAdd(f.path, str(root / f.local))
         op.upload_info.sha256 = bytes.fromhex(digest)  # hashed once, here
         ops.append(op)
     total = sum(f.bytes for f in batch)

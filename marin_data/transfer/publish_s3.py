@@ -5,18 +5,25 @@ why multipart cannot give a full-object SHA-256), so its size is checked against
 limit before anything is sent. Files the store already holds with the same size and SHA-256 are skipped,
 which makes an interrupted publish resumable and a repeated one free.
 
-Order, and why:
+Order, and why (publishing a new version over an old one is atomic for readers: `marin_data.transfer.versions`):
 
-1. Every shard and metadata file, in parallel. Each local file is hashed first: a file that no longer
-   matches the manifest is refused rather than published (moto and some S3-compatible stores accept a
-   wrong ``ChecksumSHA256`` silently). A store that refuses us (no such bucket, no permission) stops the
-   publish at the first refusal, reported once.
-2. ``manifest.json`` last, only when everything else is up: a reader that finds the manifest finds every
-   file it names. It is published byte for byte: publishing never changes it, so the sha256 users pin
+1. The version the store serves now is kept (`keep_published`): its manifest and listed files get their
+   content names (``by-sha256/<sha256>/<name>``) if they lack them, so its pin still reads after the flip.
+   A shard that would replace one of its shards with other bytes is refused before anything is sent.
+2. Every shard, and every file the manifest lists and the manifest itself under their content names, in
+   parallel. Each local file is hashed first: a file that no longer matches the manifest is refused rather
+   than published (moto and some S3-compatible stores accept a wrong ``ChecksumSHA256`` silently). A store
+   that refuses us (no such bucket, no permission) stops the publish at the first refusal, reported once.
+3. ``manifest.json``, only when everything else is up: the flip. A reader that finds it finds every file it
+   names by content. It is published byte for byte: publishing never changes it, so the sha256 users pin
    with ``--manifest-sha256`` is the same on every mirror and before and after any publish.
-3. The store's own sizes and SHA-256s are checked against the manifest (`verify_remote`, no data read);
+4. The plain names of the listed files (and the datasheet), for readers that know no content names.
+5. The store's own sizes and SHA-256s are checked against the manifest (`verify_remote`, no data read);
    only then is the store added to the local ``mirrors.json`` (`marin_data.corpus.mirrors`), which the
    datasheet lists. A failed publish records nothing.
+
+A kill at any point leaves the store serving the old version whole (before 3) or the new one (after): a
+re-run finishes the publish, skipping what is there.
 
 The datasheet states the manifest's digest, so the manifest cannot list it (`marin_data.docs.write`); it is
 uploaded too when present, and refused when it states another digest (it would tell readers to pin a
@@ -26,10 +33,12 @@ value that does not verify): run ``marin-data datasheet`` first.
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from marin_data.atomic import sha256_file
@@ -51,6 +60,7 @@ from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
 from marin_data.transfer.remote_verify import verify_remote
+from marin_data.transfer.versions import KeptFile, content_path, keep_published
 from marin_data.ui import human_bytes, plural, progress as progress_bar
 
 __all__ = ["PublishReport", "publish", "check_datasheet", "check_published"]
@@ -68,9 +78,14 @@ class PublishReport:
 
 @dataclass(frozen=True)
 class _Upload:
-    path: str
+    path: str  # in the store
     bytes: int
     sha256: str
+    src: str | None = None  # the local file, relative to the corpus, when not ``path`` (a content name's)
+
+    @property
+    def local(self) -> str:
+        return self.src or self.path
 
 
 def publish(
@@ -108,29 +123,52 @@ def publish(
     corpus = load_corpus(root)
     check_datasheet(corpus.root, corpus.manifest_sha256)
     store = open_store(to, max_connections=workers + 2, **store_options)
-    files = [_Upload(s.path, s.bytes, s.sha256) for s in corpus.shards]
-    files += [_Upload(p, r.bytes, r.sha256) for p, r in sorted(corpus.manifest.files.items())]
-    files += _unlisted_documents(corpus.root)
-    _check_sizes(files, single_put_limit or store.max_put_bytes, store)
+    shards = [_Upload(s.path, s.bytes, s.sha256) for s in corpus.shards]
+    listed = [_Upload(p, r.bytes, r.sha256) for p, r in sorted(corpus.manifest.files.items())]
+    plain = [*listed, *_unlisted_documents(corpus.root)]
+    _check_sizes([*shards, *plain], single_put_limit or store.max_put_bytes, store)
 
     t0 = time.perf_counter()
     with corpus_lock(corpus.root):
         finish_commit(corpus.root)  # a commit a kill left moving in: its files, not a mix, are uploaded
         corpus = load_corpus(corpus.root, manifest_sha256=corpus.manifest_sha256)  # unchanged since checked
-        uploaded, skipped, failed, nbytes = _upload_all(corpus.root, files, store, workers, policy, progress)
-        if failed:
-            lines = "".join(f"\n  {p}: {why}" for p, why in failed)
-            raise TransferFailedError(f"{len(failed)} of {len(files)} uploads failed; manifest.json was not "
-                                      f"uploaded:{lines}", path=store.url, failures=failed)
-        manifest = _Upload(MANIFEST, *reversed(sha256_file(corpus.root / MANIFEST)))
-        if _put_if_changed(corpus.root, manifest, store, policy):
+        manifest = _Upload(MANIFEST, (corpus.root / MANIFEST).stat().st_size, corpus.manifest_sha256)
+        copies = [_Upload(content_path(f.sha256, f.path), f.bytes, f.sha256, src=f.path) for f in [*listed, manifest]]
+        _put_kept(store, keep_published(store, corpus.manifest_sha256, corpus.shards, policy), policy)
+        uploaded, skipped, nbytes = _upload_step(corpus.root, [*shards, *copies], store, workers, policy, progress,
+                                                 "manifest.json was not uploaded")
+        if _put_if_changed(corpus.root, manifest, store, policy):  # the flip
             uploaded, nbytes = (*uploaded, MANIFEST), nbytes + manifest.bytes
         else:
             skipped = (*skipped, MANIFEST)
+        more = _upload_step(corpus.root, plain, store, workers, policy, progress,
+                            "the manifest is published; run the same command again for their plain names")
+        uploaded, skipped, nbytes = (*uploaded, *more[0]), (*skipped, *more[1]), nbytes + more[2]
         check_published(corpus.root, to, [{**store.mirror_record(), "subsets": sorted(corpus.manifest.subsets)}],
                         workers=workers, policy=policy, **store_options)
     return PublishReport(url=store.url, manifest_sha256=manifest.sha256, uploaded=tuple(uploaded),
                          skipped=tuple(skipped), bytes_uploaded=nbytes, seconds=time.perf_counter() - t0)
+
+
+def _upload_step(root: Path, files: list[_Upload], store: Store, workers: int, policy: RetryPolicy,
+                 progress: bool | None, then: str) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """Upload ``files`` (`_upload_all`); raise `TransferFailedError` (ending with ``then``) if any failed."""
+    uploaded, skipped, failed, nbytes = _upload_all(root, files, store, workers, policy, progress)
+    if failed:
+        lines = "".join(f"\n  {p}: {why}" for p, why in failed)
+        raise TransferFailedError(f"{len(failed)} of {len(files)} uploads failed; {then}:{lines}", path=store.url,
+                                  failures=failed)
+    return tuple(uploaded), tuple(skipped), nbytes
+
+
+def _put_kept(store: Store, kept: list[KeptFile], policy: RetryPolicy) -> None:
+    """Upload the files of the served version that `keep_published` read (bytes in memory: metadata)."""
+    with tempfile.TemporaryDirectory(prefix="marin-publish-") as tmp:
+        for k in kept:
+            src = Path(tmp) / "kept"
+            src.write_bytes(k.data)
+            retry_call(partial(store.put, k.path, src, sha256=k.sha256, size=len(k.data)), policy=policy,
+                       what=store.describe(k.path))
 
 
 def check_datasheet(root: Path, manifest_sha256: str) -> None:
@@ -215,10 +253,10 @@ def _put_if_changed(root: Path, f: _Upload, store: Store, policy: RetryPolicy) -
     have = retry_call(lambda: store.head(f.path), policy=policy, what=what)
     if have is not None and have.size == f.bytes and have.sha256 == f.sha256:
         return False
-    digest, size = sha256_file(root / f.path)
+    digest, size = sha256_file(root / f.local)
     if (digest, size) != (f.sha256, f.bytes):
         raise ShardChecksumError(f"the local file no longer matches the manifest (sha256/size {digest[:12]}…/"
                                  f"{size} != {f.sha256[:12]}…/{f.bytes}); not uploaded", path=f.path,
                                  expected=f.sha256, actual=digest)
-    retry_call(lambda: store.put(f.path, root / f.path, sha256=f.sha256, size=f.bytes), policy=policy, what=what)
+    retry_call(lambda: store.put(f.path, root / f.local, sha256=f.sha256, size=f.bytes), policy=policy, what=what)
     return True

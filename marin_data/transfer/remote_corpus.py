@@ -24,6 +24,7 @@ from marin_data.retry import retry_call
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
 from marin_data.transfer.plan import DOWNLOAD_POLICY, plan_download
+from marin_data.transfer.versions import versioned
 
 __all__ = ["StoreFile", "remote_info", "remote_show"]
 
@@ -80,6 +81,7 @@ class StoreFile(io.RawIOBase):
 def _open(url: str, manifest_sha256: str | None, store_options: dict):
     store = open_store(url, **store_options)
     plan, manifest_bytes, index_bytes = plan_download([store], subsets=None, manifest_sha256=manifest_sha256)
+    store = versioned(store, manifest_bytes)  # the tokenizer of this version, never a newer one's
     manifest = Manifest.from_json(manifest_bytes, store.describe(MANIFEST))
     shards = read_shard_index(index_bytes, metadata=manifest.files)
     if summarize_subsets(shards, {k: v.license for k, v in manifest.subsets.items()}) != manifest.subsets:

@@ -4,7 +4,8 @@ No data is downloaded: one ``head`` per file (for S3, ``HeadObject`` with ``Chec
 returns the full-object SHA-256 the store computed at upload, or our ``sha256`` user metadata where a store
 keeps no checksum; for a Hugging Face repo, one tree listing: LFS sha256s, and git blob SHA-1s for regular
 files, compared with the local file's). It answers "does this mirror hold exactly the corpus I have?" for a published corpus,
-including ``manifest.json`` itself (the root of trust).
+including ``manifest.json`` itself (the root of trust), and the copies by content (``by-sha256/``) of the
+manifest and its files that readers pinned to it read, where the store keeps them.
 
 The report is `marin_data.corpus.verify.VerifyReport`, so the CLI prints local and remote checks alike:
 ``missing``, ``truncated``/``oversized`` (sizes differ), ``modified`` (same size, other SHA-256), and
@@ -30,6 +31,7 @@ from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores import open_store
 from marin_data.stores.base import ObjectInfo, Store
 from marin_data.stores.hub_ids import git_blob_sha1_file
+from marin_data.transfer.versions import content_path
 
 __all__ = ["verify_remote"]
 
@@ -67,15 +69,23 @@ def verify_remote(
     patterns = list(subsets or [])
     chosen = select_subsets(corpus.manifest.subsets, patterns)
     targets = [(s.path, s.bytes, s.sha256) for s in corpus.shards_of(chosen)]
-    targets += [(p, r.bytes, r.sha256) for p, r in sorted(corpus.manifest.files.items())]
-    targets.append((MANIFEST, *reversed(sha256_file(corpus.root / MANIFEST))))
+    listed = [(p, r.bytes, r.sha256) for p, r in sorted(corpus.manifest.files.items())]
+    listed.append((MANIFEST, *reversed(sha256_file(corpus.root / MANIFEST))))
+    targets += listed
+    # The copies by content that readers pinned to this version read (`marin_data.transfer.versions`),
+    # checked where the store has them (a copy published before they existed has none).
+    copies: dict[str, tuple[str, int, str]] = {content_path(sha, path): (path, size, sha)
+                                               for path, size, sha in listed}
     store = open_store(url, max_connections=workers + 2, **store_options)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify-remote") as pool:
-        heads = list(pool.map(lambda t: retry_call(lambda: store.head(t[0]), policy=policy,
-                                                   what=store.describe(t[0])), targets))
-    heads = [_by_git_blob_id(corpus.root, t[0], t[2], h) for t, h in zip(targets, heads)]
+        heads = list(pool.map(lambda path: retry_call(lambda: store.head(path), policy=policy,
+                                                      what=store.describe(path)), [*(t[0] for t in targets), *copies]))
+    present = [(name, head) for name, head in zip(copies, heads[len(targets):]) if head is not None]
+    heads = [_by_git_blob_id(corpus.root, t[0], t[2], h) for t, h in zip(targets, heads[:len(targets)])]
+    heads += [_by_git_blob_id(corpus.root, copies[name][0], copies[name][2], h) for name, h in present]
+    targets += [(name, *copies[name][1:]) for name, _ in present]
     problems = [p for t, h in zip(targets, heads) if (p := _compare(store, *t, h)) is not None]
     return VerifyReport(
         root=str(corpus.root), manifest_sha256=corpus.manifest_sha256, subsets=tuple(chosen), deep=False,
@@ -87,8 +97,9 @@ def verify_remote(
 
 def _by_git_blob_id(root: Path, path: str, sha256: str, have: ObjectInfo | None) -> ObjectInfo | None:
     """A Hugging Face repo vouches for a regular (non-LFS) file with its git blob SHA-1 only: when it matches
-    the local file's, and that file matches the manifest, the store holds the listed SHA-256 too. These are
-    small metadata files (shards are LFS and carry their SHA-256), so hashing them locally costs nothing."""
+    the local file ``path``'s (wherever the store keeps it), and that file matches the manifest, the store holds
+    the listed SHA-256 too. These are small metadata files (shards are LFS and carry their SHA-256), so
+    hashing them locally costs nothing."""
     if have is None or have.sha256 is not None or have.git_sha1 is None:
         return have
     local = root / path

@@ -1,0 +1,231 @@
+"""Sealed checkpoints: a damaged or swapped ``.distcp`` is refused by name, ``latest`` naming a missing or damaged
+step offers the newest intact one, every rank's files are covered and checked (real gloo ranks, resumed at
+another world size), and no step's ``metrics.jsonl`` line is lost to a kill or repeated by a resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import VOCAB, build_corpus
+from test_train import loader_for
+
+from marin_data.errors import CheckpointDamagedError
+from marin_train.checkpoint import resume_config
+from marin_train.cli import main
+from marin_train.config import TrainConfig
+from marin_train.loop import train
+
+ROOT = Path(__file__).resolve().parent.parent
+CFG = TrainConfig(steps=2, batch_size=2, seq_len=32, warmup=1, log_every=1000, checkpoint_every=1,
+                  model_overrides={"vocab_size": VOCAB, "n_layers": 2})
+STEP1, STEP2 = "step-00000001", "step-00000002"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run of two steps, checkpointed at each: ``step-00000001`` and ``step-00000002``."""
+    root = tmp_path_factory.mktemp("sealed")
+    corpus = build_corpus(root / "corpus", {"a": [200, 200], "b": [300]}, seed=5)
+    cfg = replace(CFG, checkpoint_dir=str(root / "run"))
+    train(cfg, loader_for(corpus, cfg, root / "cache"), log=lambda _: None)
+    return corpus, root / "run"
+
+
+@pytest.fixture
+def run(trained, tmp_path):
+    """A copy of the trained run that a test may damage."""
+    corpus, run = trained
+    shutil.copytree(run, tmp_path / "run")
+    return corpus, tmp_path / "run"
+
+
+def resume(corpus, run: Path, cache: Path, steps: int = 3):
+    """Train to ``steps`` in this process (a world of one), resuming from ``run``."""
+    cfg = resume_config(replace(CFG, steps=steps, checkpoint_dir=str(run)), 1)
+    return train(cfg, loader_for(corpus, cfg, cache), log=lambda _: None)
+
+
+def zero_inside_a_tensor(path: Path) -> None:
+    """Zero up to 1 MiB in the middle of the largest tensor stored in the ``.distcp`` file ``path``: where the
+    bytes of production-size tensors are (damage to DCP's own framing is caught by torch itself)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    stored = FileSystemReader(str(path.parent)).read_metadata().storage_data.values()
+    largest = max((s for s in stored if s.relative_path == path.name), key=lambda s: s.length)
+    n = min(1 << 20, largest.length // 2)
+    with open(path, "r+b") as f:
+        f.seek(largest.offset + (largest.length - n) // 2)
+        f.write(bytes(n))
+
+
+def metric_steps(run: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_checkpoint_is_sealed_with_the_size_and_sha256_of_each_of_its_files(run):
+    _, run = run
+    seal = json.loads((run / STEP2 / "seal.json").read_text())
+    names = {p.name for p in (run / STEP2).iterdir()} - {"seal.json"}
+    assert seal["step"] == 2 and set(seal["files"]) == names >= {".metadata", "__0_0.distcp", "trainer.pt"}
+    assert seal["files"]["__0_0.distcp"]["bytes"] == (run / STEP2 / "__0_0.distcp").stat().st_size
+
+
+@pytest.mark.parametrize("damage", ["zeroed", "from another step"])
+def test_a_damaged_distcp_is_refused_by_name_and_the_previous_step_offered(run, tmp_path, damage):
+    corpus, run = run
+    target = run / STEP2 / "__0_0.distcp"
+    if damage == "zeroed":
+        zero_inside_a_tensor(target)
+    else:
+        shutil.copyfile(run / STEP1 / "__0_0.distcp", target)  # the same size: only its digest differs
+    with pytest.raises(CheckpointDamagedError, match=rf"{STEP2}.*__0_0.distcp.*sha256(.|\n)*{STEP1}"):
+        resume(corpus, run, tmp_path / "c")
+    assert (run / "latest").read_text() == STEP2  # nothing was changed
+
+
+def test_a_checkpoint_renamed_to_another_step_is_refused(run, tmp_path):
+    corpus, run = run
+    shutil.rmtree(run / STEP2)
+    shutil.copytree(run / STEP1, run / STEP2)  # every file intact, but step 1's
+    with pytest.raises(CheckpointDamagedError, match=f"{STEP2}.*holds step 1"):
+        resume(corpus, run, tmp_path / "c")
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "unsealed"])
+def test_latest_naming_a_missing_or_damaged_step_says_so_and_offers_the_newest_intact_one(run, tmp_path, damage):
+    corpus, run = run
+    if damage == "missing":
+        shutil.rmtree(run / STEP2)
+    elif damage == "truncated":
+        os.truncate(run / STEP2 / ".metadata", 100)
+    else:
+        (run / STEP2 / "seal.json").unlink()
+    why = {"missing": "does not exist", "truncated": r"\.metadata holds 100 bytes", "unsealed": "no seal"}[damage]
+    with pytest.raises(CheckpointDamagedError, match=rf"latest names {STEP2}.*{why}(.|\n)*newest intact.*{STEP1}"):
+        resume(corpus, run, tmp_path / "c")
+    (run / "latest").write_text(STEP1)  # what the message offers
+    assert [r["step"] for r in resume(corpus, run, tmp_path / "c").records] == [2, 3]
+    assert metric_steps(run) == [1, 2, 3]  # step 2's line of the damaged run replaced, not repeated
+
+
+def test_no_intact_checkpoint_left_says_to_start_afresh(run, tmp_path):
+    corpus, run = run
+    for step in (STEP1, STEP2):
+        (run / step / "seal.json").unlink()
+    with pytest.raises(CheckpointDamagedError, match="no intact checkpoint.*--no-resume"):
+        resume(corpus, run, tmp_path / "c")
+
+
+def test_marin_train_names_the_damaged_file_and_exits_19(run, capsys):
+    corpus, run = run
+    zero_inside_a_tensor(run / STEP2 / "__0_0.distcp")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--data", str(corpus.root), "--steps", "3", "--batch-size", "2", "--seq-len", "32",
+              "--checkpoint-dir", str(run)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 24 and "__0_0.distcp" in err and "-> " in err and STEP1 in err
+
+
+def test_export_refuses_a_damaged_checkpoint(run, tmp_path):
+    from marin_train.export import export_checkpoint
+
+    _, run = run
+    zero_inside_a_tensor(run / STEP2 / "__0_0.distcp")
+    with pytest.raises(CheckpointDamagedError, match="__0_0.distcp"):
+        export_checkpoint(run / STEP2, tmp_path / "model")
+    assert not (tmp_path / "model" / "model.safetensors").exists()
+
+
+def test_a_checkpoint_of_the_previous_format_without_a_seal_still_resumes(run, tmp_path):
+    corpus, run = run
+    (run / STEP2 / "seal.json").unlink()
+    config = json.loads((run / STEP2 / "config.json").read_text())
+    (run / STEP2 / "config.json").write_text(json.dumps({**config, "format": 2}))
+    assert [r["step"] for r in resume(corpus, run, tmp_path / "c").records] == [3]
+
+
+KILLED = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from dataclasses import replace
+from conftest import build_corpus
+from test_checkpoint_seal import CFG, loader_for
+from marin_data.corpus.manifest import load_corpus
+import marin_train.checkpoint as checkpoint
+from marin_train.loop import train
+write = checkpoint.atomic_write
+def write_then_die(path, fn):  # SIGKILL right after `latest` names step 2, before anything else
+    write(path, fn)
+    if path.name == "latest" and path.read_text() == "step-00000002":
+        os.kill(os.getpid(), signal.SIGKILL)
+checkpoint.atomic_write = write_then_die
+cfg = replace(CFG, checkpoint_dir={run!r})
+train(cfg, loader_for(load_corpus({corpus!r}), cfg, {cache!r}), log=print)
+"""
+
+
+def test_a_kill_between_the_latest_flip_and_the_metrics_append_loses_no_line(trained, tmp_path):
+    corpus, _ = trained
+    run = tmp_path / "run"
+    script = KILLED.format(tests=str(ROOT / "tests"), run=str(run), corpus=str(corpus.root), cache=str(tmp_path / "c"))
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert (run / "latest").read_text() == STEP2 and metric_steps(run) == [1]  # step 2's line not yet written
+    assert [r["step"] for r in resume(corpus, run, tmp_path / "c").records] == [3]
+    assert metric_steps(run) == [1, 2, 3]
+
+
+# --- several ranks ------------------------------------------------------------------------------------
+
+
+def _rank(rank: int, world: int, out: str, corpus: str, cfg: TrainConfig) -> None:
+    """One gloo rank: resume (or start) ``cfg`` and record the steps it ran, or the error that refused it."""
+    from marin_data.corpus.manifest import load_corpus
+    from marin_train.distributed import shutdown_distributed
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out}.init", rank=rank, world_size=world)
+    cfg = replace(cfg, batch_size=cfg.batch_size // world)  # cfg.batch_size is the global batch here
+    try:
+        cfg = resume_config(cfg, world)
+        result = train(cfg, loader_for(load_corpus(corpus), cfg, Path(f"{out}.cache{rank}")), log=lambda _: None)
+        outcome = {"steps": [r["step"] for r in result.records]}
+    except CheckpointDamagedError as e:
+        outcome = {"error": str(e)}
+    Path(f"{out}.rank{rank}.json").write_text(json.dumps(outcome))
+    shutdown_distributed()
+
+
+def spawn(out: Path, corpus, world: int, cfg: TrainConfig) -> list[dict]:
+    mp.spawn(_rank, args=(world, str(out), str(corpus.root), cfg), nprocs=world, join=True)
+    return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.slow
+def test_every_ranks_files_are_sealed_and_checked_at_any_world_size(trained, tmp_path):
+    corpus, _ = trained
+    run = tmp_path / "run"
+    cfg = replace(CFG, batch_size=4, checkpoint_dir=str(run))  # a global batch of 4 over 2 ranks
+    assert spawn(tmp_path / "first", corpus, 2, cfg) == [{"steps": [1, 2]}] * 2
+    seal = json.loads((run / STEP2 / "seal.json").read_text())
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(seal["files"])  # rank 1's shards too
+    rank1 = run / STEP2 / "__1_0.distcp"
+    intact = rank1.read_bytes()
+    zero_inside_a_tensor(rank1)
+    damaged = spawn(tmp_path / "damaged", corpus, 2, replace(cfg, steps=3))
+    assert all("__1_0.distcp" in r.get("error", "") for r in damaged), damaged  # every rank refuses
+    with pytest.raises(CheckpointDamagedError, match="__1_0.distcp"):  # and one process hashing it all
+        resume(corpus, run, tmp_path / "c")
+    rank1.write_bytes(intact)
+    assert [r["step"] for r in resume(corpus, run, tmp_path / "c").records] == [3]  # world 2 -> world 1
+    assert metric_steps(run) == [1, 2, 3]
