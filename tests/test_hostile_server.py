@@ -25,7 +25,8 @@ from shard_env import tiny_tokenizer, write_jsonl  # noqa: F401 - a fixture
 
 from marin_data.corpus.build import shard_subset
 
-from marin_data.corpus.manifest import Manifest, commit_corpus, load_corpus
+from marin_data.corpus.commit import commit_corpus
+from marin_data.corpus.manifest import Manifest, load_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {

@@ -272,7 +272,6 @@ def test_a_hub_publish_killed_after_any_commit_leaves_the_old_pin_and_one_whole_
 def test_the_mirror_lends_a_shard_index_its_hashes_only_when_it_is_the_one_the_manifest_lists(versions, tmp_path):
     """A repo folder caught between two versions (its index of another version than its manifest, one that
     claims other bytes for a shard) is served with the shard's true LFS sha256, not the index's claim."""
-
     from marin_data.corpus.index import write_shard_index
 
     old, _ = versions
