@@ -45,6 +45,10 @@ __all__ = [
     "EngineError",
     "UnsafeDestinationError",
     "InsufficientSpaceError",
+    "InvalidCheckpointError",
+    "UnknownModelTokenizerError",
+    "ModelTokenizerMismatchError",
+    "InvalidScheduleError",
 ]
 
 
@@ -128,6 +132,20 @@ class InvalidTokenizerError(ValueError, MarinDataError):
     """The tokenizer cannot be loaded, or has no EOS token to append (name one with ``--eos-token``): abort."""
 
 
+class UnknownModelTokenizerError(InvalidTokenizerError):
+    """A model whose run recorded no tokenizer, and none was given: name one (``--tokenizer``, ``--data``)."""
+
+
+class ModelTokenizerMismatchError(TokenizerMismatchError):
+    """Data tokenized with another tokenizer (or vocabulary) than the model was trained on: its token ids mean
+    other things to the model. Abort: evaluate on data tokenized like the model's training corpus."""
+
+
+class InvalidCheckpointError(ValueError, MarinDataError):
+    """A path that is not a checkpoint, a run directory or an exported model, or one that cannot be read (an
+    earlier single-file format, a missing or malformed config): abort, nothing was changed."""
+
+
 class InvalidMetadataError(ValueError, MarinDataError):
     """The datasheet's metadata file is unreadable or malformed (unknown key, wrong kind of answer): abort."""
 
@@ -146,6 +164,11 @@ class StaleDatasheetError(ValueError, MarinDataError):
 
 class LoaderConfigError(ValueError, MarinDataError):
     """Loader settings that cannot work (bad mixture weights, a subset shorter than one sequence): abort."""
+
+
+class InvalidScheduleError(LoaderConfigError):
+    """A run's schedule file (``marin-train --schedule``) is unreadable, malformed, or does not fit the run
+    (another global batch, a phase boundary the loader would round elsewhere): abort, nothing was trained."""
 
 
 class LoaderStateMismatchError(ValueError, MarinDataError):

@@ -53,6 +53,9 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between checkpoints; 0: only at the end
     keep_checkpoints: int = 2  # newest checkpoints kept
     log_every: int = 10  # steps between log lines (the first and last are always logged)
+    eval_every: int = 0  # steps between held-out evaluations, and one at the last step (0: none)
+    eval_tokens: int | None = None  # target tokens per evaluation, the split's first ones (None: all of it)
+    eval_batch: int = 8  # sequences per evaluation forward: fixed, so the numbers do not depend on the ranks
     model_overrides: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"vocab_size": 8192}
     data: DataConfig = field(default_factory=DataConfig)
 
@@ -63,6 +66,8 @@ class TrainConfig:
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.ep < 1:
             raise ValueError(f"ep must be >= 1, got {self.ep}")
+        if self.eval_every < 0 or self.eval_batch < 1 or (self.eval_tokens is not None and self.eval_tokens < 1):
+            raise ValueError("eval_every must be >= 0, eval_batch and eval_tokens >= 1")
 
     def global_batch(self, world: int) -> int:
         """Sequences per optimizer step over ``world`` ranks."""
@@ -77,5 +82,6 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
     "tiny": TrainConfig(),
     # The hero run's shape: global batch 11,264 x 4096 (set batch_size x accumulation x ranks to match).
     "marin-535b-a23b": TrainConfig(preset="marin-535b-a23b", steps=1_000_000, batch_size=1, accumulation=11,
-                                   seq_len=4096, lr=3e-4, warmup=2000, checkpoint_every=1000),
+                                   seq_len=4096, lr=3e-4, warmup=2000, checkpoint_every=1000,
+                                   eval_tokens=1 << 27),  # ~33K sequences: a fraction of the held-out split
 }

@@ -2,24 +2,35 @@
 
 A local corpus goes through `make_loader`, a remote one (``s3://``, ``hf://``) through `make_remote_loader`,
 with this process's rank and world size from ``torch.distributed``. The model's vocabulary is the corpus
-tokenizer's.
+tokenizer's, and a run with a checkpoint directory keeps a copy of that ``tokenizer.json`` there (what
+``marin-train generate`` decodes with). `eval_stream` is the held-out stream `marin_train.evaluate` reads:
+built beside the training stream for ``--eval-every``, or on its own for ``marin-train eval``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from marin_data.errors import LoaderConfigError
+from marin_data.corpus.manifest import Corpus, load_corpus
+from marin_data.corpus.record import read_download_record
+from marin_data.errors import InvalidTokenizerError, LoaderConfigError
+from marin_data.layout import TOKENIZER
 from marin_data.loader import LoaderConfig, Phase, make_loader
 from marin_data.loader.remote.stream import is_remote, make_remote_loader
-from marin_data.corpus.manifest import load_corpus
-from marin_train.checkpoint import resume_config
+from marin_data.loader.stream import TokenStream
+from marin_data.raw.tokenizer import LoadedTokenizer, token_byte_lengths, tokenizer_from_bytes
+from marin_data.stores import open_store
+from marin_data.transfer.remote_corpus import read_tokenizer_bytes
+from marin_train.checkpoint import atomic_write, resume_config
 from marin_train.config import DataConfig, TrainConfig
 from marin_train.distributed import init_distributed
+from marin_train.evaluate import EVAL_SEED, evaluate
 from marin_train.loop import TrainResult, train
 
-__all__ = ["mixture_schedule", "run_training", "training_loader"]
+__all__ = ["corpus_tokenizer", "eval_stream", "mixture_schedule", "run_training", "training_loader"]
 
 
 def mixture_schedule(data: DataConfig, global_batch: int):
@@ -56,6 +67,74 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
     return make_loader(corpus, config, rank=rank, world_size=world_size)
 
 
+def eval_config(seq_len: int, val_fraction: float, subsets: Sequence[str] | None = None) -> LoaderConfig:
+    """What `marin_train.evaluate` reads: the held-out split at a run's ``seq_len`` and fraction, in the
+    fixed order of `EVAL_SEED`, with document boundaries (the model masks attention across them)."""
+    return LoaderConfig(seq_len=seq_len, batch_size=1, seed=EVAL_SEED, val_fraction=val_fraction,
+                        subsets=None if subsets is None else list(subsets), segments=True)
+
+
+def eval_stream(source: str, config: LoaderConfig, *, data: DataConfig = DataConfig()) -> TokenStream:
+    """The stream of ``config`` (`eval_config`) over a local or remote corpus. Without ``config.subsets``,
+    a partial download is evaluated on the subsets it holds. Close a remote one (``stream.close()``)."""
+    if is_remote(source):
+        return make_remote_loader(source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
+                                  cache_dir=data.cache_dir, cache_bytes=data.cache_bytes,
+                                  **dict(data.store_options)).dataset.stream
+    corpus = load_corpus(source, manifest_sha256=data.manifest_sha256)
+    record = read_download_record(corpus.root)
+    if config.subsets is None and record is not None:
+        config = dataclasses.replace(config, subsets=list(record.subsets))
+    return TokenStream(corpus, config)
+
+
+def _tokenizer_bytes(source: str, corpus: Corpus, data: DataConfig) -> bytes:
+    """A corpus's ``tokenizer.json``, from its directory or its store, its sha256 the manifest's."""
+    if is_remote(source):
+        return read_tokenizer_bytes(open_store(source, **dict(data.store_options)), corpus.manifest)
+    path = Path(corpus.root) / TOKENIZER
+    raw, want = path.read_bytes(), corpus.manifest.tokenizer.sha256
+    if hashlib.sha256(raw).hexdigest() != want:
+        raise InvalidTokenizerError(f"is not the tokenizer the manifest names (sha256 {want})", path=str(path),
+                                    expected=want, actual=hashlib.sha256(raw).hexdigest())
+    return raw
+
+
+def corpus_tokenizer(source: str, corpus: Corpus, data: DataConfig = DataConfig()) -> LoadedTokenizer:
+    """The tokenizer a corpus was encoded with, from its directory or its store, checked against its manifest."""
+    return tokenizer_from_bytes(_tokenizer_bytes(source, corpus, data), corpus.manifest.tokenizer,
+                                where=f"{source}/{TOKENIZER}")
+
+
+def _record_tokenizer(cfg: TrainConfig, stream: TokenStream) -> None:
+    """Keep the corpus's ``tokenizer.json`` in the run directory (rank 0; fetched only when it changed)."""
+    path = Path(cfg.checkpoint_dir) / TOKENIZER
+    want = stream.corpus.manifest.tokenizer.sha256
+    if path.is_file() and not path.is_symlink() and hashlib.sha256(path.read_bytes()).hexdigest() == want:
+        return
+    data = _tokenizer_bytes(cfg.data.source, stream.corpus, cfg.data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: f.write(data))
+
+
+def _evaluator(cfg: TrainConfig, stream: TokenStream, device) -> Callable:
+    """``--eval-every``: a function of the model giving the eval fields of a metrics record. Its stream is a
+    sibling of the training one (the same corpus and shard source; `eval_config`), built for each evaluation
+    so that the shards it maps are released afterwards."""
+    table = token_byte_lengths(corpus_tokenizer(cfg.data.source, stream.corpus, cfg.data))
+    config = dataclasses.replace(eval_config(cfg.seq_len, cfg.data.val_fraction, stream.subsets),
+                                 shuffle=stream.config.shuffle, shuffle_window=stream.config.shuffle_window)
+    limit = None if cfg.eval_tokens is None else max(1, cfg.eval_tokens // cfg.seq_len)
+    TokenStream(stream.corpus, config, source=stream.source).stop("validation")  # nothing held out: say so now
+
+    def run(model) -> dict[str, float]:
+        held_out = TokenStream(stream.corpus, config, source=stream.source)
+        return evaluate(model, held_out, table, batch_size=cfg.eval_batch, max_sequences=limit,
+                        device=device).metrics()
+
+    return run
+
+
 def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = None,
                  log: Callable[[str], None] = print) -> TrainResult:
     """Build the loader, then `marin_train.loop.train` (joining ``torchrun``'s process group if there is one).
@@ -69,7 +148,10 @@ def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = N
     vocab = stream.corpus.manifest.tokenizer.vocab_size
     cfg = dataclasses.replace(cfg, model_overrides={"vocab_size": vocab, **cfg.model_overrides})
     try:
-        result = train(cfg, loader, resume=resume, log=log, device=device, until=until)
+        if cfg.checkpoint_dir and rank == 0:
+            _record_tokenizer(cfg, stream)
+        evaluator = _evaluator(cfg, stream, device) if cfg.eval_every else None
+        result = train(cfg, loader, resume=resume, log=log, device=device, until=until, evaluate=evaluator)
         if hasattr(stream, "close"):
             s = stream.source.stats()
             log(f"shard cache: {s.fetches.total()} fetches of {len(s.fetches)} shards "

@@ -33,10 +33,14 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.VerificationFailedError, str, EXIT_PROBLEMS),
     (E.BadRecordError, _with_fix("fix the input, or pass --skip-bad to skip and count such records"), 3),
     (E.UnreadableInputError, _with_fix("check that the file exists, is readable and is not truncated"), 3),
+    (E.ModelTokenizerMismatchError, _with_fix("evaluate on a corpus tokenized with the model's tokenizer (the "
+                                              "one its training corpus has)"), 4),
     (E.TokenizerMismatchError, _with_fix("shard this subset with the corpus's tokenizer, or into a new "
                                          "corpus"), 4),
     (E.CorpusConflictError, _with_fix("nothing was changed; shard into a new subset name (a child such as "
                                       "NAME/2025 is still selected by --subset NAME) or a new corpus"), 4),
+    (E.UnknownModelTokenizerError, _with_fix("pass --tokenizer tokenizer.json (or a Hugging Face repo id), or "
+                                             "--data CORPUS to use that corpus's tokenizer"), EXIT_USAGE),
     (E.InvalidTokenizerError, _with_fix("pass a tokenizer.json path or a Hugging Face repo id; name the EOS "
                                         "token with --eos-token if it has none marked special"), EXIT_USAGE),
     (E.CorpusLockedError, _with_fix("another marin-data process is writing this corpus; wait for it to finish "
@@ -47,6 +51,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                            "'Not answered.'"), 11),
     (E.StaleDatasheetError, _with_fix("run `marin-data datasheet CORPUS` (it states the current digest), then "
                                       "publish; nothing was uploaded"), 15),
+    (E.InvalidScheduleError, _with_fix("fix the schedule file (its format: docs/training.md, \"Schedules\"; an "
+                                       "example: examples/schedules/)"), EXIT_USAGE),
     (E.LoaderConfigError, _with_fix("fix the loader settings (mixture weights, --subset, seq_len)"), EXIT_USAGE),
     (E.LoaderStateMismatchError, _with_fix("resume with the data, mixture, seed and seq_len the checkpoint was "
                                            "written with; to change the mixture from a step on, marin-train "
@@ -71,6 +77,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                          "another destination), then run the same command again"), 16),
     (E.InsufficientSpaceError, _with_fix("free space on that file system or choose another destination, then run "
                                          "the same command again to resume"), 17),
+    (E.InvalidCheckpointError, _with_fix("name a step-NNNNNNNN checkpoint directory, a run directory (its "
+                                         "--checkpoint-dir: the latest checkpoint) or an `export`ed model"), 19),
     (E.MarinDataError, str, 9),
 ]
 
