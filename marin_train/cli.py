@@ -1,6 +1,6 @@
 """``marin-train`` (also ``python -m marin_train``): a command group whose default command is ``train``, so
 ``marin-train --data DIR`` trains; ``marin-train eval`` reports a model's held-out loss and bits per byte,
-``marin-train export`` writes a checkpoint as one safetensors model. ``marin-data train`` is the same
+``marin-train generate`` samples text from it, ``marin-train export`` writes a checkpoint as one safetensors model. ``marin-data train`` is the same
 ``train`` command (an entry point of the ``marin_data.commands`` group)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from marin_train.data import run_training
 from marin_train.distributed import shutdown_distributed
 from marin_train.evaluate import EvalResult
 
-__all__ = ["command", "evaluate", "export", "format_eval", "group", "main"]
+__all__ = ["command", "evaluate", "export", "format_eval", "generate", "group", "main"]
 
 
 def _mixture(values: tuple[str, ...] | list[str], flag: str = "--mixture") -> dict[str, float] | None:
@@ -209,6 +209,60 @@ def format_eval(result: EvalResult) -> str:
     return head + "\n" + format_table(["subset", "sequences", "tokens", "bytes", "loss", "bits/byte"], rows)
 
 
+@click.command("generate", context_settings={"max_content_width": 100})
+@click.argument("model", metavar="CHECKPOINT_OR_EXPORT")
+@click.option("--prompt", "prompts", multiple=True, required=True, metavar="TEXT",
+              help="Text to continue (repeat for more samples, one line each).")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens to add at most.")
+@click.option("--temperature", type=float, default=0.8, show_default=True, help="0: greedy (always the likeliest).")
+@click.option("--top-k", type=int, default=50, show_default=True, help="Sample among the K likeliest (0: all).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the sampler: the same seed, the same text.")
+@click.option("--tokenizer", metavar="FILE_OR_REPO",
+              help="A tokenizer.json or Hugging Face repo id (default: the one the run recorded).")
+@click.option("--data", "source", metavar="CORPUS", help="Use this corpus's tokenizer (default: the run's).")
+@click.option("--no-cache", is_flag=True, help="Run the whole context every step (slower; the cache's reference).")
+@click.option("--json", "as_json", is_flag=True, help="Print the samples as JSON.")
+@corpus_options
+def generate(model, prompts, max_new_tokens, temperature, top_k, seed, tokenizer, source, no_cache, as_json,
+             **corpus) -> None:
+    """Continue prompts with a model, sampling token by token with a KV cache.
+
+    MODEL is a checkpoint (step-NNNNNNNN/), a run directory (its latest checkpoint) or an exported model. The
+    prompts are encoded with the training corpus's tokenizer, which a run keeps in its checkpoint directory
+    (and export copies beside the model); --tokenizer or --data name one for a model without it. Generation
+    stops at EOS. The KV cache keeps every key of the global layers and the last window of the
+    sliding-window layers. One line per prompt: the prompt, then the continuation (newlines shown as \\n).
+
+    \b
+    EXAMPLES
+      marin-train generate out/run --prompt 'def parse(' --prompt 'The module'
+      marin-train generate out/model --prompt 'import os' --temperature 0 --max-new-tokens 32
+      marin-train generate out/run/step-00000050 --prompt 'class ' --seed 3 --top-k 20 --json
+      marin-train generate out/model --tokenizer meta-llama/Llama-3.1-8B --prompt 'Hello'
+    """
+    from marin_train.inference import generate_text  # safetensors only where a saved model is read
+
+    if max_new_tokens < 1 or temperature < 0 or top_k < 0:
+        raise click.UsageError("--max-new-tokens must be >= 1, --temperature and --top-k >= 0")
+    if any(not p for p in prompts):
+        raise click.UsageError("--prompt must not be empty: there is no token to continue")
+    if tokenizer and source:
+        raise click.UsageError("--tokenizer and --data both name a tokenizer: give one")
+    samples = generate_text(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                            seed=seed, tokenizer=tokenizer, source=source, data=data_config(source, **corpus),
+                            use_cache=not no_cache)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(s) for s in samples], indent=1, ensure_ascii=False))
+        return
+    for s in samples:
+        click.echo(_one_line(s.prompt) + click.style(_one_line(s.completion), bold=True))
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line: newlines, tabs and other unprintable characters as Python escapes (``\\n``)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class _TrainByDefault(click.Group):
     """A group whose default command is ``train``: arguments that do not start with a command name go to it."""
 
@@ -226,12 +280,14 @@ def group() -> None:
     EXAMPLES
       marin-train --data out/sample --steps 50 --checkpoint-dir out/run --eval-every 25
       marin-train eval out/run --data out/sample
+      marin-train generate out/run --prompt 'def main(' --max-new-tokens 40
       marin-train export out/run/step-00000050 --to out/model
     """
 
 
 group.add_command(command)
 group.add_command(evaluate)
+group.add_command(generate)
 group.add_command(export)
 
 

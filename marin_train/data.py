@@ -14,15 +14,16 @@ import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from marin_data.corpus.manifest import Corpus, load_corpus
+from marin_data.corpus.manifest import Manifest, load_corpus
 from marin_data.corpus.record import read_download_record
 from marin_data.errors import InvalidTokenizerError, LoaderConfigError
-from marin_data.layout import TOKENIZER
+from marin_data.layout import MANIFEST, TOKENIZER
 from marin_data.loader import LoaderConfig, Phase, make_loader
 from marin_data.loader.remote.stream import is_remote, make_remote_loader
 from marin_data.loader.stream import TokenStream
 from marin_data.raw.tokenizer import LoadedTokenizer, token_byte_lengths, tokenizer_from_bytes
 from marin_data.stores import open_store
+from marin_data.transfer.plan import plan_download
 from marin_data.transfer.remote_corpus import read_tokenizer_bytes
 from marin_train.checkpoint import atomic_write, resume_config
 from marin_train.config import DataConfig, TrainConfig
@@ -30,7 +31,8 @@ from marin_train.distributed import init_distributed
 from marin_train.evaluate import EVAL_SEED, evaluate
 from marin_train.loop import TrainResult, train
 
-__all__ = ["corpus_tokenizer", "eval_stream", "mixture_schedule", "run_training", "training_loader"]
+__all__ = ["corpus_tokenizer", "eval_config", "eval_stream", "mixture_schedule", "run_training",
+           "source_manifest", "training_loader"]
 
 
 def mixture_schedule(data: DataConfig, global_batch: int):
@@ -88,21 +90,30 @@ def eval_stream(source: str, config: LoaderConfig, *, data: DataConfig = DataCon
     return TokenStream(corpus, config)
 
 
-def _tokenizer_bytes(source: str, corpus: Corpus, data: DataConfig) -> bytes:
+def _tokenizer_bytes(source: str, manifest: Manifest, data: DataConfig) -> bytes:
     """A corpus's ``tokenizer.json``, from its directory or its store, its sha256 the manifest's."""
     if is_remote(source):
-        return read_tokenizer_bytes(open_store(source, **dict(data.store_options)), corpus.manifest)
-    path = Path(corpus.root) / TOKENIZER
-    raw, want = path.read_bytes(), corpus.manifest.tokenizer.sha256
+        return read_tokenizer_bytes(open_store(source, **dict(data.store_options)), manifest)
+    path = Path(source) / TOKENIZER
+    raw, want = path.read_bytes(), manifest.tokenizer.sha256
     if hashlib.sha256(raw).hexdigest() != want:
         raise InvalidTokenizerError(f"is not the tokenizer the manifest names (sha256 {want})", path=str(path),
                                     expected=want, actual=hashlib.sha256(raw).hexdigest())
     return raw
 
 
-def corpus_tokenizer(source: str, corpus: Corpus, data: DataConfig = DataConfig()) -> LoadedTokenizer:
+def source_manifest(source: str, data: DataConfig = DataConfig()) -> Manifest:
+    """The manifest of the corpus at ``source`` (a remote one read and checked as a download does)."""
+    if not is_remote(source):
+        return load_corpus(source, manifest_sha256=data.manifest_sha256).manifest
+    store = open_store(source, **dict(data.store_options))
+    _, manifest_bytes, _ = plan_download([store], subsets=None, manifest_sha256=data.manifest_sha256)
+    return Manifest.from_json(manifest_bytes, store.describe(MANIFEST))
+
+
+def corpus_tokenizer(source: str, manifest: Manifest, data: DataConfig = DataConfig()) -> LoadedTokenizer:
     """The tokenizer a corpus was encoded with, from its directory or its store, checked against its manifest."""
-    return tokenizer_from_bytes(_tokenizer_bytes(source, corpus, data), corpus.manifest.tokenizer,
+    return tokenizer_from_bytes(_tokenizer_bytes(source, manifest, data), manifest.tokenizer,
                                 where=f"{source}/{TOKENIZER}")
 
 
@@ -112,7 +123,7 @@ def _record_tokenizer(cfg: TrainConfig, stream: TokenStream) -> None:
     want = stream.corpus.manifest.tokenizer.sha256
     if path.is_file() and not path.is_symlink() and hashlib.sha256(path.read_bytes()).hexdigest() == want:
         return
-    data = _tokenizer_bytes(cfg.data.source, stream.corpus, cfg.data)
+    data = _tokenizer_bytes(cfg.data.source, stream.corpus.manifest, cfg.data)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: f.write(data))
 
@@ -121,7 +132,7 @@ def _evaluator(cfg: TrainConfig, stream: TokenStream, device) -> Callable:
     """``--eval-every``: a function of the model giving the eval fields of a metrics record. Its stream is a
     sibling of the training one (the same corpus and shard source; `eval_config`), built for each evaluation
     so that the shards it maps are released afterwards."""
-    table = token_byte_lengths(corpus_tokenizer(cfg.data.source, stream.corpus, cfg.data))
+    table = token_byte_lengths(corpus_tokenizer(cfg.data.source, stream.corpus.manifest, cfg.data))
     config = dataclasses.replace(eval_config(cfg.seq_len, cfg.data.val_fraction, stream.subsets),
                                  shuffle=stream.config.shuffle, shuffle_window=stream.config.shuffle_window)
     limit = None if cfg.eval_tokens is None else max(1, cfg.eval_tokens // cfg.seq_len)

@@ -1,11 +1,13 @@
-"""``marin-train eval`` and ``--eval-every``: held-out loss and bits per byte, checked by hand, the same on 1 and 2
-ranks, and the same numbers during training as afterwards."""
+"""A saved model at work. ``marin-train eval`` and ``--eval-every``: held-out loss and bits per byte, checked by
+hand, the same on 1 and 2 ranks, and the same numbers during training as afterwards. ``marin-train generate``:
+text from a checkpoint, a run or an export, with the tokenizer the run recorded."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +147,41 @@ def test_eval_on_two_ranks_equals_one_rank_to_the_bit(trained):
         results.append(json.loads(run.stdout))
     assert results[0] == results[1]
     assert np.isfinite(results[0]["overall"]["loss"]) and results[0]["overall"]["sequences"] > 30
+
+
+def generate_cli(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", *args])
+    captured = capsys.readouterr()
+    return exit_.value.code, captured.out, captured.err
+
+
+def test_generate_continues_each_prompt_reproducibly_from_a_run_or_an_export(trained, capsys):
+    run = str(trained["run"])
+    code, out, _ = generate_cli(capsys, run, "--prompt", "café", "--prompt", "alpha beta", "--seed", "3")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 2 and lines[0].startswith("café") and lines[1].startswith("alpha beta")
+    assert generate_cli(capsys, run, "--prompt", "café", "--prompt", "alpha beta", "--seed", "3")[1] == out
+    model_dir = export_checkpoint(trained["run"] / "step-00000004", trained["tmp"] / "model-gen")  # the same step
+    assert (model_dir / TOKENIZER).is_file()
+    code, exported, _ = generate_cli(capsys, str(model_dir), "--prompt", "café", "--prompt", "alpha beta", "--seed",
+                                     "3")
+    assert code == 0 and exported == out
+    greedy = [json.loads(generate_cli(capsys, run, "--prompt", "gamma", "--temperature", "0", "--json", *extra)[1])
+              for extra in ((), ("--no-cache",))]
+    for sample in greedy:
+        sample[0].pop("seconds")
+    assert greedy[0] == greedy[1] and 0 < greedy[0][0]["tokens"] <= 64
+
+
+def test_generate_needs_the_models_tokenizer(trained, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    shutil.copytree(export_checkpoint(trained["run"] / "step-00000004", tmp_path / "model"), bare)
+    (bare / TOKENIZER).unlink()
+    code, _, err = generate_cli(capsys, str(bare), "--prompt", "café")
+    assert code == 2 and "records no tokenizer" in err and "--tokenizer" in err
+    code, out, _ = generate_cli(capsys, str(bare), "--prompt", "café", "--data", str(trained["corpus"].root))
+    assert code == 0 and out.startswith("café")
+    other = build_corpus(tmp_path / "other", {"code": [200]})
+    assert generate_cli(capsys, str(trained["run"]), "--prompt", "x", "--data", str(other.root))[0] == 4
+    assert generate_cli(capsys, str(trained["run"]), "--prompt", "")[0] == 2
