@@ -19,6 +19,7 @@ from marin_train.config import TRAIN_PRESETS, DataConfig
 from marin_train.data import run_training
 from marin_train.distributed import shutdown_distributed
 from marin_train.evaluate import EvalResult
+from marin_train.schedule import load_schedule
 
 __all__ = ["command", "evaluate", "export", "format_eval", "generate", "group", "main"]
 
@@ -80,6 +81,9 @@ def data_config(source, *, mirrors, manifest_sha256, endpoint, cache_dir, cache_
 @click.option("--mixture", multiple=True, metavar="SUBSET=W", help="Mixture weight of a subset or glob (repeat).")
 @click.option("--mixture-from", multiple=True, metavar="STEP:SUBSET=W,...",
               help="The mixture from optimizer step STEP on (repeat for more phases); also on resume.")
+@click.option("--schedule", "schedule_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="The run's data schedule (YAML/JSON): steps, global batch, seq_len, mixture block and the "
+                   "mixture's phases by step (docs/training.md; examples/schedules/).")
 @click.option("--ep", type=int, help="Expert-parallel degree: divides the ranks and the routed experts (default 1).")
 @click.option("--recompute", is_flag=True, default=None, help="Recompute each block in the backward pass.")
 @click.option("--steps", type=int, help="Optimizer steps (default: the preset's).")
@@ -98,7 +102,7 @@ def data_config(source, *, mirrors, manifest_sha256, endpoint, cache_dir, cache_
 @click.option("--eval-tokens", type=int, metavar="N", help="Held-out target tokens per evaluation (default: all).")
 @click.option("--seed", type=int, help="Model init and data order.")
 @corpus_options
-def command(source, preset, mixture, mixture_from, ep, recompute, steps, until, batch_size, accumulation, seq_len, lr,
+def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute, steps, until, batch_size, accumulation, seq_len, lr,
             checkpoint_dir, checkpoint_every, no_resume, log_every, eval_every, eval_tokens, seed, **corpus) -> None:
     """Train the Marin MoE model on a corpus, streaming it from S3 or a Hub mirror when remote.
 
@@ -116,12 +120,25 @@ def command(source, preset, mixture, mixture_from, ep, recompute, steps, until, 
       marin-train --data hf://datasets/marin/sample --endpoint http://127.0.0.1:8000 --steps 100
       marin-train --data out/sample --mixture 'code/*=0.3' --mixture 'prose/*=0.7' \\
                   --mixture-from '1000:code/*=0.5,prose/*=0.5' --checkpoint-dir out/run
+      marin-train --data out/sample --schedule examples/schedules/sample.yaml --checkpoint-dir out/run \\
+                  --eval-every 20
       torchrun --nproc-per-node 4 -m marin_train --data out/sample --ep 2 --steps 20
     """
     if preset not in TRAIN_PRESETS:
         raise click.UsageError(f"unknown --preset {preset!r}; choose one of {', '.join(TRAIN_PRESETS)}")
     base = TRAIN_PRESETS[preset]
-    data = data_config(source, mixture=_mixture(mixture), mixture_from=_mixture_from(mixture_from), **corpus)
+    schedule = None
+    if schedule_file:
+        if mixture or mixture_from:
+            raise click.UsageError("--schedule holds the mixture's phases: drop --mixture and --mixture-from")
+        schedule = load_schedule(schedule_file)
+        for flag, given, scheduled in (("--steps", steps, schedule.steps), ("--seq-len", seq_len, schedule.seq_len)):
+            if given is not None and given != scheduled:
+                raise click.UsageError(f"{flag} {given} contradicts the schedule's {scheduled} ({schedule_file}); "
+                                       "use --until STEP to stop early")
+        steps, seq_len = schedule.steps, schedule.seq_len
+    data = data_config(source, mixture=_mixture(mixture), mixture_from=_mixture_from(mixture_from), schedule=schedule,
+                       **corpus)
     changes = {"steps": steps, "batch_size": batch_size, "accumulation": accumulation, "seq_len": seq_len, "lr": lr,
                "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every, "log_every": log_every,
                "eval_every": eval_every, "eval_tokens": eval_tokens, "seed": seed, "ep": ep, "recompute": recompute}

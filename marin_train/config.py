@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marin_model.config import ModelConfig, get_preset, with_overrides
+from marin_train.schedule import Schedule
 
 __all__ = ["DataConfig", "TrainConfig", "TRAIN_PRESETS"]
 
@@ -21,6 +22,7 @@ class DataConfig:
     source: str | None = None  # a corpus: local directory, s3://bucket/prefix or hf://datasets/org/name
     mixture: Mapping[str, float] | None = None  # subset names/globs -> weights; None: by token count
     mixture_from: tuple[tuple[int, Mapping[str, float]], ...] = ()  # (step, weights): the mixture from that step
+    schedule: Schedule | None = None  # a schedule file's phases (marin_train.schedule), instead of the two above
     mirrors: tuple[str, ...] = ()  # fallback stores of a remote source
     manifest_sha256: str | None = None  # pins the corpus's manifest
     cache_dir: str | None = None  # remote shard cache root (default ~/.cache/marin/remote)
@@ -80,8 +82,9 @@ class TrainConfig:
 TRAIN_PRESETS: dict[str, TrainConfig] = {
     # The tiny model on a CPU: ~0.1-0.5 s a step on 2 cores; the loss falls visibly within 50 steps.
     "tiny": TrainConfig(),
-    # The hero run's shape: global batch 11,264 x 4096 (set batch_size x accumulation x ranks to match).
-    "marin-535b-a23b": TrainConfig(preset="marin-535b-a23b", steps=1_000_000, batch_size=1, accumulation=11,
+    # The hero run: 390,251 steps at a global batch of 11,264 x 4096 (set batch_size x accumulation x ranks to
+    # match), ~18.0T tokens; its mixture schedule: examples/schedules/marin-535b-a23b.yaml (--schedule).
+    "marin-535b-a23b": TrainConfig(preset="marin-535b-a23b", steps=390_251, batch_size=1, accumulation=11,
                                    seq_len=4096, lr=3e-4, warmup=2000, checkpoint_every=1000,
                                    eval_tokens=1 << 27),  # ~33K sequences: a fraction of the held-out split
 }

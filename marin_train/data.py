@@ -16,7 +16,7 @@ from pathlib import Path
 
 from marin_data.corpus.manifest import Manifest, load_corpus
 from marin_data.corpus.record import read_download_record
-from marin_data.errors import InvalidTokenizerError, LoaderConfigError
+from marin_data.errors import InvalidScheduleError, InvalidTokenizerError, LoaderConfigError
 from marin_data.layout import MANIFEST, TOKENIZER
 from marin_data.loader import LoaderConfig, Phase, make_loader
 from marin_data.loader.remote.stream import is_remote, make_remote_loader
@@ -38,7 +38,15 @@ __all__ = ["corpus_tokenizer", "eval_config", "eval_stream", "mixture_schedule",
 def mixture_schedule(data: DataConfig, global_batch: int):
     """``data.mixture``, or with ``data.mixture_from`` the loader's phases: the mixture up to the first change
     step, each change's weights up to the next (``global_batch`` sequences a step; the loader may round a
-    phase end to its mixture block, see `marin_data.loader.Phase`)."""
+    phase end to its mixture block, see `marin_data.loader.Phase`); or ``data.schedule``'s phases, whose global
+    batch must be the run's."""
+    if data.schedule is not None:
+        if global_batch != data.schedule.global_batch:
+            raise InvalidScheduleError(f"its phases start at steps of {data.schedule.global_batch:,} sequences, this "
+                                       f"run's global batch is {global_batch:,} (batch x accumulation x ranks): set "
+                                       "--batch-size and --accumulation to match", path=data.schedule.source,
+                                       expected=data.schedule.global_batch, actual=global_batch)
+        return data.schedule.loader_phases()
     if not data.mixture_from:
         return data.mixture
     if data.mixture is None:
@@ -58,15 +66,25 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
     if not data.source:
         raise LoaderConfigError("no training data: set DataConfig.source (--data) to a corpus path or URL")
     _, world = (rank, world_size) if world_size is not None else init_distributed()[:2]
+    block = {"mixture_block": data.schedule.mixture_block} if data.schedule is not None else {}
     config = LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
                           mixture=mixture_schedule(data, cfg.global_batch(world)), val_fraction=data.val_fraction,
-                          segments=True)  # the model masks attention across documents
+                          segments=True, **block)  # segments: the model masks attention across documents
     if is_remote(data.source):
-        return make_remote_loader(data.source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
-                                  cache_dir=data.cache_dir, cache_bytes=data.cache_bytes, rank=rank,
-                                  world_size=world_size, **dict(data.store_options))
-    corpus = load_corpus(data.source, manifest_sha256=data.manifest_sha256)
-    return make_loader(corpus, config, rank=rank, world_size=world_size)
+        loader = make_remote_loader(data.source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
+                                    cache_dir=data.cache_dir, cache_bytes=data.cache_bytes, rank=rank,
+                                    world_size=world_size, **dict(data.store_options))
+    else:
+        corpus = load_corpus(data.source, manifest_sha256=data.manifest_sha256)
+        loader = make_loader(corpus, config, rank=rank, world_size=world_size)
+    if data.schedule is not None:
+        try:
+            data.schedule.check_loader(loader.dataset.stream.mixture)
+        except InvalidScheduleError:
+            if hasattr(loader.dataset.stream, "close"):  # a remote stream: its cache's threads and directory lock
+                loader.dataset.stream.close()
+            raise
+    return loader
 
 
 def eval_config(seq_len: int, val_fraction: float, subsets: Sequence[str] | None = None) -> LoaderConfig:
