@@ -1,7 +1,8 @@
 """``marin-train`` (also ``python -m marin_train``): a command group whose default command is ``train``, so
 ``marin-train --data DIR`` trains; ``marin-train eval`` reports a model's held-out loss and bits per byte,
-``marin-train generate`` samples text from it, ``marin-train export`` writes a checkpoint as one safetensors model. ``marin-data train`` is the same
-``train`` command (an entry point of the ``marin_data.commands`` group)."""
+``marin-train generate`` samples text from it, ``marin-train export`` writes a checkpoint as one safetensors
+model. ``marin-data train`` is the same ``train`` command (an entry point of the ``marin_data.commands``
+group)."""
 
 from __future__ import annotations
 
@@ -102,8 +103,9 @@ def data_config(source, *, mirrors, manifest_sha256, endpoint, cache_dir, cache_
 @click.option("--eval-tokens", type=int, metavar="N", help="Held-out target tokens per evaluation (default: all).")
 @click.option("--seed", type=int, help="Model init and data order.")
 @corpus_options
-def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute, steps, until, batch_size, accumulation, seq_len, lr,
-            checkpoint_dir, checkpoint_every, no_resume, log_every, eval_every, eval_tokens, seed, **corpus) -> None:
+def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute, steps, until, batch_size,
+            accumulation, seq_len, lr, checkpoint_dir, checkpoint_every, no_resume, log_every, eval_every, eval_tokens,
+            seed, **corpus) -> None:
     """Train the Marin MoE model on a corpus, streaming it from S3 or a Hub mirror when remote.
 
     Logs loss, tokens/s, time waiting for data and router statistics. The model is sharded over the ranks
