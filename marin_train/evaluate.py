@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
 from marin_data.loader.dataset import to_tensors
+from marin_data.loader.remote.cache import RemoteShardCache
 from marin_data.loader.stream import TokenStream
 from marin_model.model import Transformer
 
@@ -132,6 +133,7 @@ def evaluate(model: Transformer, stream: TokenStream, token_bytes: np.ndarray, *
     mine = range(rank * chunks // world, (rank + 1) * chunks // world)  # contiguous: a remote cache reads ahead
     rounds = -(-chunks // world) if isinstance(model, FSDPModule) else len(mine)  # a sharded forward: collective
     table = torch.as_tensor(token_bytes, dtype=torch.int64)
+    bounded = isinstance(stream.source, RemoteShardCache)  # the held-out rows of every shard pass through it
     rows = torch.zeros(4, n, dtype=torch.float64)
     was_training = model.training
     model.eval()  # no balancing statistics, no token dropping
@@ -140,6 +142,8 @@ def evaluate(model: Transformer, stream: TokenStream, token_bytes: np.ndarray, *
             c = mine[min(r, len(mine) - 1)] if mine else 0  # past its share a rank repeats a chunk, unused
             start, stop = c * batch_size, min(n, (c + 1) * batch_size)
             batch = to_tensors(stream.read(range(start, stop), "validation"))  # a remote shard: fetched on use
+            if bounded:
+                stream.release()  # the rows are copied out: let a bounded cache evict what they came from
             values = _per_sequence(model, batch, table, torch.device(device))
             if r < len(mine):
                 rows[:, start:stop] = values
