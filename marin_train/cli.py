@@ -56,7 +56,8 @@ def corpus_options(fn):
         click.option("--manifest-sha256", metavar="HEX", help="Pin the corpus manifest's sha256."),
         click.option("--endpoint", metavar="URL",
                      help="Hugging Face endpoint of an hf:// corpus (e.g. marin-data serve)."),
-        click.option("--cache-dir", metavar="DIR", help="Remote shard cache root (default ~/.cache/marin/remote)."),
+        click.option("--cache-dir", metavar="DIR", help="Shard cache: a remote corpus's fetched shards, a local "
+                     "one's decoded copies (default ~/.cache/marin/remote, ~/.cache/marin/decoded)."),
         click.option("--cache-gb", type=float, help="Remote shard cache limit per rank, in GiB (default 64)."),
     ]):
         fn = option(fn)

@@ -25,7 +25,8 @@ class DataConfig:
     schedule: Schedule | None = None  # a schedule file's phases (marin_train.schedule), instead of the two above
     mirrors: tuple[str, ...] = ()  # fallback stores of a remote source
     manifest_sha256: str | None = None  # pins the corpus's manifest
-    cache_dir: str | None = None  # remote shard cache root (default ~/.cache/marin/remote)
+    cache_dir: str | None = None  # a remote corpus's shard cache root, a local one's decoded shards (default: under
+    # ~/.cache/marin, marin_data.loader.cache.default_cache_dir)
     cache_bytes: int = 64 << 30  # remote shard cache limit per rank
     store_options: Mapping[str, Any] = field(default_factory=dict)  # endpoint_url (S3), endpoint (HF), ...
     val_fraction: float = 0.001

@@ -76,7 +76,7 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
                                     world_size=world_size, **dict(data.store_options))
     else:
         corpus = load_corpus(data.source, manifest_sha256=data.manifest_sha256)
-        loader = make_loader(corpus, config, rank=rank, world_size=world_size)
+        loader = make_loader(corpus, config, rank=rank, world_size=world_size, cache_dir=data.cache_dir)
     if data.schedule is not None:
         try:
             data.schedule.check_loader(loader.dataset.stream.mixture)
@@ -105,7 +105,7 @@ def eval_stream(source: str, config: LoaderConfig, *, data: DataConfig = DataCon
     record = read_download_record(corpus.root)
     if config.subsets is None and record is not None:
         config = dataclasses.replace(config, subsets=list(record.subsets))
-    return TokenStream(corpus, config)
+    return TokenStream(corpus, config, cache_dir=data.cache_dir)
 
 
 def _tokenizer_bytes(source: str, manifest: Manifest, data: DataConfig) -> bytes:

@@ -45,7 +45,8 @@ def evaluate_and_sample(corpus: Path) -> None:
     """The run's held-out loss and bits per byte per subset, then two lines sampled from it."""
     run = str((OUT / "run").relative_to(ROOT))
     step("Evaluate the run's latest checkpoint on the held-out split (sequences it never trained on)", "eval", run,
-         "--data", str(corpus.relative_to(ROOT)), command="marin-train")
+         "--data", str(corpus.relative_to(ROOT)), "--cache-dir", str((OUT / "loader-cache").relative_to(ROOT)),
+         command="marin-train")
     step("Sample from it: two prompts continued with the run's tokenizer, through a KV cache", "generate", run,
          "--prompt", "def ", "--prompt", "The ", "--max-new-tokens", "24", command="marin-train")
 

@@ -119,9 +119,10 @@ def test_eval_command_prints_a_table_and_json_and_maps_its_errors(trained, tmp_p
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and "bits/byte" in out and "prose/a" in out and "\nall " in out
     with pytest.raises(SystemExit) as exit_:
-        main(["eval", run, "--data", data, "--json", "--subset", "code"])
+        main(["eval", run, "--data", data, "--json", "--subset", "code", "--cache-dir", str(tmp_path / "decoded")])
     doc = json.loads(capsys.readouterr().out)
     assert exit_.value.code == 0 and list(doc["subsets"]) == ["code"] and doc["step"] == 4
+    assert list((tmp_path / "decoded").rglob("tokens.npy"))  # a local corpus's decoded shards went there
     other = build_corpus(tmp_path / "other", {"code": [200]})  # another tokenizer
     cases = [(["eval", str(tmp_path), "--data", data], 19, "not a checkpoint"),
              (["eval", run, "--data", str(other.root)], 4, "tokenizer"),
