@@ -197,7 +197,8 @@ def evaluate(model, source, subsets, max_tokens, batch_size, seq_len, as_json, *
     in nats per target token. Bits per byte = total nats / ln 2 / total bytes, where the bytes are the
     UTF-8 bytes of the decoded target tokens (each token's own bytes under a byte-level BPE; EOS and other
     special tokens count 0), so models with different tokenizers compare. Under torchrun the ranks split
-    the sequences and report the same numbers as one process, to the last bit.
+    the sequences and report the same numbers as one process, to the last bit, when every process uses as
+    many intra-op threads (torchrun gives each one; OMP_NUM_THREADS=1 for a lone process).
 
     \b
     EXAMPLES
