@@ -59,6 +59,10 @@ __all__ = [
     "UnsupportedFormatError",
     "CheckpointDamagedError",
     "PublishInProgressError",
+    "InvalidCheckpointError",
+    "UnknownModelTokenizerError",
+    "ModelTokenizerMismatchError",
+    "InvalidScheduleError",
 ]
 
 
@@ -159,6 +163,20 @@ class UnknownDocumentError(LookupError, MarinDataError):
     """No document of the subset has the id asked for (``show --id``): check the id."""
 
 
+class UnknownModelTokenizerError(InvalidTokenizerError):
+    """A model whose run recorded no tokenizer, and none was given: name one (``--tokenizer``, ``--data``)."""
+
+
+class ModelTokenizerMismatchError(TokenizerMismatchError):
+    """Data tokenized with another tokenizer (or vocabulary) than the model was trained on: its token ids mean
+    other things to the model. Abort: evaluate on data tokenized like the model's training corpus."""
+
+
+class InvalidCheckpointError(ValueError, MarinDataError):
+    """A path that is not a checkpoint, a run directory or an exported model, or one that cannot be read (an
+    earlier single-file format, a missing or malformed config): abort, nothing was changed."""
+
+
 class InvalidMetadataError(ValueError, MarinDataError):
     """The datasheet's metadata file is unreadable or malformed (unknown key, wrong kind of answer): abort."""
 
@@ -177,6 +195,11 @@ class StaleDatasheetError(ValueError, MarinDataError):
 
 class LoaderConfigError(ValueError, MarinDataError):
     """Loader settings that cannot work (bad mixture weights, a subset shorter than one sequence): abort."""
+
+
+class InvalidScheduleError(LoaderConfigError):
+    """A run's schedule file (``marin-train --schedule``) is unreadable, malformed, or does not fit the run
+    (another global batch, a phase boundary the loader would round elsewhere): abort, nothing was trained."""
 
 
 class LoaderStateMismatchError(ValueError, MarinDataError):

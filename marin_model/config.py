@@ -90,7 +90,8 @@ PRESETS: dict[str, ModelConfig] = {
                              n_kv_heads_global=1, window=256, max_seq_len=1024,
                              moe=MoEConfig(num_experts=64, top_k=8, expert_dim=256, latent_dim=256, num_shared=2,
                                            shared_dim=256)),
-    "marin-535b-a23b": ModelConfig(),
+    # The defaults, plus the capacity factor Marin trains with (tokens past it are dropped in training only).
+    "marin-535b-a23b": ModelConfig(moe=MoEConfig(capacity_factor=1.15)),
 }
 
 

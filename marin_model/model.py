@@ -6,7 +6,8 @@ to the whole causal context with fewer KV heads, the others to a sliding window.
 ids (one id per packed document), attention never crosses a document boundary and rotary positions restart
 at each document. ``Transformer.recompute`` keeps only each block's input for the backward pass and runs the
 block again there (activation checkpointing): memory per layer falls to one [B,S,D] tensor for ~1/3 more
-compute.
+compute. Sampling (generate.py) gives each attention layer a KV cache, which keeps a sliding-window layer's
+last window only.
 """
 
 from typing import NamedTuple, Optional
@@ -83,6 +84,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.d_model, self.n_kv * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.d_model, self.n_kv * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.kv_cache = None  # while sampling, the keys and values of earlier tokens (generate.py)
 
     def forward(self, x_BSD: Tensor, cos: Tensor, sin: Tensor, mask: Optional[Tensor]) -> Tensor:
         B, S, _ = x_BSD.shape
@@ -90,6 +92,8 @@ class Attention(nn.Module):
         k = self.wk(x_BSD).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)  # [B,Hkv,S,d]
         v = self.wv(x_BSD).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)  # [B,Hkv,S,d]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_cache is not None:  # the new tokens also attend to the cached ones: [B,Hkv,K,d], mask [1,1,S,K]
+            k, v, mask = self.kv_cache.update(k, v)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(B, S, -1))  # [B,S,Hq*d]
 

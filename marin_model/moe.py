@@ -233,7 +233,10 @@ class MoE(nn.Module):
         m, T = self.cfg, x_TD.shape[0]
         logits_TE = self.router(x_TD)
         routing = route(logits_TE, self.bias_E, m)
-        capacity = math.ceil(m.capacity_factor * T * m.top_k / m.num_experts) if m.capacity_factor > 0 else 0
+        # Dropping over capacity is a training-time bound on an expert's work; evaluated (eval mode), every token
+        # reaches its experts, so a token's output does not depend on the others in the batch.
+        dropping = m.capacity_factor > 0 and self.training
+        capacity = math.ceil(m.capacity_factor * T * m.top_k / m.num_experts) if dropping else 0
         routed_RL, meta = permute_tokens(self.down(x_TD), routing.expert_ids_TK, m.num_experts, m.align, capacity)
         y_RL = dispatch_experts(self.experts, routed_RL, meta.offsets_E1, m.align)
         out_TD = self.up(unpermute_tokens(y_RL, meta, routing.weights_TK))

@@ -1,10 +1,13 @@
 """``marin-train`` (also ``python -m marin_train``): a command group whose default command is ``train``, so
-``marin-train --data DIR`` trains; ``marin-train export`` writes a checkpoint as one safetensors model.
-``marin-data train`` is the same ``train`` command (an entry point of the ``marin_data.commands`` group)."""
+``marin-train --data DIR`` trains; ``marin-train eval`` reports a model's held-out loss and bits per byte,
+``marin-train generate`` samples text from it, ``marin-train export`` writes a checkpoint as one safetensors
+model. ``marin-data train`` is the same ``train`` command (an entry point of the ``marin_data.commands``
+group)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 
 import click
@@ -12,12 +15,15 @@ import torch.distributed as dist
 
 from marin_data.cli._errors import describe
 from marin_data.cli._store_options import check_sha256, store_kwargs, store_options
+from marin_data.ui import format_table
 from marin_train.config import TRAIN_PRESETS, DataConfig
 from marin_train.data import run_training
 from marin_train.distributed import shutdown_distributed
+from marin_train.evaluate import EvalResult
 from marin_train.loop import TrainResult
+from marin_train.schedule import load_schedule
 
-__all__ = ["command", "export", "group", "main", "summary"]
+__all__ = ["command", "evaluate", "export", "format_eval", "generate", "group", "main", "summary"]
 
 
 def _mixture(values: tuple[str, ...] | list[str], flag: str = "--mixture") -> dict[str, float] | None:
@@ -66,6 +72,34 @@ def summary(result: TrainResult, window: int = 10) -> str:
             f"time after the first step" + (f", checkpoint {result.checkpoint}" if result.checkpoint else ""))
 
 
+def corpus_options(fn):
+    """The options of a corpus to read: a remote one's mirrors, pin, endpoints and cache."""
+    for option in reversed([
+        click.option("--mirror", "mirrors", multiple=True, metavar="URL",
+                     help="Fallback store of a remote corpus (repeat)."),
+        click.option("--manifest-sha256", metavar="HEX", help="Pin the corpus manifest's sha256."),
+        click.option("--endpoint", metavar="URL",
+                     help="Hugging Face endpoint of an hf:// corpus (e.g. marin-data serve)."),
+        click.option("--cache-dir", metavar="DIR", help="Shard cache: a remote corpus's fetched shards, a local "
+                     "one's decoded copies (default ~/.cache/marin/remote, ~/.cache/marin/decoded)."),
+        click.option("--cache-gb", type=float, help="Remote shard cache limit per rank, in GiB (default 64)."),
+    ]):
+        fn = option(fn)
+    return store_options(fn)
+
+
+def data_config(source, *, mirrors, manifest_sha256, endpoint, cache_dir, cache_gb, endpoint_url, profile, anonymous,
+                requester_pays, **fields) -> DataConfig:
+    """The `DataConfig` of `corpus_options` (and any other fields)."""
+    check_sha256(manifest_sha256)
+    options = store_kwargs(endpoint_url, profile, anonymous, requester_pays)
+    if endpoint:
+        options["endpoint"] = endpoint
+    cache = {"cache_bytes": int(cache_gb * (1 << 30))} if cache_gb else {}
+    return DataConfig(source=source, mirrors=tuple(mirrors), manifest_sha256=manifest_sha256, cache_dir=cache_dir,
+                      store_options=options, **cache, **fields)
+
+
 @click.command("train", context_settings={"max_content_width": 100})
 @click.option("--data", "source", required=True, metavar="CORPUS",
               help="A corpus: a local directory, s3://bucket/prefix or hf://datasets/org/name.")
@@ -73,6 +107,9 @@ def summary(result: TrainResult, window: int = 10) -> str:
 @click.option("--mixture", multiple=True, metavar="SUBSET=W", help="Mixture weight of a subset or glob (repeat).")
 @click.option("--mixture-from", multiple=True, metavar="STEP:SUBSET=W,...",
               help="The mixture from optimizer step STEP on (repeat for more phases); also on resume.")
+@click.option("--schedule", "schedule_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="The run's data schedule (YAML/JSON): steps, global batch, seq_len, mixture block and the "
+                   "mixture's phases by step (docs/training.md; examples/schedules/).")
 @click.option("--ep", type=int, help="Expert-parallel degree: divides the ranks and the routed experts (default 1).")
 @click.option("--recompute", is_flag=True, default=None, help="Recompute each block in the backward pass.")
 @click.option("--steps", type=int, help="Optimizer steps (default: the preset's).")
@@ -85,16 +122,15 @@ def summary(result: TrainResult, window: int = 10) -> str:
 @click.option("--checkpoint-every", type=int, help="Steps between checkpoints (default: only at the end).")
 @click.option("--no-resume", is_flag=True, help="Start afresh even if --checkpoint-dir holds a checkpoint.")
 @click.option("--log-every", type=int, help="Steps between log lines.")
+@click.option("--eval-every", type=int, metavar="N",
+              help="Evaluate on the held-out split every N steps and at the end, as `marin-train eval` does; the "
+                   "results join metrics.jsonl (eval_loss, eval_bpb, per subset).")
+@click.option("--eval-tokens", type=int, metavar="N", help="Held-out target tokens per evaluation (default: all).")
 @click.option("--seed", type=int, help="Model init and data order.")
-@click.option("--mirror", "mirrors", multiple=True, metavar="URL", help="Fallback store of a remote corpus (repeat).")
-@click.option("--manifest-sha256", metavar="HEX", help="Pin the corpus manifest's sha256.")
-@click.option("--endpoint", metavar="URL", help="Hugging Face endpoint of an hf:// corpus (e.g. marin-data serve).")
-@click.option("--cache-dir", metavar="DIR", help="Remote shard cache root (default ~/.cache/marin/remote).")
-@click.option("--cache-gb", type=float, help="Remote shard cache limit per rank, in GiB (default 64).")
-@store_options
-def command(source, preset, mixture, mixture_from, ep, recompute, steps, until, batch_size, accumulation, seq_len, lr,
-            checkpoint_dir, checkpoint_every, no_resume, log_every, seed, mirrors, manifest_sha256, endpoint, cache_dir,
-            cache_gb, endpoint_url, profile, anonymous, requester_pays) -> None:
+@corpus_options
+def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute, steps, until, batch_size,
+            accumulation, seq_len, lr, checkpoint_dir, checkpoint_every, no_resume, log_every, eval_every, eval_tokens,
+            seed, **corpus) -> None:
     """Train the Marin MoE model on a corpus, streaming it from S3 or a Hub mirror when remote.
 
     Logs loss, tokens/s, time waiting for data and router statistics. The model is sharded over the ranks
@@ -111,22 +147,28 @@ def command(source, preset, mixture, mixture_from, ep, recompute, steps, until, 
       marin-train --data hf://datasets/marin/sample --endpoint http://127.0.0.1:8000 --steps 100
       marin-train --data out/sample --mixture 'code/*=0.3' --mixture 'prose/*=0.7' \\
                   --mixture-from '1000:code/*=0.5,prose/*=0.5' --checkpoint-dir out/run
+      marin-train --data out/sample --schedule examples/schedules/sample.yaml --checkpoint-dir out/run \\
+                  --eval-every 20
       torchrun --nproc-per-node 4 -m marin_train --data out/sample --ep 2 --steps 20
     """
     if preset not in TRAIN_PRESETS:
         raise click.UsageError(f"unknown --preset {preset!r}; choose one of {', '.join(TRAIN_PRESETS)}")
-    check_sha256(manifest_sha256)
-    options = store_kwargs(endpoint_url, profile, anonymous, requester_pays)
-    if endpoint:
-        options["endpoint"] = endpoint
     base = TRAIN_PRESETS[preset]
-    data = DataConfig(source=source, mixture=_mixture(mixture), mixture_from=_mixture_from(mixture_from),
-                      mirrors=tuple(mirrors),
-                      manifest_sha256=manifest_sha256, cache_dir=cache_dir, store_options=options,
-                      cache_bytes=int(cache_gb * (1 << 30)) if cache_gb else base.data.cache_bytes)
+    schedule = None
+    if schedule_file:
+        if mixture or mixture_from:
+            raise click.UsageError("--schedule holds the mixture's phases: drop --mixture and --mixture-from")
+        schedule = load_schedule(schedule_file)
+        for flag, given, scheduled in (("--steps", steps, schedule.steps), ("--seq-len", seq_len, schedule.seq_len)):
+            if given is not None and given != scheduled:
+                raise click.UsageError(f"{flag} {given} contradicts the schedule's {scheduled} ({schedule_file}); "
+                                       "use --until STEP to stop early")
+        steps, seq_len = schedule.steps, schedule.seq_len
+    data = data_config(source, mixture=_mixture(mixture), mixture_from=_mixture_from(mixture_from), schedule=schedule,
+                       **corpus)
     changes = {"steps": steps, "batch_size": batch_size, "accumulation": accumulation, "seq_len": seq_len, "lr": lr,
                "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every, "log_every": log_every,
-               "seed": seed, "ep": ep, "recompute": recompute}
+               "eval_every": eval_every, "eval_tokens": eval_tokens, "seed": seed, "ep": ep, "recompute": recompute}
     try:
         cfg = dataclasses.replace(base, data=data, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as e:
@@ -152,6 +194,115 @@ def export(checkpoint, to) -> None:
     click.echo(f"exported {export_checkpoint(checkpoint, to)}")
 
 
+@click.command("eval", context_settings={"max_content_width": 100})
+@click.argument("model", metavar="CHECKPOINT_OR_EXPORT")
+@click.option("--data", "source", required=True, metavar="CORPUS",
+              help="The corpus whose held-out split to evaluate on: a directory, s3://... or hf://datasets/...")
+@click.option("--subset", "subsets", multiple=True, metavar="NAME_OR_GLOB",
+              help="Evaluate these subsets only (repeat; default: all, or a partial download's own).")
+@click.option("--max-tokens", type=int, metavar="N",
+              help="At most N target tokens: the split's first N // seq_len sequences (default: all of it).")
+@click.option("--batch-size", type=int, default=8, show_default=True,
+              help="Sequences per forward (part of what the numbers are; not of the ranks).")
+@click.option("--seq-len", type=int, help="Tokens per sequence (default: the run's).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@corpus_options
+def evaluate(model, source, subsets, max_tokens, batch_size, seq_len, as_json, **corpus) -> None:
+    """Held-out loss and bits per byte of a model, per subset and overall.
+
+    MODEL is a checkpoint (step-NNNNNNNN/), a run directory (its latest checkpoint) or an exported model.
+    The sequences are the corpus's held-out split (the loader's split="validation": never served to a run
+    trained on this corpus at the same sequence length), in a fixed order. Loss is the mean cross-entropy
+    in nats per target token. Bits per byte = total nats / ln 2 / total bytes, where the bytes are the
+    UTF-8 bytes of the decoded target tokens (each token's own bytes under a byte-level BPE; EOS and other
+    special tokens count 0), so models with different tokenizers compare. Under torchrun the ranks split
+    the sequences and report the same numbers as one process, to the last bit, when every process uses as
+    many intra-op threads (torchrun gives each one; OMP_NUM_THREADS=1 for a lone process).
+
+    \b
+    EXAMPLES
+      marin-train eval out/run --data out/sample
+      marin-train eval out/run/step-00000050 --data out/sample --subset 'code/*' --max-tokens 100000 --json
+      marin-train eval out/model --data s3://bucket/corpus --endpoint-url http://127.0.0.1:9000
+      torchrun --nproc-per-node 2 -m marin_train eval out/run --data out/sample
+    """
+    from marin_train.inference import evaluate_saved  # safetensors only where a saved model is read
+
+    for flag, value in (("--max-tokens", max_tokens), ("--batch-size", batch_size), ("--seq-len", seq_len)):
+        if value is not None and value < 1:
+            raise click.UsageError(f"{flag} must be >= 1, got {value}")
+    result = evaluate_saved(model, source, subsets=list(subsets) or None, max_tokens=max_tokens,
+                            batch_size=batch_size, seq_len=seq_len, data=data_config(source, **corpus))
+    rank = dist.get_rank()
+    shutdown_distributed()
+    if rank == 0:
+        click.echo(json.dumps(result.to_json(), indent=1) if as_json else format_eval(result))
+
+
+def format_eval(result: EvalResult) -> str:
+    """The eval table: one row per subset and one for all of them."""
+    m = result.meta
+    head = (f"{m.get('model')} (step {m.get('step')}) on {m.get('data')}: held-out split, {result.seq_len} tokens a "
+            f"sequence, {result.overall.sequences:,} sequences, {result.seconds:.1f} s")
+    rows = [[name, f"{t.sequences:,}", f"{t.tokens:,}", f"{t.bytes:,}", f"{t.loss:.4f}", f"{t.bits_per_byte:.4f}"]
+            for name, t in [*result.subsets.items(), ("all", result.overall)]]
+    return head + "\n" + format_table(["subset", "sequences", "tokens", "bytes", "loss", "bits/byte"], rows)
+
+
+@click.command("generate", context_settings={"max_content_width": 100})
+@click.argument("model", metavar="CHECKPOINT_OR_EXPORT")
+@click.option("--prompt", "prompts", multiple=True, required=True, metavar="TEXT",
+              help="Text to continue (repeat for more samples, one line each).")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens to add at most.")
+@click.option("--temperature", type=float, default=0.8, show_default=True, help="0: greedy (always the likeliest).")
+@click.option("--top-k", type=int, default=50, show_default=True, help="Sample among the K likeliest (0: all).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the sampler: the same seed, the same text.")
+@click.option("--tokenizer", metavar="FILE_OR_REPO",
+              help="A tokenizer.json or Hugging Face repo id (default: the one the run recorded).")
+@click.option("--data", "source", metavar="CORPUS", help="Use this corpus's tokenizer (default: the run's).")
+@click.option("--no-cache", is_flag=True, help="Run the whole context every step (slower; the cache's reference).")
+@click.option("--json", "as_json", is_flag=True, help="Print the samples as JSON.")
+@corpus_options
+def generate(model, prompts, max_new_tokens, temperature, top_k, seed, tokenizer, source, no_cache, as_json,
+             **corpus) -> None:
+    """Continue prompts with a model, sampling token by token with a KV cache.
+
+    MODEL is a checkpoint (step-NNNNNNNN/), a run directory (its latest checkpoint) or an exported model. The
+    prompts are encoded with the training corpus's tokenizer, which a run keeps in its checkpoint directory
+    (and export copies beside the model); --tokenizer or --data name one for a model without it. Generation
+    stops at EOS. The KV cache keeps every key of the global layers and the last window of the
+    sliding-window layers. One line per prompt: the prompt, then the continuation (newlines shown as \\n).
+
+    \b
+    EXAMPLES
+      marin-train generate out/run --prompt 'def parse(' --prompt 'The module'
+      marin-train generate out/model --prompt 'import os' --temperature 0 --max-new-tokens 32
+      marin-train generate out/run/step-00000050 --prompt 'class ' --seed 3 --top-k 20 --json
+      marin-train generate out/model --tokenizer meta-llama/Llama-3.1-8B --prompt 'Hello'
+    """
+    from marin_train.inference import generate_text  # safetensors only where a saved model is read
+
+    if max_new_tokens < 1 or temperature < 0 or top_k < 0:
+        raise click.UsageError("--max-new-tokens must be >= 1, --temperature and --top-k >= 0")
+    if any(not p for p in prompts):
+        raise click.UsageError("--prompt must not be empty: there is no token to continue")
+    if tokenizer and source:
+        raise click.UsageError("--tokenizer and --data both name a tokenizer: give one")
+    samples = generate_text(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                            seed=seed, tokenizer=tokenizer, source=source, data=data_config(source, **corpus),
+                            use_cache=not no_cache)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(s) for s in samples], indent=1, ensure_ascii=False))
+        return
+    for s in samples:
+        click.echo(_one_line(s.prompt) + click.style(_one_line(s.completion), bold=True))
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line: newlines, tabs and other unprintable characters as Python escapes (``\\n``)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class _TrainByDefault(click.Group):
     """A group whose default command is ``train``: arguments that do not start with a command name go to it."""
 
@@ -164,16 +315,20 @@ class _TrainByDefault(click.Group):
 @click.group("marin-train", cls=_TrainByDefault,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def group() -> None:
-    """Train the Marin MoE model (the default command: marin-train --data DIR ...) or export a checkpoint.
+    """Train the Marin MoE model (the default command: marin-train --data DIR ...), evaluate or export it.
 
     \b
     EXAMPLES
-      marin-train --data out/sample --steps 50 --checkpoint-dir out/run
+      marin-train --data out/sample --steps 50 --checkpoint-dir out/run --eval-every 25
+      marin-train eval out/run --data out/sample
+      marin-train generate out/run --prompt 'def main(' --max-new-tokens 40
       marin-train export out/run/step-00000050 --to out/model
     """
 
 
 group.add_command(command)
+group.add_command(evaluate)
+group.add_command(generate)
 group.add_command(export)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marin_model.config import ModelConfig, get_preset, with_overrides
+from marin_train.schedule import Schedule
 
 __all__ = ["DataConfig", "TrainConfig", "TRAIN_PRESETS"]
 
@@ -21,9 +22,11 @@ class DataConfig:
     source: str | None = None  # a corpus: local directory, s3://bucket/prefix or hf://datasets/org/name
     mixture: Mapping[str, float] | None = None  # subset names/globs -> weights; None: by token count
     mixture_from: tuple[tuple[int, Mapping[str, float]], ...] = ()  # (step, weights): the mixture from that step
+    schedule: Schedule | None = None  # a schedule file's phases (marin_train.schedule), instead of the two above
     mirrors: tuple[str, ...] = ()  # fallback stores of a remote source
     manifest_sha256: str | None = None  # pins the corpus's manifest
-    cache_dir: str | None = None  # remote shard cache root (default ~/.cache/marin/remote)
+    cache_dir: str | None = None  # a remote corpus's shard cache root, a local one's decoded shards (default: under
+    # ~/.cache/marin, marin_data.loader.cache.default_cache_dir)
     cache_bytes: int = 64 << 30  # remote shard cache limit per rank
     store_options: Mapping[str, Any] = field(default_factory=dict)  # endpoint_url (S3), endpoint (HF), ...
     val_fraction: float = 0.001
@@ -53,6 +56,9 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between checkpoints; 0: only at the end
     keep_checkpoints: int = 2  # newest checkpoints kept
     log_every: int = 10  # steps between log lines (the first and last are always logged)
+    eval_every: int = 0  # steps between held-out evaluations, and one at the last step (0: none)
+    eval_tokens: int | None = None  # target tokens per evaluation, the split's first ones (None: all of it)
+    eval_batch: int = 8  # sequences per evaluation forward: fixed, so the numbers do not depend on the ranks
     model_overrides: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"vocab_size": 8192}
     data: DataConfig = field(default_factory=DataConfig)
 
@@ -63,6 +69,8 @@ class TrainConfig:
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.ep < 1:
             raise ValueError(f"ep must be >= 1, got {self.ep}")
+        if self.eval_every < 0 or self.eval_batch < 1 or (self.eval_tokens is not None and self.eval_tokens < 1):
+            raise ValueError("eval_every must be >= 0, eval_batch and eval_tokens >= 1")
 
     def global_batch(self, world: int) -> int:
         """Sequences per optimizer step over ``world`` ranks."""
@@ -75,7 +83,9 @@ class TrainConfig:
 TRAIN_PRESETS: dict[str, TrainConfig] = {
     # The tiny model on a CPU: ~0.1-0.5 s a step on 2 cores; the loss falls visibly within 50 steps.
     "tiny": TrainConfig(),
-    # The hero run's shape: global batch 11,264 x 4096 (set batch_size x accumulation x ranks to match).
-    "marin-535b-a23b": TrainConfig(preset="marin-535b-a23b", steps=1_000_000, batch_size=1, accumulation=11,
-                                   seq_len=4096, lr=3e-4, warmup=2000, checkpoint_every=1000),
+    # The hero run: 390,251 steps at a global batch of 11,264 x 4096 (set batch_size x accumulation x ranks to
+    # match), ~18.0T tokens; its mixture schedule: examples/schedules/marin-535b-a23b.yaml (--schedule).
+    "marin-535b-a23b": TrainConfig(preset="marin-535b-a23b", steps=390_251, batch_size=1, accumulation=11,
+                                   seq_len=4096, lr=3e-4, warmup=2000, checkpoint_every=1000,
+                                   eval_tokens=1 << 27),  # ~33K sequences: a fraction of the held-out split
 }

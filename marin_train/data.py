@@ -2,30 +2,51 @@
 
 A local corpus goes through `make_loader`, a remote one (``s3://``, ``hf://``) through `make_remote_loader`,
 with this process's rank and world size from ``torch.distributed``. The model's vocabulary is the corpus
-tokenizer's.
+tokenizer's, and a run with a checkpoint directory keeps a copy of that ``tokenizer.json`` there (what
+``marin-train generate`` decodes with). `eval_stream` is the held-out stream `marin_train.evaluate` reads:
+built beside the training stream for ``--eval-every``, or on its own for ``marin-train eval``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from marin_data.errors import LoaderConfigError
+from marin_data.corpus.manifest import Manifest, load_corpus
+from marin_data.corpus.record import read_download_record
+from marin_data.errors import InvalidScheduleError, InvalidTokenizerError, LoaderConfigError
+from marin_data.layout import MANIFEST, TOKENIZER
 from marin_data.loader import LoaderConfig, Phase, make_loader
 from marin_data.loader.remote.stream import is_remote, make_remote_loader
-from marin_data.corpus.manifest import load_corpus
-from marin_train.checkpoint import resume_config
+from marin_data.loader.stream import TokenStream
+from marin_data.raw.tokenizer import LoadedTokenizer, token_byte_lengths, tokenizer_from_bytes
+from marin_data.stores import open_store
+from marin_data.transfer.plan import plan_download
+from marin_data.transfer.remote_corpus import read_tokenizer_bytes
+from marin_train.checkpoint import atomic_write, resume_config
 from marin_train.config import DataConfig, TrainConfig
 from marin_train.distributed import init_distributed
+from marin_train.evaluate import EVAL_SEED, evaluate
 from marin_train.loop import TrainResult, train
 
-__all__ = ["mixture_schedule", "run_training", "training_loader"]
+__all__ = ["corpus_tokenizer", "eval_config", "eval_stream", "mixture_schedule", "run_training",
+           "source_manifest", "training_loader"]
 
 
 def mixture_schedule(data: DataConfig, global_batch: int):
     """``data.mixture``, or with ``data.mixture_from`` the loader's phases: the mixture up to the first change
     step, each change's weights up to the next (``global_batch`` sequences a step; the loader may round a
-    phase end to its mixture block, see `marin_data.loader.Phase`)."""
+    phase end to its mixture block, see `marin_data.loader.Phase`); or ``data.schedule``'s phases, whose global
+    batch must be the run's."""
+    if data.schedule is not None:
+        if global_batch != data.schedule.global_batch:
+            raise InvalidScheduleError(f"its phases start at steps of {data.schedule.global_batch:,} sequences, this "
+                                       f"run's global batch is {global_batch:,} (batch x accumulation x ranks): set "
+                                       "--batch-size and --accumulation to match", path=data.schedule.source,
+                                       expected=data.schedule.global_batch, actual=global_batch)
+        return data.schedule.loader_phases()
     if not data.mixture_from:
         return data.mixture
     if data.mixture is None:
@@ -45,15 +66,102 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
     if not data.source:
         raise LoaderConfigError("no training data: set DataConfig.source (--data) to a corpus path or URL")
     _, world = (rank, world_size) if world_size is not None else init_distributed()[:2]
+    block = {"mixture_block": data.schedule.mixture_block} if data.schedule is not None else {}
     config = LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
                           mixture=mixture_schedule(data, cfg.global_batch(world)), val_fraction=data.val_fraction,
-                          segments=True)  # the model masks attention across documents
+                          segments=True, **block)  # segments: the model masks attention across documents
     if is_remote(data.source):
-        return make_remote_loader(data.source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
-                                  cache_dir=data.cache_dir, cache_bytes=data.cache_bytes, rank=rank,
-                                  world_size=world_size, **dict(data.store_options))
-    corpus = load_corpus(data.source, manifest_sha256=data.manifest_sha256)
-    return make_loader(corpus, config, rank=rank, world_size=world_size)
+        loader = make_remote_loader(data.source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
+                                    cache_dir=data.cache_dir, cache_bytes=data.cache_bytes, rank=rank,
+                                    world_size=world_size, **dict(data.store_options))
+    else:
+        corpus = load_corpus(data.source, manifest_sha256=data.manifest_sha256)
+        loader = make_loader(corpus, config, rank=rank, world_size=world_size, cache_dir=data.cache_dir)
+    if data.schedule is not None:
+        try:
+            data.schedule.check_loader(loader.dataset.stream.mixture)
+        except InvalidScheduleError:
+            if hasattr(loader.dataset.stream, "close"):  # a remote stream: its cache's threads and directory lock
+                loader.dataset.stream.close()
+            raise
+    return loader
+
+
+def eval_config(seq_len: int, val_fraction: float, subsets: Sequence[str] | None = None) -> LoaderConfig:
+    """What `marin_train.evaluate` reads: the held-out split at a run's ``seq_len`` and fraction, in the
+    fixed order of `EVAL_SEED`, with document boundaries (the model masks attention across them)."""
+    return LoaderConfig(seq_len=seq_len, batch_size=1, seed=EVAL_SEED, val_fraction=val_fraction,
+                        subsets=None if subsets is None else list(subsets), segments=True)
+
+
+def eval_stream(source: str, config: LoaderConfig, *, data: DataConfig = DataConfig()) -> TokenStream:
+    """The stream of ``config`` (`eval_config`) over a local or remote corpus. Without ``config.subsets``,
+    a partial download is evaluated on the subsets it holds. Close a remote one (``stream.close()``)."""
+    if is_remote(source):
+        return make_remote_loader(source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
+                                  cache_dir=data.cache_dir, cache_bytes=data.cache_bytes,
+                                  **dict(data.store_options)).dataset.stream
+    corpus = load_corpus(source, manifest_sha256=data.manifest_sha256)
+    record = read_download_record(corpus.root)
+    if config.subsets is None and record is not None:
+        config = dataclasses.replace(config, subsets=list(record.subsets))
+    return TokenStream(corpus, config, cache_dir=data.cache_dir)
+
+
+def _tokenizer_bytes(source: str, manifest: Manifest, data: DataConfig) -> bytes:
+    """A corpus's ``tokenizer.json``, from its directory or its store, its sha256 the manifest's."""
+    if is_remote(source):
+        return read_tokenizer_bytes(open_store(source, **dict(data.store_options)), manifest)
+    path = Path(source) / TOKENIZER
+    raw, want = path.read_bytes(), manifest.tokenizer.sha256
+    if hashlib.sha256(raw).hexdigest() != want:
+        raise InvalidTokenizerError(f"is not the tokenizer the manifest names (sha256 {want})", path=str(path),
+                                    expected=want, actual=hashlib.sha256(raw).hexdigest())
+    return raw
+
+
+def source_manifest(source: str, data: DataConfig = DataConfig()) -> Manifest:
+    """The manifest of the corpus at ``source`` (a remote one read and checked as a download does)."""
+    if not is_remote(source):
+        return load_corpus(source, manifest_sha256=data.manifest_sha256).manifest
+    store = open_store(source, **dict(data.store_options))
+    _, manifest_bytes, _ = plan_download([store], subsets=None, manifest_sha256=data.manifest_sha256)
+    return Manifest.from_json(manifest_bytes, store.describe(MANIFEST))
+
+
+def corpus_tokenizer(source: str, manifest: Manifest, data: DataConfig = DataConfig()) -> LoadedTokenizer:
+    """The tokenizer a corpus was encoded with, from its directory or its store, checked against its manifest."""
+    return tokenizer_from_bytes(_tokenizer_bytes(source, manifest, data), manifest.tokenizer,
+                                where=f"{source}/{TOKENIZER}")
+
+
+def _record_tokenizer(cfg: TrainConfig, stream: TokenStream) -> None:
+    """Keep the corpus's ``tokenizer.json`` in the run directory (rank 0; fetched only when it changed)."""
+    path = Path(cfg.checkpoint_dir) / TOKENIZER
+    want = stream.corpus.manifest.tokenizer.sha256
+    if path.is_file() and not path.is_symlink() and hashlib.sha256(path.read_bytes()).hexdigest() == want:
+        return
+    data = _tokenizer_bytes(cfg.data.source, stream.corpus.manifest, cfg.data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: f.write(data))
+
+
+def _evaluator(cfg: TrainConfig, stream: TokenStream, device) -> Callable:
+    """``--eval-every``: a function of the model giving the eval fields of a metrics record. Its stream is a
+    sibling of the training one (the same corpus and shard source; `eval_config`), built for each evaluation
+    so that the shards it maps are released afterwards."""
+    table = token_byte_lengths(corpus_tokenizer(cfg.data.source, stream.corpus.manifest, cfg.data))
+    config = dataclasses.replace(eval_config(cfg.seq_len, cfg.data.val_fraction, stream.subsets),
+                                 shuffle=stream.config.shuffle, shuffle_window=stream.config.shuffle_window)
+    limit = None if cfg.eval_tokens is None else max(1, cfg.eval_tokens // cfg.seq_len)
+    TokenStream(stream.corpus, config, source=stream.source).stop("validation")  # nothing held out: say so now
+
+    def run(model) -> dict[str, float]:
+        held_out = TokenStream(stream.corpus, config, source=stream.source)
+        return evaluate(model, held_out, table, batch_size=cfg.eval_batch, max_sequences=limit,
+                        device=device).metrics()
+
+    return run
 
 
 def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = None,
@@ -69,7 +177,10 @@ def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = N
     vocab = stream.corpus.manifest.tokenizer.vocab_size
     cfg = dataclasses.replace(cfg, model_overrides={"vocab_size": vocab, **cfg.model_overrides})
     try:
-        result = train(cfg, loader, resume=resume, log=log, device=device, until=until)
+        if cfg.checkpoint_dir and rank == 0:
+            _record_tokenizer(cfg, stream)
+        evaluator = _evaluator(cfg, stream, device) if cfg.eval_every else None
+        result = train(cfg, loader, resume=resume, log=log, device=device, until=until, evaluate=evaluator)
         if hasattr(stream, "close"):
             s = stream.source.stats()
             log(f"shard cache: {s.fetches.total()} fetches of {len(s.fetches)} shards "

@@ -73,7 +73,8 @@ def build_model(cfg: TrainConfig, device: torch.device) -> Transformer:
 
 
 def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable[[str], None] = print,
-          device: torch.device | None = None, until: int | None = None) -> TrainResult:
+          device: torch.device | None = None, until: int | None = None,
+          evaluate: Callable[[Transformer], dict[str, float]] | None = None) -> TrainResult:
     """Train ``cfg.model_config()`` on ``data`` up to ``cfg.steps`` optimizer steps.
 
     Args:
@@ -85,6 +86,8 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
         device: default from `init_distributed`.
         until: stop after this step (a checkpoint is written there) — a time-limited job's share of the run;
             the learning-rate schedule still spans ``cfg.steps``.
+        evaluate: with ``cfg.eval_every``, called on the model (all ranks) every that many steps and at the
+            last step; the fields it returns join that step's metrics record (`marin_train.evaluate`).
 
     Returns:
         A `TrainResult`: the step reached, per-step metrics, the last checkpoint, the model.
@@ -148,6 +151,11 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
                         "tokens_per_s": tokens_per_step / seconds})
         if step == 1 or step % cfg.log_every == 0 or step == stop:
             log(_format(records[-1], cfg.steps))
+        if evaluate is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+            records[-1].update(evaluate(model))
+            log(f"eval  {step:>5}/{cfg.steps}  loss {records[-1]['eval_loss']:.4f}  bits/byte "
+                f"{records[-1]['eval_bpb']:.4f}  ({records[-1]['eval_tokens']:,} held-out tokens, "
+                f"{records[-1]['eval_seconds']:.1f} s)")
         if cfg.checkpoint_dir and (step == stop or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
             checkpoint = save_checkpoint(cfg, step=step, model=model, optimizer=optimizer, data=data,
                                          records=records[saved:])

@@ -3,6 +3,10 @@
 ``python -m marin_train.plan --preset marin-535b-a23b --gpus 792 --gpu-memory-gb 186 --ep 64 --seq-len 4096
 --global-batch 11264``
 
+``--schedule FILE`` (a run's data schedule, `marin_train.schedule`) takes the steps, global batch and
+sequence length from the file and adds its phases: where each starts (step and sequence, rounded to whole
+mixture blocks as the loader runs them), its tokens and its FLOPs, next to the totals.
+
 The layout is `marin_train.parallel`'s: every dense parameter sharded over all ranks, the routed experts
 split over ``ep`` ranks and each sharded (on its second dim) over the world/ep ranks that own it. The global
 batch must divide over the data-parallel ranks (every rank reads its own sequences), so the plan trains on the
@@ -25,8 +29,10 @@ import torch
 from marin_model.config import ModelConfig, get_preset
 from marin_model.model import Transformer
 from marin_model.params import count_params
+from marin_train.schedule import Schedule, load_schedule
 
-__all__ = ["Plan", "activation_bytes_per_token", "flops_per_token", "make_plan", "param_shard_numel"]
+__all__ = ["Plan", "PhasePlan", "activation_bytes_per_token", "flops_per_token", "make_plan", "param_shard_numel",
+           "phase_plans"]
 
 PUBLISHED_FLOPS = {"marin-535b-a23b": 2.7e24}  # the published training compute of the hero run
 PEAK_BF16 = 2.5e15  # GB200, dense bf16 FLOP/s per GPU: 180 PFLOPS per NVL72 rack of 72 GPUs (NVIDIA's sheet)
@@ -124,6 +130,44 @@ def make_plan(cfg: ModelConfig, *, gpus: int, gpu_memory_gb: float, ep: int, seq
                 total / (gpus * peak * days * 86400))
 
 
+@dataclass(frozen=True)
+class PhasePlan:
+    name: str
+    start_step: float  # where it starts once rounded to a block (a fraction when mid-step)
+    start_sequence: int
+    sequences: int
+    tokens: int
+    flops: float
+
+
+def phase_plans(schedule: Schedule, cfg: ModelConfig) -> list[PhasePlan]:
+    """Each phase of ``schedule``: where it starts, what it trains on, and its FLOPs (`flops_per_token`)."""
+    per_token = sum(flops_per_token(cfg, schedule.seq_len))
+    return [PhasePlan(p.name or str(k), start / schedule.global_batch, start, n, n * schedule.seq_len,
+                      per_token * n * schedule.seq_len)
+            for k, (p, start, n) in enumerate(zip(schedule.phases, schedule.starts(), schedule.lengths()))]
+
+
+def _print_phases(schedule: Schedule, cfg: ModelConfig) -> None:
+    plans = phase_plans(schedule, cfg)
+    block = schedule.mixture_block
+    print(f"schedule {schedule.source}: {schedule.steps:,} steps x {schedule.global_batch:,} sequences x "
+          f"{schedule.seq_len:,} tokens = {schedule.sequences * schedule.seq_len:,} tokens; mixture blocks of "
+          f"{block:,} sequences (phase starts rounded to them)")
+    rows = [(p.name, f"{p.start_step:,.2f}".rstrip("0").rstrip("."), f"{p.start_sequence:,}",
+             f"{p.start_sequence / block:,.2f}".rstrip("0").rstrip("."), f"{p.tokens:,}", f"{p.tokens / 1e12:.3f}T",
+             f"{p.flops:.4g}") for p in plans]
+    total = sum(p.flops for p in plans)
+    rows.append(("total", f"{schedule.steps:,}", f"{schedule.sequences:,}", f"{schedule.sequences / block:,.2f}",
+                 f"{schedule.sequences * schedule.seq_len:,}", f"{schedule.sequences * schedule.seq_len / 1e12:.3f}T",
+                 f"{total:.4g}"))
+    headers = ("phase", "from step", "from sequence", "blocks", "tokens", "", "FLOPs")
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    for r in [headers, *rows]:
+        print("  " + "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in
+                               enumerate(zip(r, widths))))
+
+
 def _largest_micro_batch(per_rank: int, fixed: float, per_sequence: float, capacity: float) -> int:
     """The largest divisor of ``per_rank`` whose activations fit beside ``fixed`` bytes (1 if none does)."""
     return next((mb for mb in range(per_rank, 0, -1) if per_rank % mb == 0 and fixed + mb * per_sequence <= capacity), 1)
@@ -141,8 +185,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=float, default=18.75e12, help="training tokens (default 18.75T)")
     parser.add_argument("--days", type=float, default=90.0, help="wall-clock days of the run (default ~3 months)")
     parser.add_argument("--peak-tflops", type=float, default=PEAK_BF16 / 1e12, help="dense bf16 peak per GPU")
+    parser.add_argument("--schedule", metavar="FILE", help="a run's data schedule: its steps, batch, seq_len and "
+                                                           "phases (overrides --global-batch, --seq-len, --tokens)")
     args = parser.parse_args(argv)
     cfg = get_preset(args.preset)
+    if args.schedule:
+        schedule = load_schedule(args.schedule)
+        args.global_batch, args.seq_len = schedule.global_batch, schedule.seq_len
+        args.tokens = schedule.sequences * schedule.seq_len
+        _print_phases(schedule, cfg)
     plan = make_plan(cfg, gpus=args.gpus, gpu_memory_gb=args.gpu_memory_gb, ep=args.ep, seq_len=args.seq_len,
                      global_batch=args.global_batch, tokens=args.tokens, days=args.days, peak=args.peak_tflops * 1e12)
     print(f"{args.preset}: {count_params(cfg).total:,} parameters; layout on {plan.world} of {args.gpus} GPUs "

@@ -1,7 +1,7 @@
 """`make quickstart`: the main job end to end on the embedded sample corpus, printing what it does.
 
-Each step is the `marin-data` command a user would type, run as a subprocess so the output is exactly what
-they will see.
+Each step is the `marin-data` or `marin-train` command a user would type, run as a subprocess so the output is
+exactly what they will see. It ends with the run's held-out evaluation and two sampled lines.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "out" / "quickstart"
-MARIN = [sys.executable, "-m", "marin_data"]
 TRAIN_STEPS = 60  # ~30-60 s of training on 2 cores
 
 
-def step(title: str, *args: str) -> None:
-    print(f"\n== {title}\n$ marin-data {shlex.join(args)}", flush=True)
+def step(title: str, *args: str, command: str = "marin-data") -> None:
+    print(f"\n== {title}\n$ {command} {shlex.join(args)}", flush=True)
     t0 = time.perf_counter()
-    subprocess.run([*MARIN, *args], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", command.replace("-", "_"), *args], check=True, cwd=ROOT)
     print(f"   ({time.perf_counter() - t0:.1f}s)", flush=True)
 
 
@@ -38,7 +37,18 @@ def main() -> None:
     publish_and_download(corpus)
     serve_and_download(corpus)
     train_on_it(corpus)
-    print(f"\nDone. The sample corpus is in {corpus.relative_to(ROOT)}.")
+    evaluate_and_sample(corpus)
+    print(f"\nDone. The sample corpus is in {corpus.relative_to(ROOT)}, the run in {(OUT / 'run').relative_to(ROOT)}.")
+
+
+def evaluate_and_sample(corpus: Path) -> None:
+    """The run's held-out loss and bits per byte per subset, then two lines sampled from it."""
+    run = str((OUT / "run").relative_to(ROOT))
+    step("Evaluate the run's latest checkpoint on the held-out split (sequences it never trained on)", "eval", run,
+         "--data", str(corpus.relative_to(ROOT)), "--cache-dir", str((OUT / "loader-cache").relative_to(ROOT)),
+         command="marin-train")
+    step("Sample from it: two prompts continued with the run's tokenizer, through a KV cache", "generate", run,
+         "--prompt", "def ", "--prompt", "The ", "--max-new-tokens", "24", command="marin-train")
 
 
 def train_on_it(corpus: Path) -> None:

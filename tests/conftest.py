@@ -61,6 +61,34 @@ def build_corpus(
     return load_corpus(root)
 
 
+# Words with two- and three-byte UTF-8 characters: bytes per token is not one.
+_WORDS = "alpha beta gamma delta café naïve über smörgåsbord crème déjà façade — ✓ zeta theta".split()
+
+
+def build_text_corpus(root: Path, docs_per_subset: dict[str, int], *, seed: int = 0, vocab_size: int = 320,
+                      shard_tokens: int = 4096) -> tuple[Corpus, dict[str, list[str]]]:
+    """A corpus of real text, tokenized with a byte-level BPE trained on it (the sample corpus's kind): random
+    sentences of `_WORDS`, ``docs_per_subset[name]`` documents per subset. Returns it and the documents."""
+    import random
+
+    from marin_data.corpus.build import shard_subset
+    from marin_data.corpus.sample import train_tokenizer
+    from marin_data.raw.tokenizer import load_tokenizer
+
+    rng = random.Random(seed)
+    docs = {name: [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 60))) for _ in range(n)]
+            for name, n in docs_per_subset.items()}
+    inputs = Path(root).parent / f"{Path(root).name}-inputs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    (inputs / TOKENIZER).write_bytes(train_tokenizer([d for texts in docs.values() for d in texts], vocab_size))
+    tokenizer = load_tokenizer(str(inputs / TOKENIZER))
+    for name, texts in sorted(docs.items()):
+        path = inputs / f"{name.replace('/', '_')}.jsonl"
+        path.write_text("".join(json.dumps({"id": f"{name}/{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+        shard_subset([str(path)], subset=name, tokenizer=tokenizer, out=root, workers=1, shard_tokens=shard_tokens)
+    return load_corpus(root), docs
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache_dir(tmp_path_factory):
     """Decoded shards go to a temporary folder, never the user's ``~/.cache/marin`` (subprocesses inherit it)."""

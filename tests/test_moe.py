@@ -74,7 +74,7 @@ def test_moe_block_without_latent_or_shared_experts_equals_naive():
 
 
 def test_moe_block_gradients_match_finite_differences():
-    moe = make_moe(torch.float64, capacity_factor=1.5, align=4).eval()
+    moe = make_moe(torch.float64, capacity_factor=1.5, align=4)  # training mode: tokens over capacity drop
     x = torch.randn(6, TINY.d_model, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: moe(x)[0], (x,), fast_mode=True)
 
@@ -129,6 +129,16 @@ def test_router_stats_report_drops_and_z_loss():
     assert stats.dropped.item() == pytest.approx(expected_dropped.item())
     assert stats.counts_E.sum() == 64 * 2
     assert stats.z_loss.item() == pytest.approx(naive_moe_forward(moe, x)[1].item(), rel=1e-5)
+
+
+def test_an_evaluated_moe_block_drops_no_token_so_a_token_ignores_its_batch():
+    moe = make_moe(capacity_factor=0.5)
+    x = torch.randn(64, TINY.d_model)
+    assert moe(x)[1].dropped > 0  # training: over capacity
+    moe.eval()
+    out, stats = moe(x)
+    assert stats.dropped == 0
+    torch.testing.assert_close(moe(x[:5])[0], out[:5], atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch._grouped_mm is missing in this build")

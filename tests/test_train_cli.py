@@ -20,7 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_usage_names_real_commands(capsys):
     top = subprocess.run([sys.executable, "-m", "marin_train", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert top.returncode == 0 and "Usage: python -m marin_train [OPTIONS] COMMAND [ARGS]" in top.stdout
-    assert "train" in top.stdout and "export" in top.stdout
+    assert all(name in top.stdout for name in ("train", "eval", "generate", "export"))
+    for name in ("eval", "generate"):
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        assert "EXAMPLES" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_:
         main(["--bogus"])
     err = capsys.readouterr().err

@@ -204,6 +204,6 @@ def test_an_exported_checkpoint_loads_on_one_process_with_the_same_logits(runs, 
 
     trained = runs["w4ep2_until3"]  # trained and evaluated at world 4, EP 2
     to = export_checkpoint(trained["checkpoint"], tmp_path / "model")
-    assert sorted(p.name for p in to.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in to.iterdir()) == ["config.json", "model.safetensors", "training.json"]
     model = load_exported(to)
     torch.testing.assert_close(model(trained["tokens"]).logits, trained["logits"], atol=1e-5, rtol=1e-5)

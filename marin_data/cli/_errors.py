@@ -36,6 +36,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.VerificationFailedError, str, EXIT_PROBLEMS),
     (E.BadRecordError, _with_fix("fix the input, or pass --skip-bad to skip and count such records"), 3),
     (E.UnreadableInputError, _with_fix("check that the file exists, is readable and is not truncated"), 3),
+    (E.ModelTokenizerMismatchError, _with_fix("evaluate on a corpus tokenized with the model's tokenizer (the "
+                                              "one its training corpus has)"), 4),
     (E.TokenizerMismatchError, _with_fix("shard this subset with the corpus's tokenizer, or into a new "
                                          "corpus"), 4),
     (E.CorpusConflictError, _with_fix("nothing was changed; shard into a new subset name (a child such as "
@@ -45,6 +47,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
      EXIT_USAGE),
     (E.UnknownDocumentError, _with_fix("check the id: `marin-data show CORPUS --subset NAME --json` prints "
                                        "documents with their ids"), EXIT_USAGE),
+    (E.UnknownModelTokenizerError, _with_fix("pass --tokenizer tokenizer.json (or a Hugging Face repo id), or "
+                                             "--data CORPUS to use that corpus's tokenizer"), EXIT_USAGE),
     (E.InvalidTokenizerError, _with_fix("pass a tokenizer.json path or a Hugging Face repo id; name the EOS "
                                         "token with --eos-token if it has none marked special"), EXIT_USAGE),
     (E.CorpusLockedError, _with_fix("another marin-data process is writing this corpus; wait for it to finish "
@@ -56,6 +60,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                            "--strict to mark them 'Not answered.'"), 11),
     (E.StaleDatasheetError, _with_fix("run `marin-data datasheet CORPUS` (it states the current digest), then "
                                       "publish; nothing was uploaded"), 15),
+    (E.InvalidScheduleError, _with_fix("fix the schedule file (its format: docs/training.md, \"Schedules\"; an "
+                                       "example: examples/schedules/)"), EXIT_USAGE),
     (E.LoaderConfigError, _with_fix("fix the loader settings (mixture weights, --subset, seq_len)"), EXIT_USAGE),
     (E.LoaderStateMismatchError, _with_fix("resume with the data, mixture, seed and seq_len the checkpoint was "
                                            "written with; to change the mixture from a step on, marin-train "
@@ -100,6 +106,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.InsufficientSpaceError, _with_fix("free space on that file system or choose another destination, then run "
                                          "the same command again to resume"), 17),
     (E.CheckpointDamagedError, str, 24),  # the message names the checkpoint to resume from instead
+    (E.InvalidCheckpointError, _with_fix("name a step-NNNNNNNN checkpoint directory, a run directory (its "
+                                         "--checkpoint-dir: the latest checkpoint) or an `export`ed model"), 24),
     (E.MarinDataError, str, 9),
 ]
 

@@ -344,6 +344,11 @@ class TokenStream:
         out.index[:] = positions
         return out
 
+    def release(self) -> None:
+        """Unmap every shard this stream has open (the next read maps what it needs again): a bounded shard cache
+        may then evict them."""
+        self._table = None
+
     def fill_batch(self, start: int, ranks: RankRows, out: Batch, split: str = "train") -> Batch:
         """Write this rank's rows of the global batch that starts at ``start`` into ``out`` and return it."""
         return self.fill(ranks.rows(self, start, split), out, split)

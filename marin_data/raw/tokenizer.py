@@ -26,6 +26,7 @@ import numpy as np
 
 from marin_data.errors import InvalidTokenizerError, RemoteError, TokenizerChecksumError
 from marin_data.layout import TOKENIZER
+from marin_data.untrusted_json import loads
 
 __all__ = [
     "EOS_CANDIDATES",
@@ -35,6 +36,7 @@ __all__ = [
     "resolve_tokenizer_file",
     "load_tokenizer",
     "tokenizer_from_bytes",
+    "token_byte_lengths",
 ]
 
 # Special tokens recognised as EOS / BOS, most specific first (Llama 3, GPT-2/NeoX, Llama 2/Mistral, Gemma).
@@ -230,3 +232,36 @@ def _special_id(tokenizer: Any, given: str | None, candidates: Sequence[str], wh
     listed = ", ".join(sorted(special)) or "none"
     raise InvalidTokenizerError(f"cannot tell which token is {what} (special tokens: {listed}); name it with "
                                 f"{flag}", path=where)
+
+
+def _decodes_bytes(data: bytes) -> bool:
+    """Whether the decoder of a ``tokenizer.json`` is byte-level (alone or in a sequence)."""
+    decoder = loads(data).get("decoder") or {}
+    return decoder.get("type") == "ByteLevel" or any(d.get("type") == "ByteLevel"
+                                                     for d in decoder.get("decoders") or ())
+
+
+def token_byte_lengths(loaded: LoadedTokenizer) -> np.ndarray:
+    """``[V]`` int64: how many bytes of decoded text each token id stands for; special tokens (EOS, BOS) 0.
+
+    A byte-level BPE (GPT-2's, Llama 3's, the sample corpus's) spells every token in bytes: its count is that
+    token's raw bytes, whatever its neighbours, so the counts of a document's tokens sum to the UTF-8 length
+    of its text (a character split over two tokens counts once, in parts). Any other decoder: the UTF-8 length
+    of the token decoded alone. Bits per byte divide a loss by these counts, so models with different
+    tokenizers compare on the same text.
+    """
+    tok = loaded.tokenizer
+    out = np.zeros(tok.get_vocab_size(with_added_tokens=True), np.int64)
+    added = tok.get_added_tokens_decoder()
+    if _decodes_bytes(loaded.data):
+        from tokenizers.pre_tokenizers import ByteLevel
+
+        alphabet = set(ByteLevel.alphabet())  # 256 characters, one per byte
+        for token, i in tok.get_vocab(with_added_tokens=False).items():
+            out[i] = len(token) if alphabet.issuperset(token) else len(token.encode())
+    else:
+        for i in range(len(out)):
+            out[i] = len(tok.decode([i], skip_special_tokens=True).encode())
+    for i, token in added.items():  # added tokens are plain text, not spelled in the byte alphabet
+        out[i] = 0 if token.special else len(token.content.encode())
+    return out

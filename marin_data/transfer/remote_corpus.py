@@ -9,6 +9,7 @@ pyarrow reads its footer and the row groups shown, never the whole shard.
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Iterator
 
@@ -17,16 +18,16 @@ from marin_data.corpus.info import CorpusInfo
 from marin_data.corpus.manifest import Manifest, summarize_subsets
 from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.show import ShownDocument, decode_rows, shards_to_show
-from marin_data.errors import InvalidManifestError, RetryableRemoteError
+from marin_data.errors import InvalidManifestError, InvalidTokenizerError, RetryableRemoteError
 from marin_data.layout import MANIFEST, TOKENIZER
-from marin_data.raw.tokenizer import tokenizer_from_bytes
+from marin_data.raw.tokenizer import LoadedTokenizer, tokenizer_from_bytes
 from marin_data.retry import retry_call
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
 from marin_data.transfer.plan import DOWNLOAD_POLICY, plan_download
 from marin_data.transfer.versions import versioned
 
-__all__ = ["StoreFile", "remote_info", "remote_show"]
+__all__ = ["StoreFile", "read_tokenizer", "read_tokenizer_bytes", "remote_info", "remote_show"]
 
 
 class StoreFile(io.RawIOBase):
@@ -89,6 +90,29 @@ def _open(url: str, manifest_sha256: str | None, store_options: dict):
     return store, plan, manifest, shards
 
 
+def read_tokenizer_bytes(store: Store, manifest: Manifest) -> bytes:
+    """The ``tokenizer.json`` bytes of the corpus in ``store``, read with retries, their sha256 the manifest's.
+
+    Raises:
+        InvalidTokenizerError: its sha256 is not the manifest's.
+        RemoteError: the store cannot serve it.
+    """
+    rec = manifest.files.get(TOKENIZER)
+    data = retry_call(lambda: store.read_bytes(TOKENIZER, limit=max(rec.bytes if rec else 0, 1)),
+                      policy=DOWNLOAD_POLICY, what=store.describe(TOKENIZER))
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != manifest.tokenizer.sha256:
+        raise InvalidTokenizerError(f"tokenizer sha256 {actual} is not the manifest's {manifest.tokenizer.sha256}",
+                                    path=store.describe(TOKENIZER), expected=manifest.tokenizer.sha256, actual=actual)
+    return data
+
+
+def read_tokenizer(store: Store, manifest: Manifest) -> LoadedTokenizer:
+    """The tokenizer of the corpus in ``store`` (`read_tokenizer_bytes`, parsed)."""
+    return tokenizer_from_bytes(read_tokenizer_bytes(store, manifest), manifest.tokenizer,
+                                where=store.describe(TOKENIZER))
+
+
 def remote_info(url: str, *, manifest_sha256: str | None = None, **store_options) -> CorpusInfo:
     """Summarize the corpus published at ``url`` from its manifest and shard index.
 
@@ -112,10 +136,7 @@ def remote_show(url: str, *, subset: str, n: int = 5, doc_id: str | None = None,
     """
     store, _, manifest, shards = _open(url, manifest_sha256, store_options)
     chosen = shards_to_show(shards, manifest.subsets, subset)
-    rec = manifest.files.get(TOKENIZER)
-    data = retry_call(lambda: store.read_bytes(TOKENIZER, limit=max(rec.bytes if rec else 0, 1)),
-                      policy=DOWNLOAD_POLICY, what=store.describe(TOKENIZER))
-    tokenizer = tokenizer_from_bytes(data, manifest.tokenizer, where=store.describe(TOKENIZER))
+    tokenizer = read_tokenizer(store, manifest)
 
     def files() -> Iterator[tuple[ShardRecord, object]]:
         for s in chosen:

@@ -1,0 +1,156 @@
+"""A saved model at work: what ``marin-train eval`` and ``marin-train generate`` run.
+
+The model is whatever `marin_train.export.load_model` reads (a checkpoint, a run directory, an exported
+model), whole on every process; under ``torchrun`` the ranks split the evaluation and agree on every number
+(`marin_train.evaluate`). Sampling decodes with the training corpus's tokenizer: the one the run recorded
+(``tokenizer.json`` in its run directory, or beside an exported model), unless ``--tokenizer`` or ``--data``
+names another, which must then be the same (by sha256) when the run recorded one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from marin_data.errors import LoaderConfigError, ModelTokenizerMismatchError, UnknownModelTokenizerError
+from marin_data.loader.stream import LoaderConfig
+from marin_data.raw.tokenizer import LoadedTokenizer, load_tokenizer, token_byte_lengths
+from marin_model.generate import generate
+from marin_train.config import DataConfig
+from marin_train.data import corpus_tokenizer, eval_config, eval_stream, source_manifest
+from marin_train.distributed import init_distributed
+from marin_train.evaluate import EvalResult, evaluate
+from marin_train.export import SavedModel, load_model
+
+__all__ = ["Sample", "evaluate_saved", "generate_text", "model_tokenizer", "run_seq_len"]
+
+
+def run_seq_len(saved: SavedModel) -> int:
+    """The sequence length the model was trained at (the held-out windows depend on it), else its maximum."""
+    return int(saved.train.get("seq_len") or saved.model.cfg.max_seq_len)
+
+
+def evaluate_saved(path: str, source: str, *, subsets: Sequence[str] | None = None, max_tokens: int | None = None,
+                   batch_size: int = 8, seq_len: int | None = None, data: DataConfig = DataConfig()) -> EvalResult:
+    """Evaluate the model at ``path`` on the held-out split of the corpus ``source`` (local or remote).
+
+    Args:
+        path: a checkpoint, a run directory or an exported model.
+        source: the corpus: a directory, ``s3://bucket/prefix`` or ``hf://datasets/org/name``.
+        subsets: names or globs to evaluate (default: every subset; a partial download's own).
+        max_tokens: evaluate at most this many target tokens: the split's first ``max_tokens // seq_len``
+            sequences (default: all of them).
+        batch_size: sequences per forward.
+        seq_len: default: the run's (`run_seq_len`); the held-out fraction is always the run's.
+        data: store options, mirrors, a pinned manifest, the remote cache.
+
+    Raises:
+        InvalidCheckpointError: ``path`` holds no readable model.
+        ModelTokenizerMismatchError: the corpus was tokenized otherwise than the model's training corpus.
+        LoaderConfigError: ``max_tokens`` below one sequence, or nothing held out.
+    """
+    _, _, device = init_distributed()
+    saved = load_model(path)
+    seq_len = seq_len or run_seq_len(saved)
+    val_fraction = saved.train.get("data", {}).get("val_fraction", LoaderConfig.val_fraction)
+    max_sequences = None if max_tokens is None else max_tokens // seq_len
+    if max_sequences == 0:
+        raise LoaderConfigError(f"--max-tokens {max_tokens} is less than one sequence of {seq_len} tokens")
+    stream = eval_stream(source, eval_config(seq_len, val_fraction, subsets), data=data)
+    try:
+        recorded = stream.corpus.manifest.tokenizer
+        _check_tokenizer(saved, recorded.sha256, recorded.vocab_size, source)
+        tokenizer = corpus_tokenizer(source, stream.corpus.manifest, data)
+        result = evaluate(saved.model.to(device), stream, token_byte_lengths(tokenizer), batch_size=batch_size,
+                          max_sequences=max_sequences, device=device)
+    finally:
+        if hasattr(stream, "close"):  # a remote stream: its cache's threads and directory lock
+            stream.close()
+    meta = {"model": str(saved.path), "step": saved.step, "data": source, "tokenizer": tokenizer.info.name,
+            "val_fraction": val_fraction, "batch_size": batch_size, "max_tokens": max_tokens}
+    return EvalResult(result.subsets, result.overall, result.seq_len, result.seconds, meta)
+
+
+def _check_tokenizer(saved: SavedModel, sha256: str, vocab_size: int, source: str) -> None:
+    """Refuse data whose token ids the model does not read as its training corpus's did."""
+    if saved.tokenizer is not None:
+        recorded = hashlib.sha256(saved.tokenizer.read_bytes()).hexdigest()
+        if recorded != sha256:
+            raise ModelTokenizerMismatchError(f"was tokenized with tokenizer {sha256[:12]}..., the model with "
+                                              f"{recorded[:12]}... ({saved.tokenizer})", path=source,
+                                              expected=recorded, actual=sha256)
+    if vocab_size > saved.model.cfg.vocab_size:
+        raise ModelTokenizerMismatchError(f"has a vocabulary of {vocab_size} tokens, the model "
+                                          f"{saved.model.cfg.vocab_size}", path=source,
+                                          expected=saved.model.cfg.vocab_size, actual=vocab_size)
+
+
+
+def model_tokenizer(saved: SavedModel, *, tokenizer: str | None = None, source: str | None = None,
+                    data: DataConfig = DataConfig()) -> LoadedTokenizer:
+    """The tokenizer to encode prompts for ``saved``: ``tokenizer`` (a tokenizer.json or Hugging Face repo id),
+    else the corpus at ``source``'s, else the one its run recorded.
+
+    Raises:
+        UnknownModelTokenizerError: none given and none recorded.
+        ModelTokenizerMismatchError: one given that is not the recorded one.
+    """
+    if tokenizer is not None:
+        loaded = load_tokenizer(tokenizer)
+        _check_tokenizer(saved, loaded.info.sha256, loaded.info.vocab_size, tokenizer)
+        return loaded
+    if source is not None:
+        manifest = source_manifest(source, data)  # checked before its tokenizer is read
+        _check_tokenizer(saved, manifest.tokenizer.sha256, manifest.tokenizer.vocab_size, source)
+        return corpus_tokenizer(source, manifest, data)
+    if saved.tokenizer is not None:
+        return load_tokenizer(str(saved.tokenizer))
+    raise UnknownModelTokenizerError("records no tokenizer (a run saves its corpus's tokenizer.json in its "
+                                     "checkpoint directory; this model has none beside it)", path=str(saved.path))
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt: str
+    completion: str  # the decoded new tokens (special tokens such as EOS left out)
+    tokens: int  # new tokens
+    seconds: float  # generating them, prompt included
+
+
+def generate_text(path: str, prompts: Sequence[str], *, max_new_tokens: int = 64, temperature: float = 1.0,
+                  top_k: int = 0, seed: int = 0, tokenizer: str | None = None, source: str | None = None,
+                  data: DataConfig = DataConfig(), use_cache: bool = True) -> list[Sample]:
+    """Continue each prompt with the model at ``path`` (`marin_model.generate.generate`; stops at EOS).
+
+    Args:
+        path: a checkpoint, a run directory or an exported model.
+        prompts: texts, encoded without special tokens as corpus documents are (BOS first when ``source``'s
+            manifest says its documents start with one).
+        temperature: 0 for greedy decoding; top_k: sample among the k most likely (0: all).
+        seed: seeds the sampler (one generator for all the prompts, in order).
+        tokenizer, source, data: which tokenizer (`model_tokenizer`).
+
+    Raises:
+        InvalidCheckpointError, UnknownModelTokenizerError, ModelTokenizerMismatchError, InvalidTokenizerError.
+    """
+    saved = load_model(path)
+    loaded = model_tokenizer(saved, tokenizer=tokenizer, source=source, data=data)
+    info, generator = loaded.info, torch.Generator().manual_seed(seed)
+    out = []
+    for prompt in prompts:
+        ids = ([info.bos_id] if info.add_bos and info.bos_id is not None else []) + \
+            loaded.tokenizer.encode(prompt, add_special_tokens=False).ids
+        if not ids:
+            raise ValueError("an empty prompt has no token to continue")
+        t0 = time.perf_counter()
+        tokens = generate(saved.model, torch.tensor([ids]), max_new_tokens, temperature=temperature, top_k=top_k,
+                          generator=generator, use_cache=use_cache, stop_token=info.eos_id)[0, len(ids):].tolist()
+        seconds = time.perf_counter() - t0
+        if info.eos_id in tokens:
+            tokens = tokens[:tokens.index(info.eos_id) + 1]
+        out.append(Sample(prompt, loaded.tokenizer.decode(tokens, skip_special_tokens=True), len(tokens), seconds))
+    return out
