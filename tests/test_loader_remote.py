@@ -213,6 +213,29 @@ def test_remote_state_resumes_on_a_local_copy_and_a_warm_cache_fetches_nothing(c
     assert not any(proxy.requests(p) for p in needed)  # the shards the batch read came from disk
 
 
+def test_prepare_fetches_the_next_batch_s_shards_before_it_is_asked_for(corpus, published, moto,
+                                                                        tmp_path):  # noqa: F811
+    import time
+
+    url, _ = published
+    loader = make_remote_loader(url, CONFIG, cache_dir=tmp_path / "cache", cache_bytes=corpus_decoded(corpus),
+                                policy=FAST, endpoint_url=moto)
+    stream = loader.dataset.stream
+    position = 40 * CONFIG.batch_size  # a resumed run's: the shards of position 0 are not the ones wanted
+    loader.load_state_dict({**loader.state_dict(), "position": position})
+    needed = [stream.shards[g] for g in stream.shards_at(range(position, position + CONFIG.batch_size))]
+    assert not stream.source.ready(needed)
+    loader.prepare()  # as the trainer does before it builds the model
+    deadline = time.monotonic() + 60
+    while not stream.source.ready(needed) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    got = next(iter(loader))
+    stats = stream.source.stats()
+    stream.close()
+    assert int(got["index"][0]) >= position
+    assert stats.misses == 0 and stats.wait_seconds == 0  # the first batch waited for no shard
+
+
 def test_a_limit_below_one_shard_is_refused_with_the_size_needed(corpus, published, tmp_path, moto):  # noqa: F811
     url, _ = published
     loader = make_remote_loader(url, CONFIG, cache_dir=tmp_path / "cache", cache_bytes=1000, policy=FAST,

@@ -152,6 +152,11 @@ class TokenDataset(IterableDataset):
             self.position = start + self.global_batch  # handed to the trainer: consumed
             yield batch
 
+    def prepare(self) -> None:
+        """Start getting the next batches ready (a remote corpus fetches their shards in the background), e.g.
+        while the model is built: the first batch then waits less."""
+        self.stream.prepare(self.position, self.ranks, self.split)
+
     def consumed(self, batch: dict[str, torch.Tensor]) -> None:
         """Record that ``batch`` was handed to the trainer (`TokenLoader` calls this for worker batches)."""
         self.position = self.ranks.batch_start(batch["index"].numpy(), self.position) + self.global_batch
@@ -256,6 +261,10 @@ class TokenLoader:
         for batch in loader:
             self.dataset.consumed(batch)
             yield batch
+
+    def prepare(self) -> None:
+        """`TokenDataset.prepare`: call it once the position is set (after `load_state_dict`)."""
+        self.dataset.prepare()
 
     def state_dict(self) -> dict[str, Any]:
         return self.dataset.state_dict()

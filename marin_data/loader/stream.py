@@ -343,6 +343,10 @@ class TokenStream:
         """Write this rank's rows of the global batch that starts at ``start`` into ``out`` and return it."""
         return self.fill(ranks.rows(self, start, split), out, split)
 
+    def prepare(self, start: int, ranks: RankRows, split: str = "train") -> None:
+        """Get ready to serve the batch at ``start`` and the next ones: a remote stream's cache starts fetching
+        their shards in the background; a local stream has nothing to do."""
+
     def read(self, positions: range | np.ndarray, split: str = "train") -> Batch:
         """The sequences at ``positions`` in fresh buffers (tests, inspection)."""
         if not isinstance(positions, range):

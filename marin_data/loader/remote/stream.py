@@ -126,14 +126,19 @@ class RemoteStream(TokenStream):
     def fill_batch(self, start: int, ranks: RankRows, out: Batch, split: str = "train") -> Batch:
         """`TokenStream.fill_batch`, with the cache told what comes next, and its open shards released when the
         cache needs the room."""
-        coming = self.upcoming(start, ranks, split)
+        self.prepare(start, ranks, split)
         _, rows, now = self._horizon[0]
-        if coming != self._wanted:
-            self.source.want(coming)
-            self._wanted = coming
         if self._table is not None and (self.source.starved() or not self.source.ready(self.shards[g] for g in now)):
             self._table = None  # unmap every shard the table holds, so the cache may evict them (module docstring)
         return self.fill(rows, out, split)
+
+    def prepare(self, start: int, ranks: RankRows, split: str = "train") -> None:
+        """Tell the cache which shards the batch at ``start`` and the next ones read (`upcoming`): it fetches
+        the first missing ones in the background from now on."""
+        coming = self.upcoming(start, ranks, split)
+        if coming != self._wanted:
+            self.source.want(coming)
+            self._wanted = coming
 
     def close(self) -> None:
         """Stop the cache's prefetch threads and release its directory."""
