@@ -51,8 +51,10 @@ class TrainConfig:
     compile: bool = False  # torch.compile each block
     checkpoint_dir: str | None = None  # None: no checkpoints
     checkpoint_every: int = 0  # steps between checkpoints; 0: only at the end
-    keep_checkpoints: int = 2  # newest checkpoints kept
+    keep_checkpoints: int = 2  # newest checkpoints kept (older ones are deleted, and the log says so); 0: all
     log_every: int = 10  # steps between log lines (the first and last are always logged)
+    tensorboard_dir: str | None = None  # TensorBoard event files of every step here (the tensorboard extra)
+    wandb_project: str | None = None  # log every step to this Weights & Biases project (the wandb extra)
     model_overrides: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"vocab_size": 8192}
     data: DataConfig = field(default_factory=DataConfig)
 
@@ -63,6 +65,8 @@ class TrainConfig:
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.ep < 1:
             raise ValueError(f"ep must be >= 1, got {self.ep}")
+        if self.keep_checkpoints < 0:
+            raise ValueError(f"keep_checkpoints must be >= 0 (0 keeps every checkpoint), got {self.keep_checkpoints}")
 
     def global_batch(self, world: int) -> int:
         """Sequences per optimizer step over ``world`` ranks."""

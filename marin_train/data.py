@@ -8,6 +8,7 @@ tokenizer's.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 from marin_data.errors import LoaderConfigError
@@ -18,6 +19,7 @@ from marin_train.checkpoint import resume_config
 from marin_train.config import DataConfig, TrainConfig
 from marin_train.distributed import init_distributed
 from marin_train.loop import TrainResult, train
+from marin_train.threads import set_threads
 
 __all__ = ["mixture_schedule", "run_training", "training_loader"]
 
@@ -58,9 +60,14 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
 
 def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = None,
                  log: Callable[[str], None] = print) -> TrainResult:
-    """Build the loader, then `marin_train.loop.train` (joining ``torchrun``'s process group if there is one).
-    A resume keeps the checkpoint's global batch: the per-rank batch follows the world size."""
+    """Set torch's threads (`marin_train.threads`), build the loader, then `marin_train.loop.train` (joining
+    ``torchrun``'s process group if there is one). A resume keeps the checkpoint's global batch: the per-rank
+    batch follows the world size. The first log line says the threads chosen."""
+    started = time.perf_counter()
+    threads = set_threads()
     rank, world, device = init_distributed()
+    if rank == 0:
+        log(threads.describe())
     cfg = resume_config(cfg, world) if resume else cfg
     if rank == 0 and not cfg.checkpoint_dir:
         log("no --checkpoint-dir: this run saves no checkpoint")
@@ -69,7 +76,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = N
     vocab = stream.corpus.manifest.tokenizer.vocab_size
     cfg = dataclasses.replace(cfg, model_overrides={"vocab_size": vocab, **cfg.model_overrides})
     try:
-        result = train(cfg, loader, resume=resume, log=log, device=device, until=until)
+        result = train(cfg, loader, resume=resume, log=log, device=device, until=until, started=started)
         if hasattr(stream, "close"):
             s = stream.source.stats()
             log(f"shard cache: {s.fetches.total()} fetches of {len(s.fetches)} shards "
