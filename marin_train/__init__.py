@@ -2,6 +2,7 @@
 
 ``config`` (the run's dataclasses and presets), ``distributed`` (the process group), ``parallel`` (the device
 mesh, FSDP2 and expert parallelism), ``checkpoint`` (sharded DCP checkpoints), ``loop`` (the optimizer steps),
-``data`` (the loader a run reads), ``export`` (a checkpoint as one safetensors model), ``plan`` (memory and
-FLOPs of a layout), ``cli`` (``marin-train``).
+``data`` (the loader a run reads), ``threads`` (torch's intra-op threads), ``metrics`` (the per-step record,
+``metrics.jsonl``, TensorBoard and W&B), ``plot`` (a run's metrics as a PNG), ``export`` (a checkpoint as one
+safetensors model), ``plan`` (memory and FLOPs of a layout), ``cli`` (``marin-train``).
 """
