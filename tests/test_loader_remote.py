@@ -331,8 +331,7 @@ def test_ranks_fetch_only_the_shards_their_rows_read_and_dealt_by_shard_far_fewe
     assert fetched["shard"] == len(mixed.shards)
 
 
-def test_make_loader_streams_an_s3_url_like_make_remote_loader_and_refuses_worker_processes(
-        corpus, published, moto, tmp_path):  # noqa: F811
+def test_make_loader_streams_an_s3_url_like_make_remote_loader(corpus, published, moto, tmp_path):  # noqa: F811
     url, _ = published
     loader = make_loader(url, CONFIG, cache_dir=tmp_path / "cache", cache_bytes=corpus_decoded(corpus),
                          policy=FAST, endpoint_url=moto)
@@ -340,8 +339,6 @@ def test_make_loader_streams_an_s3_url_like_make_remote_loader_and_refuses_worke
     loader.dataset.stream.close()
     expected = next(iter(make_loader(corpus, CONFIG, cache_dir=tmp_path / "local")))
     np.testing.assert_array_equal(got["input_ids"].numpy(), expected["input_ids"].numpy())
-    with pytest.raises(LoaderConfigError, match="in-process"):
-        make_loader(url, CONFIG, num_workers=2, endpoint_url=moto)
     with pytest.raises(LoaderConfigError, match="remote corpus given for a local one"):
         make_loader(corpus, CONFIG, endpoint_url=moto)
 

@@ -143,6 +143,7 @@ class TokenDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
         if info is not None:  # a DataLoader worker: produce only; the main process tracks consumption
+            self.stream.worker_init(info.id, info.num_workers)
             return (self.batch_at(s) for s in self._starts(info.id, info.num_workers))
         return self._deliver(self._starts(0, 1))
 
