@@ -1,5 +1,6 @@
 """``marin-train`` (also ``python -m marin_train``): a command group whose default command is ``train``, so
-``marin-train --data DIR`` trains; ``marin-train export`` writes a checkpoint as one safetensors model.
+``marin-train --data DIR`` trains; ``marin-train export`` writes a checkpoint as one safetensors model and
+``marin-train plot`` a run's metrics as a PNG.
 ``marin-data train`` is the same ``train`` command (an entry point of the ``marin_data.commands`` group)."""
 
 from __future__ import annotations
@@ -190,12 +191,14 @@ class _TrainByDefault(click.Group):
 
 @click.group("marin-train", cls=_TrainByDefault, context_settings={"max_content_width": 100})
 def group() -> None:
-    """Train the Marin MoE model (the default command: marin-train --data DIR ...) or export a checkpoint.
+    """Train the Marin MoE model (the default command: marin-train --data DIR ...), export a checkpoint, or
+    plot a run's metrics.
 
     \b
     EXAMPLES
       marin-train --data out/sample --steps 50 --checkpoint-dir out/run
-      marin-train export out/run/step-00000050 --to out/model
+      marin-train export out/run --to out/model
+      marin-train plot out/run
     """
 
 
