@@ -80,7 +80,8 @@ def _in_child(cache: RemoteShardCache, shard, out) -> None:
     cache.close()  # must not release the parent's lock on the directory
 
 
-def test_a_forked_child_gets_a_fresh_lock_no_threads_and_never_reads_or_frees_the_parent_s_cache(corpus, tmp_path):  # noqa: F811
+def test_a_forked_child_gets_a_fresh_lock_no_threads_and_never_reads_or_frees_the_parent_s_cache(
+        corpus, tmp_path):  # noqa: F811
     from filelock import FileLock, Timeout
 
     cache = RemoteShardCache([open_store(corpus.root)], tmp_path / "cache", max_bytes=corpus_decoded(corpus))

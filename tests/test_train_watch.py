@@ -121,7 +121,8 @@ def test_tensorboard_and_wandb_get_every_step_across_a_resume(corpus, tmp_path, 
 
 
 @pytest.mark.parametrize("flag, module", [("--tensorboard", "tensorboard"), ("--wandb", "wandb")])
-def test_a_missing_extra_is_named_with_its_pip_command(corpus, tmp_path, monkeypatch, capsys, flag, module):  # noqa: F811
+def test_a_missing_extra_is_named_with_its_pip_command(corpus, tmp_path, monkeypatch, capsys, flag,
+                                                      module):  # noqa: F811
     monkeypatch.setitem(sys.modules, module, None)  # as if not installed: import and find_spec fail
     with pytest.raises(SystemExit) as exit_:
         main(["--data", str(corpus.root), "--steps", "1", "--batch-size", "2", "--seq-len", "32", flag,
