@@ -110,7 +110,8 @@ class MetricsSinks:
         wandb: a W&B project. The run's id is kept in ``checkpoint_dir/wandb-run-id`` so that a resumed
             run continues the same W&B run; W&B's own settings apply (``WANDB_MODE=offline``, ``WANDB_DIR``).
         checkpoint_dir: the run's directory (W&B files go under it unless ``WANDB_DIR`` says otherwise).
-        config: the run's configuration, recorded by W&B.
+        config: the run's configuration, recorded by W&B (store options by name only: they may hold
+            credentials).
 
     Raises:
         MissingExtraError: the library a sink needs is not installed (the message names the pip command).
@@ -163,6 +164,9 @@ def _wandb_run(project: str, checkpoint_dir: str | None, config: dict[str, Any])
     directory = os.environ.get("WANDB_DIR") or checkpoint_dir
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)
+    data = config.get("data")
+    if isinstance(data, dict) and data.get("store_options"):  # may hold credentials: W&B gets their names only
+        config = {**config, "data": {**data, "store_options": sorted(data["store_options"])}}
     run = wandb.init(project=project, id=run_id or uuid.uuid4().hex[:8], resume="allow", dir=directory,
                      config=config)
     if id_file is not None and run_id is None:

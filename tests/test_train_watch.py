@@ -16,6 +16,7 @@ from test_train import CFG, corpus, loader_for  # noqa: F401 - corpus is a fixtu
 
 from marin_model.model import Transformer
 from marin_train.cli import main
+from marin_train.config import DataConfig
 from marin_train.loop import train
 from marin_train.metrics import FIELDS, MOE_FIELDS, moe_health
 from marin_train.plot import plot_run
@@ -98,7 +99,7 @@ def test_tensorboard_and_wandb_get_every_step_across_a_resume(corpus, tmp_path, 
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-root"))
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = replace(CFG, steps=3, checkpoint_dir=str(tmp_path / "run"), tensorboard_dir=str(tmp_path / "tb"),
-                  wandb_project="marin-test")
+                  wandb_project="marin-test", data=DataConfig(store_options={"token": "hf_s3cr3t"}))
     records = []
     for until in (2, None):  # a run to step 2, then its resume to step 3
         records += train(cfg, loader_for(corpus, cfg, tmp_path / "c"), log=lambda _: None, until=until).records
@@ -118,6 +119,8 @@ def test_tensorboard_and_wandb_get_every_step_across_a_resume(corpus, tmp_path, 
     assert [row["_step"] for row in history] == [1, 2, 3]
     for key in ("loss", "grad_norm", "moe/layer00/max_over_mean"):
         assert [row[key] for row in history] == pytest.approx([r[key] for r in records], rel=1e-12)
+    logged = b"".join(p.read_bytes() for d in runs for p in d.rglob("*") if p.is_file())
+    assert b"store_options" in logged and b"hf_s3cr3t" not in logged  # the config, without the credential
 
 
 @pytest.mark.parametrize("flag, module", [("--tensorboard", "tensorboard"), ("--wandb", "wandb")])
