@@ -51,8 +51,8 @@ def plot_run(run: str | os.PathLike, out: str | os.PathLike | None = None):
     if not records:
         raise ValueError(f"{run}: the metrics file holds no records yet (they are written at each checkpoint)")
     source, out = Path(run), plot_path(run, out)
-    steps = np.array([r["step"] for r in records], dtype=float)
-    seen = np.array([r.get("tokens_seen", r["step"] * r["tokens"]) for r in records], dtype=float)
+    steps = [r["step"] for r in records]
+    seen = records[-1].get("tokens_seen", steps[-1] * records[-1]["tokens"])
 
     fig = Figure(figsize=(9, 10), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
@@ -72,13 +72,14 @@ def plot_run(run: str | os.PathLike, out: str | os.PathLike | None = None):
     load.set_ylabel("expert load: max / mean")
     load.set_xlabel("step")
     load.legend(loc="upper right", fontsize=7, ncol=4)
-    # Tokens on the top axis, mapped from the steps (monotonic; the global batch is fixed within a run).
-    top = loss.secondary_xaxis("top", functions=(lambda s: np.interp(s, steps, seen),
-                                                 lambda t: np.interp(t, seen, steps)))
+    # Tokens on the top axis: steps times the tokens of a step (a resume keeps the global batch, so a run's
+    # steps all hold the same number of tokens).
+    per_step = float(records[-1]["tokens"])
+    top = loss.secondary_xaxis("top", functions=(lambda s: s * per_step, lambda t: t / per_step))
     top.set_xlabel("tokens")
     for ax in (loss, lr, speed, load):
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{source}: steps {int(steps[0])}-{int(steps[-1])}, {seen[-1]:,.0f} tokens")
+    fig.suptitle(f"{source}: steps {steps[0]}-{steps[-1]}, {seen:,} tokens")
     out.parent.mkdir(parents=True, exist_ok=True)
     png = io.BytesIO()
     fig.savefig(png, format="png")

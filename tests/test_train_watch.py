@@ -171,7 +171,7 @@ def test_plot_draws_the_run_s_own_numbers_into_a_png(tmp_path, capsys):
     np.testing.assert_array_equal(by_layer["mean over layers"], [r["imbalance"] for r in records])
     top = loss.child_axes[0]  # tokens, mapped from the steps
     assert top.get_xlabel() == "tokens"
-    assert top.get_xlim() == pytest.approx(tuple(512 * np.clip(loss.get_xlim(), 1, 10)))
+    assert top.get_xlim() == pytest.approx(tuple(512 * np.array(loss.get_xlim())))
     with pytest.raises(SystemExit) as exit_:
         main(["plot", str(tmp_path / "run"), "--out", str(tmp_path / "other.png")])
     assert exit_.value.code == 0 and f"wrote {tmp_path / 'other.png'}" in capsys.readouterr().out
