@@ -47,7 +47,8 @@ from marin_model.model import Transformer
 from marin_train.config import TrainConfig
 
 __all__ = ["Batches", "CHECKPOINT_FORMAT", "SEAL", "atomic_write", "checkpoint_config", "latest_checkpoint",
-           "load_checkpoint", "resume_config", "save_checkpoint", "verify_checkpoint"]
+           "load_checkpoint", "prune_checkpoints", "resolve_checkpoint", "restore_loader", "resume_config",
+           "save_checkpoint", "verify_checkpoint"]
 
 CHECKPOINT_FORMAT = 3  # 3: sealed, with its steps' metrics; 2: unsealed (still loads, unchecked)
 SEAL = "seal.json"
@@ -106,10 +107,12 @@ def _set_rng_state(rng: dict[str, Any]) -> None:
 
 
 def save_checkpoint(cfg: TrainConfig, *, step: int, model: Transformer, optimizer: torch.optim.Optimizer,
-                    data: Batches, records: Iterable[dict[str, float]] = ()) -> str:
+                    data: Batches, records: Iterable[dict[str, float]] = (),
+                    log: Callable[[str], None] = lambda line: None) -> str:
     """Write ``step-NNNNNNNN/`` (all ranks, each its shards), seal it (all ranks) and then point ``latest`` at
-    it (rank 0), keep the newest ``cfg.keep_checkpoints``, and append ``records`` (the metrics of the steps
-    since the previous checkpoint, kept in the checkpoint too) to ``metrics.jsonl``. Returns its path.
+    it (rank 0), keep the newest ``cfg.keep_checkpoints`` (`prune_checkpoints`; ``log`` names each one
+    deleted), and append ``records`` (the metrics of the steps since the previous checkpoint, kept in the
+    checkpoint too) to ``metrics.jsonl``. Returns its path.
 
     The RNG states saved are rank 0's: the ranks draw the same stream (same seed, no per-rank draws)."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -140,15 +143,26 @@ def save_checkpoint(cfg: TrainConfig, *, step: int, model: Transformer, optimize
         os.replace(part, final)
         _fsync(root)
         atomic_write(root / "latest", lambda f: f.write(name.encode()))
-        for old in sorted(p for p in root.glob("step-*") if p.is_dir() and not p.is_symlink())[
-                :-max(1, cfg.keep_checkpoints)]:
-            shutil.rmtree(old)
+        for old in prune_checkpoints(root, keep=cfg.keep_checkpoints, current=final):
+            log(f"deleted {old} (--keep-checkpoints {cfg.keep_checkpoints} keeps the newest)")
         # A kill before this append loses nothing: the lines are in trainer.pt, and a resume restores them.
         with os.fdopen(os.open(root / METRICS, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
                        "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
     dist.barrier()
     return str(final)
+
+
+def prune_checkpoints(root: Path, *, keep: int, current: Path) -> list[Path]:
+    """Delete the oldest ``step-*`` checkpoints of ``root`` so that ``keep`` remain, ``current`` (the one just
+    written, which ``latest`` names) always among them; ``keep`` 0 deletes nothing. Returns what was deleted."""
+    if keep == 0:
+        return []
+    others = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.is_symlink() and p != current)
+    doomed = others[:max(0, len(others) - (keep - 1))]
+    for old in doomed:
+        shutil.rmtree(old)
+    return doomed
 
 
 # --- the seal ------------------------------------------------------------------------------------------
@@ -370,6 +384,21 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike | None) -> Path | None:
     return path
 
 
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """The checkpoint ``path`` names: a ``step-NNNNNNNN`` directory, or a run's directory (the checkpoint
+    its ``latest`` names). Raises ValueError saying what ``path`` is instead."""
+    path = Path(path)
+    if (path / "latest").is_file():
+        named = latest_checkpoint(path)
+        if not (named / "config.json").is_file():
+            raise ValueError(f"{path}: its latest names {named.name}, which is not a complete checkpoint")
+        return named
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path}: neither a checkpoint (step-NNNNNNNN/ with config.json) nor a run directory "
+                         "(with latest)")
+    return path
+
+
 def checkpoint_config(path: str | os.PathLike) -> dict[str, Any]:
     """The ``config.json`` of a checkpoint: the run's and the model's config, global batch, layout, step."""
     path = Path(path)
@@ -393,6 +422,14 @@ def resume_config(cfg: TrainConfig, world: int) -> TrainConfig:
         raise ValueError(f"{previous}: the global batch of {global_batch} sequences does not divide over {world} "
                          f"ranks x {cfg.accumulation} micro-batches; choose --accumulation so that it does")
     return replace(cfg, batch_size=per_rank)
+
+
+def restore_loader(path: str | os.PathLike, data: Batches, *, strict: bool = True) -> None:
+    """Only the loader position of a checkpoint (`load_checkpoint` with ``data`` restores it too): a trainer
+    that knows where its stream continues can start fetching those shards before it builds the model."""
+    checkpoint_config(path)  # refuses what is not a checkpoint of this version, naming it
+    trainer = torch.load(Path(path) / "trainer.pt", map_location="cpu", weights_only=False)
+    data.load_state_dict(trainer["loader"], **({} if strict else {"strict": False}))
 
 
 def load_checkpoint(path: str | os.PathLike, *, model: Transformer, optimizer: torch.optim.Optimizer,

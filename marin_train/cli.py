@@ -1,8 +1,8 @@
 """``marin-train`` (also ``python -m marin_train``): a command group whose default command is ``train``, so
 ``marin-train --data DIR`` trains; ``marin-train eval`` reports a model's held-out loss and bits per byte,
 ``marin-train generate`` samples text from it, ``marin-train export`` writes a checkpoint as one safetensors
-model. ``marin-data train`` is the same ``train`` command (an entry point of the ``marin_data.commands``
-group)."""
+model and ``marin-train plot`` a run's metrics as a PNG. ``marin-data train`` is the same ``train`` command
+(an entry point of the ``marin_data.commands`` group)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch.distributed as dist
 from marin_data.cli._errors import describe
 from marin_data.cli._store_options import check_sha256, store_kwargs, store_options
 from marin_data.ui import format_table
+from marin_train.checkpoint import resolve_checkpoint
 from marin_train.config import TRAIN_PRESETS, DataConfig
 from marin_train.data import run_training
 from marin_train.distributed import shutdown_distributed
@@ -23,7 +24,7 @@ from marin_train.evaluate import EvalResult
 from marin_train.loop import TrainResult
 from marin_train.schedule import load_schedule
 
-__all__ = ["command", "evaluate", "export", "format_eval", "generate", "group", "main", "summary"]
+__all__ = ["command", "evaluate", "export", "format_eval", "generate", "group", "main", "plot", "summary"]
 
 
 def _mixture(values: tuple[str, ...] | list[str], flag: str = "--mixture") -> dict[str, float] | None:
@@ -121,27 +122,38 @@ def data_config(source, *, mirrors, manifest_sha256, endpoint, cache_dir, cache_
 @click.option("--checkpoint-dir", metavar="DIR", help="Write checkpoints here; a run resumes from the newest.")
 @click.option("--checkpoint-every", type=int, help="Steps between checkpoints (default: only at the end).")
 @click.option("--no-resume", is_flag=True, help="Start afresh even if --checkpoint-dir holds a checkpoint.")
+@click.option("--keep-checkpoints", type=click.IntRange(min=0), metavar="N",
+              help="Keep the newest N checkpoints, deleting older ones (logged); 0 keeps all (default 2).")
+@click.option("--tensorboard", "tensorboard_dir", metavar="DIR",
+              help="Write every step's metrics as TensorBoard events here (pip install 'marin[tensorboard]').")
+@click.option("--wandb", "wandb_project", metavar="PROJECT",
+              help="Log every step's metrics to this W&B project (pip install 'marin[wandb]'; WANDB_MODE=offline).")
 @click.option("--log-every", type=int, help="Steps between log lines.")
 @click.option("--eval-every", type=int, metavar="N",
               help="Evaluate on the held-out split every N steps and at the end, as `marin-train eval` does; the "
-                   "results join metrics.jsonl (eval_loss, eval_bpb, per subset).")
+                   "results join metrics.jsonl (eval/loss, eval/bpb, per subset eval/SUBSET/loss).")
 @click.option("--eval-tokens", type=int, metavar="N", help="Held-out target tokens per evaluation (default: all).")
 @click.option("--seed", type=int, help="Model init and data order.")
 @corpus_options
 def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute, steps, until, batch_size,
-            accumulation, seq_len, lr, checkpoint_dir, checkpoint_every, no_resume, log_every, eval_every, eval_tokens,
-            seed, **corpus) -> None:
+            accumulation, seq_len, lr, checkpoint_dir, checkpoint_every, no_resume, keep_checkpoints, tensorboard_dir,
+            wandb_project, log_every, eval_every, eval_tokens, seed, **corpus) -> None:
     """Train the Marin MoE model on a corpus, streaming it from S3 or a Hub mirror when remote.
 
-    Logs loss, tokens/s, time waiting for data and router statistics. The model is sharded over the ranks
-    (FSDP2, and --ep N splits the routed experts over N ranks); under torchrun each process trains on its
-    slice of every global batch (gloo on CPU, NCCL on GPU). Checkpoints (sharded: model, optimizer, loader
-    position, balancing bias, RNG, step) are atomic, and a run resumes from the newest, also at another
-    world size or --ep, keeping the global batch. Without --checkpoint-dir nothing is saved.
+    Logs loss, tokens/s, time waiting for data and router statistics; every step's metrics go to
+    CHECKPOINT_DIR/metrics.jsonl (at each checkpoint) and, when asked, to TensorBoard or W&B. The model is
+    sharded over the ranks (FSDP2, and --ep N splits the routed experts over N ranks); under torchrun each
+    process trains on its slice of every global batch (gloo on CPU, NCCL on GPU). Checkpoints (sharded: model,
+    optimizer, loader position, balancing bias, RNG, step) are atomic, and a run resumes from the newest, also
+    at another world size or --ep, keeping the global batch. Without --checkpoint-dir nothing is saved. Torch's
+    threads: the usable cores per local process less one, at least 1 (OMP_NUM_THREADS overrides), as the
+    first log line says.
 
     \b
     EXAMPLES
       marin-train --data out/sample --steps 50 --checkpoint-dir out/run
+      marin-train --data out/sample --checkpoint-dir out/run --checkpoint-every 10 --keep-checkpoints 0 \\
+                  --tensorboard out/run/tb
       marin-train --data s3://bucket/corpus --endpoint-url http://127.0.0.1:9000 \\
                   --mixture 'code/*=0.3' --mixture 'prose/*=0.7' --cache-gb 4
       marin-train --data hf://datasets/marin/sample --endpoint http://127.0.0.1:8000 --steps 100
@@ -168,7 +180,8 @@ def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute,
                        **corpus)
     changes = {"steps": steps, "batch_size": batch_size, "accumulation": accumulation, "seq_len": seq_len, "lr": lr,
                "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every, "log_every": log_every,
-               "eval_every": eval_every, "eval_tokens": eval_tokens, "seed": seed, "ep": ep, "recompute": recompute}
+               "eval_every": eval_every, "eval_tokens": eval_tokens, "seed": seed, "ep": ep, "recompute": recompute,
+               "keep_checkpoints": keep_checkpoints, "tensorboard_dir": tensorboard_dir, "wandb_project": wandb_project}
     try:
         cfg = dataclasses.replace(base, data=data, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as e:
@@ -184,14 +197,46 @@ def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute,
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
 @click.option("--to", "to", required=True, metavar="DIR", help="Write model.safetensors and config.json here.")
 def export(checkpoint, to) -> None:
-    """Write CHECKPOINT (a step-NNNNNNNN directory) as one model: safetensors and config.json.
+    """Write CHECKPOINT (a step-NNNNNNNN directory, or a run directory: its latest) as one model.
 
-    One process, no process group: every sharded tensor is reassembled whole. Load it back with
-    marin_train.export.load_exported(DIR), or any safetensors reader with the config.
+    One process, no process group: every sharded tensor is reassembled whole into model.safetensors, with
+    config.json. Load it back with marin_train.export.load_exported(DIR), or any safetensors reader.
+
+    \b
+    EXAMPLES
+      marin-train export out/run --to out/model
+      marin-train export out/run/step-00000050 --to out/model-50
     """
     from marin_train.export import export_checkpoint  # safetensors only where exporting
 
-    click.echo(f"exported {export_checkpoint(checkpoint, to)}")
+    try:
+        path = resolve_checkpoint(checkpoint)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="CHECKPOINT") from None
+    click.echo(f"exported {path} to {export_checkpoint(path, to)}")
+
+
+@click.command("plot", context_settings={"max_content_width": 100})
+@click.argument("run", type=click.Path(exists=True))
+@click.option("--out", metavar="FILE", help="The PNG to write (default RUN/metrics.png).")
+def plot(run, out) -> None:
+    """Plot RUN's metrics.jsonl (RUN: a checkpoint directory, or the file) as one PNG.
+
+    Loss (and held-out loss where the run evaluated), learning rate, tokens/s and the experts' load (busiest
+    over mean, per layer) against steps, with tokens on the top axis. Headless (matplotlib's Agg canvas).
+
+    \b
+    EXAMPLES
+      marin-train plot out/run
+      marin-train plot out/run/metrics.jsonl --out run.png
+    """
+    from marin_train.plot import plot_path, plot_run  # matplotlib only where plotting
+
+    try:
+        plot_run(run, plot_path(run, out))
+    except (FileNotFoundError, ValueError) as e:
+        raise click.BadParameter(str(e), param_hint="RUN") from None
+    click.echo(f"wrote {plot_path(run, out)}")
 
 
 @click.command("eval", context_settings={"max_content_width": 100})
@@ -315,14 +360,16 @@ class _TrainByDefault(click.Group):
 @click.group("marin-train", cls=_TrainByDefault,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def group() -> None:
-    """Train the Marin MoE model (the default command: marin-train --data DIR ...), evaluate or export it.
+    """Train the Marin MoE model (the default command: marin-train --data DIR ...), evaluate, sample, export
+    it, or plot a run's metrics.
 
     \b
     EXAMPLES
       marin-train --data out/sample --steps 50 --checkpoint-dir out/run --eval-every 25
       marin-train eval out/run --data out/sample
       marin-train generate out/run --prompt 'def main(' --max-new-tokens 40
-      marin-train export out/run/step-00000050 --to out/model
+      marin-train export out/run --to out/model
+      marin-train plot out/run
     """
 
 
@@ -330,6 +377,7 @@ group.add_command(command)
 group.add_command(evaluate)
 group.add_command(generate)
 group.add_command(export)
+group.add_command(plot)
 
 
 def main(argv: list[str] | None = None, prog_name: str = "marin-train") -> None:

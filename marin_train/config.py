@@ -54,11 +54,13 @@ class TrainConfig:
     compile: bool = False  # torch.compile each block
     checkpoint_dir: str | None = None  # None: no checkpoints
     checkpoint_every: int = 0  # steps between checkpoints; 0: only at the end
-    keep_checkpoints: int = 2  # newest checkpoints kept
+    keep_checkpoints: int = 2  # newest checkpoints kept (older ones are deleted, and the log says so); 0: all
     log_every: int = 10  # steps between log lines (the first and last are always logged)
     eval_every: int = 0  # steps between held-out evaluations, and one at the last step (0: none)
     eval_tokens: int | None = None  # target tokens per evaluation, the split's first ones (None: all of it)
     eval_batch: int = 8  # sequences per evaluation forward: fixed, so the numbers do not depend on the ranks
+    tensorboard_dir: str | None = None  # TensorBoard event files of every step here (the tensorboard extra)
+    wandb_project: str | None = None  # log every step to this Weights & Biases project (the wandb extra)
     model_overrides: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"vocab_size": 8192}
     data: DataConfig = field(default_factory=DataConfig)
 
@@ -71,6 +73,8 @@ class TrainConfig:
             raise ValueError(f"ep must be >= 1, got {self.ep}")
         if self.eval_every < 0 or self.eval_batch < 1 or (self.eval_tokens is not None and self.eval_tokens < 1):
             raise ValueError("eval_every must be >= 0, eval_batch and eval_tokens >= 1")
+        if self.keep_checkpoints < 0:
+            raise ValueError(f"keep_checkpoints must be >= 0 (0 keeps every checkpoint), got {self.keep_checkpoints}")
 
     def global_batch(self, world: int) -> int:
         """Sequences per optimizer step over ``world`` ranks."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from marin_train.config import DataConfig, TrainConfig
 from marin_train.distributed import init_distributed
 from marin_train.evaluate import EVAL_SEED, evaluate
 from marin_train.loop import TrainResult, train
+from marin_train.threads import set_threads
 
 __all__ = ["corpus_tokenizer", "eval_config", "eval_stream", "mixture_schedule", "run_training",
            "source_manifest", "training_loader"]
@@ -166,9 +168,14 @@ def _evaluator(cfg: TrainConfig, stream: TokenStream, device) -> Callable:
 
 def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = None,
                  log: Callable[[str], None] = print) -> TrainResult:
-    """Build the loader, then `marin_train.loop.train` (joining ``torchrun``'s process group if there is one).
-    A resume keeps the checkpoint's global batch: the per-rank batch follows the world size."""
+    """Set torch's threads (`marin_train.threads`), build the loader, then `marin_train.loop.train` (joining
+    ``torchrun``'s process group if there is one). A resume keeps the checkpoint's global batch: the per-rank
+    batch follows the world size. The first log line says the threads chosen."""
+    started = time.perf_counter()
+    threads = set_threads()
     rank, world, device = init_distributed()
+    if rank == 0:
+        log(threads.describe())
     cfg = resume_config(cfg, world) if resume else cfg
     if rank == 0 and not cfg.checkpoint_dir:
         log("no --checkpoint-dir: this run saves no checkpoint")
@@ -180,7 +187,8 @@ def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = N
         if cfg.checkpoint_dir and rank == 0:
             _record_tokenizer(cfg, stream)
         evaluator = _evaluator(cfg, stream, device) if cfg.eval_every else None
-        result = train(cfg, loader, resume=resume, log=log, device=device, until=until, evaluate=evaluator)
+        result = train(cfg, loader, resume=resume, log=log, device=device, until=until, evaluate=evaluator,
+                       started=started)
         if hasattr(stream, "close"):
             s = stream.source.stats()
             log(f"shard cache: {s.fetches.total()} fetches of {len(s.fetches)} shards "

@@ -79,13 +79,14 @@ class EvalResult:
     meta: dict[str, Any] = field(default_factory=dict)  # what was evaluated: checkpoint, step, data, ...
 
     def metrics(self) -> dict[str, float]:
-        """Flat fields for a metrics record: ``eval_loss``, ``eval_bpb``, ``eval_tokens``, ``eval_seconds``,
-        and ``eval_loss/SUBSET``, ``eval_bpb/SUBSET`` for each subset."""
-        out = {"eval_loss": self.overall.loss, "eval_bpb": self.overall.bits_per_byte,
-               "eval_tokens": self.overall.tokens, "eval_seconds": self.seconds}
+        """Flat fields for a metrics record (the ``eval`` group, `marin_train.metrics`): ``eval/loss``,
+        ``eval/bpb``, ``eval/tokens``, ``eval/seconds``, and ``eval/SUBSET/loss``, ``eval/SUBSET/bpb`` for each
+        subset."""
+        out = {"eval/loss": self.overall.loss, "eval/bpb": self.overall.bits_per_byte,
+               "eval/tokens": self.overall.tokens, "eval/seconds": self.seconds}
         for name, t in self.subsets.items():
-            out[f"eval_loss/{name}"] = t.loss
-            out[f"eval_bpb/{name}"] = t.bits_per_byte
+            out[f"eval/{name}/loss"] = t.loss
+            out[f"eval/{name}/bpb"] = t.bits_per_byte
         return out
 
     def to_json(self) -> dict[str, Any]:

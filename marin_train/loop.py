@@ -14,15 +14,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from marin_model.model import Transformer
-from marin_train.checkpoint import Batches, latest_checkpoint, load_checkpoint, save_checkpoint
+from marin_train.checkpoint import Batches, latest_checkpoint, load_checkpoint, restore_loader, save_checkpoint
 from marin_train.config import TrainConfig
 from marin_train.distributed import init_distributed
+from marin_train.metrics import MetricsSinks, moe_health
 from marin_train.parallel import clip_grad_norm, make_mesh, parallelize, rescale_expert_grads
 
 __all__ = ["TrainResult", "build_model", "lr_at", "train"]
@@ -74,7 +76,8 @@ def build_model(cfg: TrainConfig, device: torch.device) -> Transformer:
 
 def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable[[str], None] = print,
           device: torch.device | None = None, until: int | None = None,
-          evaluate: Callable[[Transformer], dict[str, float]] | None = None) -> TrainResult:
+          evaluate: Callable[[Transformer], dict[str, float]] | None = None,
+          started: float | None = None) -> TrainResult:
     """Train ``cfg.model_config()`` on ``data`` up to ``cfg.steps`` optimizer steps.
 
     Args:
@@ -88,23 +91,43 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
             the learning-rate schedule still spans ``cfg.steps``.
         evaluate: with ``cfg.eval_every``, called on the model (all ranks) every that many steps and at the
             last step; the fields it returns join that step's metrics record (`marin_train.evaluate`).
+        started: the ``time.perf_counter()`` the run started at, for ``time_to_first_step`` (default: now).
 
     Returns:
-        A `TrainResult`: the step reached, per-step metrics, the last checkpoint, the model.
+        A `TrainResult`: the step reached, per-step metrics (`marin_train.metrics.FIELDS`), the last
+        checkpoint, the model.
     """
+    started = time.perf_counter() if started is None else started
     rank, world, auto_device = init_distributed()
     device = device or auto_device
     log = log if rank == 0 else (lambda line: None)
+    previous = latest_checkpoint(cfg.checkpoint_dir) if resume and cfg.checkpoint_dir else None
+    # A mixture schedule given from a step on changes the stream's description, not its past sequences.
+    strict_data = not cfg.data.mixture_from
+    if previous is not None:  # the loader's position first: its shards are fetched while the model is built
+        restore_loader(previous, data, strict=strict_data)
+    if hasattr(data, "prepare"):
+        data.prepare()
+    with (MetricsSinks(tensorboard=cfg.tensorboard_dir, wandb=cfg.wandb_project, checkpoint_dir=cfg.checkpoint_dir,
+                       config=asdict(cfg)) if rank == 0 else MetricsSinks()) as sinks:
+        return _train(cfg, data, previous=previous, strict_data=strict_data, log=log, device=device, world=world,
+                      until=until, started=started, sinks=sinks, evaluate=evaluate)
+
+
+def _train(cfg: TrainConfig, data: Batches, *, previous, strict_data: bool, log: Callable[[str], None],
+           device: torch.device, world: int, until: int | None, started: float, sinks: MetricsSinks,
+           evaluate: Callable[[Transformer], dict[str, float]] | None) -> TrainResult:
+    """`train` from the model on: build it, load the checkpoint, run the steps."""
     model = build_model(cfg, device)
     optimizer = _optimizer(model, cfg)
-    step, previous = 0, latest_checkpoint(cfg.checkpoint_dir) if resume and cfg.checkpoint_dir else None
+    step = 0
     if previous is not None:
-        # A mixture schedule given from a step on changes the stream's description, not its past sequences.
-        step = load_checkpoint(previous, model=model, optimizer=optimizer, data=data,
-                               global_batch=cfg.global_batch(world), strict_data=not cfg.data.mixture_from)
+        step = load_checkpoint(previous, model=model, optimizer=optimizer, global_batch=cfg.global_batch(world),
+                               strict_data=strict_data)
         log(f"resumed from {previous} at step {step}")
     params = [p for p in model.parameters() if p.requires_grad]
     tokens_per_step = cfg.global_batch(world) * cfg.seq_len
+    layers, experts = model.cfg.n_layers, model.cfg.moe.num_experts
     records: list[dict[str, float]] = []
     checkpoint: str | None = None
     saved = 0  # records already appended to metrics.jsonl
@@ -114,9 +137,9 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
         t0, waited = time.perf_counter(), 0.0
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, step)
-        # Summed on the device and read once per step: no host sync between micro-batches.
-        sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, cross-entropy, z-loss, dropped fraction
-        counts = torch.zeros(model.cfg.n_layers, model.cfg.moe.num_experts, dtype=torch.float64, device=device)
+        # Summed on the device and read once per step: no host sync between micro-batches. Layout: loss,
+        # cross-entropy, z-loss [L], dropped fraction [L], expert load [L*E].
+        sums = torch.zeros(2 + 2 * layers + layers * experts, dtype=torch.float64, device=device)
         for _ in range(cfg.accumulation):
             tw = time.perf_counter()
             try:
@@ -128,14 +151,16 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
             segments = {k: batch[name].to(device) for k, name in _SEGMENTS.items() if name in batch}
             out = model(batch["input_ids"].to(device), batch["labels"].to(device), **segments)
             (out.loss / cfg.accumulation).backward()
-            dropped = torch.stack([s.dropped for s in out.router]).double().mean()
-            sums += torch.stack([out.loss.detach().double(), out.ce_loss.detach().double(),
-                                 out.z_loss.detach().double(), dropped])
-            counts += torch.stack([s.counts_E.detach().double() for s in out.router])
-        stats = torch.cat([sums / cfg.accumulation, counts.reshape(-1)])
-        dist.all_reduce(stats)
-        stats[:4] /= world
-        stats = stats.cpu()
+            sums += torch.cat([torch.stack([out.loss.detach(), out.ce_loss.detach()]).double(),
+                               torch.stack([s.z_loss.detach() for s in out.router]).double(),
+                               torch.stack([s.dropped.detach() for s in out.router]).double(),
+                               torch.cat([s.counts_E.detach() for s in out.router]).double()])
+        sums[:2 + 2 * layers] /= cfg.accumulation
+        dist.all_reduce(sums)
+        sums[:2 + 2 * layers] /= world
+        # The bias this step routed with (the same on every rank), read with the sums: one host copy a step.
+        bias_L = torch.stack([b.moe.bias_E.max() - b.moe.bias_E.min() for b in model.blocks]).double()
+        stats = torch.cat([sums, bias_L]).cpu().numpy()
         rescale_expert_grads(model)
         norm = clip_grad_norm(params, cfg.grad_clip)
         optimizer.step()
@@ -143,22 +168,31 @@ def train(cfg: TrainConfig, data: Batches, *, resume: bool = True, log: Callable
         model.update_router_bias()  # from the global load of this step
         step += 1
         seconds = time.perf_counter() - t0
-        load = stats[4:].view_as(counts)
-        records.append({"step": step, "loss": float(stats[0]), "ce_loss": float(stats[1]), "z_loss": float(stats[2]),
-                        "dropped": float(stats[3]), "lr": optimizer.param_groups[0]["lr"], "grad_norm": float(norm),
-                        "imbalance": float((load.max(1).values / load.mean(1).clamp(min=1e-9)).mean()),
+        z_L, dropped_L = stats[2:2 + layers], stats[2 + layers:2 + 2 * layers]
+        load_LE = stats[2 + 2 * layers:-layers].reshape(layers, experts)
+        health = moe_health(load_LE, z_L, dropped_L, stats[-layers:])
+        records.append({"step": step, "loss": float(stats[0]), "ce_loss": float(stats[1]), "z_loss": float(z_L.mean()),
+                        "dropped": float(dropped_L.mean()), "lr": optimizer.param_groups[0]["lr"],
+                        "grad_norm": float(norm),
+                        "imbalance": float((load_LE.max(1) / np.maximum(load_LE.mean(1), 1e-9)).mean()),
                         "seconds": seconds, "data_wait": waited, "tokens": tokens_per_step,
-                        "tokens_per_s": tokens_per_step / seconds})
-        if step == 1 or step % cfg.log_every == 0 or step == stop:
+                        "tokens_seen": step * tokens_per_step, "tokens_per_s": tokens_per_step / seconds, **health})
+        if len(records) == 1:
+            records[0]["time_to_first_step"] = time.perf_counter() - started
+        if len(records) == 1 or step % cfg.log_every == 0 or step == stop:
             log(_format(records[-1], cfg.steps))
         if evaluate is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
             records[-1].update(evaluate(model))
-            log(f"eval  {step:>5}/{cfg.steps}  loss {records[-1]['eval_loss']:.4f}  bits/byte "
-                f"{records[-1]['eval_bpb']:.4f}  ({records[-1]['eval_tokens']:,} held-out tokens, "
-                f"{records[-1]['eval_seconds']:.1f} s)")
+            log(f"eval  {step:>5}/{cfg.steps}  loss {records[-1]['eval/loss']:.4f}  bits/byte "
+                f"{records[-1]['eval/bpb']:.4f}  ({records[-1]['eval/tokens']:,} held-out tokens, "
+                f"{records[-1]['eval/seconds']:.1f} s)")
+        if len(records) == 1:
+            log(f"time to first step: {records[0]['time_to_first_step']:.1f} s (the step itself {seconds:.1f} s, of "
+                f"which {waited:.1f} s waiting for data)")
+        sinks.write(records[-1])
         if cfg.checkpoint_dir and (step == stop or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
             checkpoint = save_checkpoint(cfg, step=step, model=model, optimizer=optimizer, data=data,
-                                         records=records[saved:])
+                                         records=records[saved:], log=log)
             saved = len(records)
             log(f"checkpoint {checkpoint}")
     return TrainResult(step, records, checkpoint, model)

@@ -213,6 +213,29 @@ def test_remote_state_resumes_on_a_local_copy_and_a_warm_cache_fetches_nothing(c
     assert not any(proxy.requests(p) for p in needed)  # the shards the batch read came from disk
 
 
+def test_prepare_fetches_the_next_batch_s_shards_before_it_is_asked_for(corpus, published, moto,
+                                                                        tmp_path):  # noqa: F811
+    import time
+
+    url, _ = published
+    loader = make_remote_loader(url, CONFIG, cache_dir=tmp_path / "cache", cache_bytes=corpus_decoded(corpus),
+                                policy=FAST, endpoint_url=moto)
+    stream = loader.dataset.stream
+    position = 40 * CONFIG.batch_size  # a resumed run's: the shards of position 0 are not the ones wanted
+    loader.load_state_dict({**loader.state_dict(), "position": position})
+    needed = [stream.shards[g] for g in stream.shards_at(range(position, position + CONFIG.batch_size))]
+    assert not stream.source.ready(needed)
+    loader.prepare()  # as the trainer does before it builds the model
+    deadline = time.monotonic() + 60
+    while not stream.source.ready(needed) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    got = next(iter(loader))
+    stats = stream.source.stats()
+    stream.close()
+    assert int(got["index"][0]) >= position
+    assert stats.misses == 0 and stats.wait_seconds == 0  # the first batch waited for no shard
+
+
 def test_a_limit_below_one_shard_is_refused_with_the_size_needed(corpus, published, tmp_path, moto):  # noqa: F811
     url, _ = published
     loader = make_remote_loader(url, CONFIG, cache_dir=tmp_path / "cache", cache_bytes=1000, policy=FAST,
@@ -308,8 +331,7 @@ def test_ranks_fetch_only_the_shards_their_rows_read_and_dealt_by_shard_far_fewe
     assert fetched["shard"] == len(mixed.shards)
 
 
-def test_make_loader_streams_an_s3_url_like_make_remote_loader_and_refuses_worker_processes(
-        corpus, published, moto, tmp_path):  # noqa: F811
+def test_make_loader_streams_an_s3_url_like_make_remote_loader(corpus, published, moto, tmp_path):  # noqa: F811
     url, _ = published
     loader = make_loader(url, CONFIG, cache_dir=tmp_path / "cache", cache_bytes=corpus_decoded(corpus),
                          policy=FAST, endpoint_url=moto)
@@ -317,8 +339,6 @@ def test_make_loader_streams_an_s3_url_like_make_remote_loader_and_refuses_worke
     loader.dataset.stream.close()
     expected = next(iter(make_loader(corpus, CONFIG, cache_dir=tmp_path / "local")))
     np.testing.assert_array_equal(got["input_ids"].numpy(), expected["input_ids"].numpy())
-    with pytest.raises(LoaderConfigError, match="in-process"):
-        make_loader(url, CONFIG, num_workers=2, endpoint_url=moto)
     with pytest.raises(LoaderConfigError, match="remote corpus given for a local one"):
         make_loader(corpus, CONFIG, endpoint_url=moto)
 

@@ -51,6 +51,7 @@ def test_twenty_steps_equal_ten_then_resume_then_ten_bitwise(corpus, tmp_path):
     assert digest(second.model) == digest(whole.model)  # weights and the balancing bias, bit for bit
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, 21))
+    assert [m["step"] for m in metrics if "time_to_first_step" in m] == [1, 11]  # each run's first step
 
 
 WORKER = """

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from test_train import CFG, corpus, loader_for  # noqa: F401 - corpus is a fixture
 
+from marin_train.checkpoint import prune_checkpoints
 from marin_train.cli import _mixture_from, main, summary
 from marin_train.loop import TrainResult, train
 
@@ -97,3 +98,44 @@ def test_mixture_from_changes_the_mixture_on_resume(corpus, tmp_path, capsys):
             main(["export", str(tmp_path / "run/step-00000004"), "--to", str(tmp_path / "model")])
     assert exit_.value.code == 0 and (tmp_path / "model/model.safetensors").is_file()
     assert not [w for w in caught if "torch.distributed is disabled" in str(w.message)]
+
+
+def test_keep_checkpoints_deletes_the_oldest_and_says_so_and_zero_keeps_every_one(corpus, tmp_path, capsys):
+    args = ["--data", str(corpus.root), "--steps", "3", "--batch-size", "2", "--seq-len", "32", "--checkpoint-every",
+            "1"]
+    for keep, run in (("1", tmp_path / "one"), ("0", tmp_path / "all")):
+        with pytest.raises(SystemExit) as exit_:
+            main([*args, "--checkpoint-dir", str(run), "--keep-checkpoints", keep])
+        assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "one").glob("step-*")) == ["step-00000003"]
+    for gone in ("step-00000001", "step-00000002"):
+        assert f"deleted {tmp_path / 'one' / gone} (--keep-checkpoints 1 keeps the newest)" in out
+    assert sorted(p.name for p in (tmp_path / "all").glob("step-*")) == [f"step-0000000{i}" for i in (1, 2, 3)]
+    assert "deleted " + str(tmp_path / "all") not in out
+    # export takes the run directory for its latest checkpoint
+    for source, to in ((tmp_path / "all", tmp_path / "from-run"), (tmp_path / "all" / "step-00000003",
+                                                                    tmp_path / "from-step")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["export", str(source), "--to", str(to)])
+        assert exit_.value.code == 0
+    assert f"exported {tmp_path / 'all' / 'step-00000003'} to {tmp_path / 'from-run'}" in capsys.readouterr().out
+    assert (tmp_path / "from-run" / "model.safetensors").read_bytes() == (
+        tmp_path / "from-step" / "model.safetensors").read_bytes()
+
+
+def test_export_refuses_a_directory_that_is_no_checkpoint_or_run_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(tmp_path), "--to", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert f"{tmp_path}: neither a checkpoint" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_the_checkpoint_just_written_is_kept_even_when_newer_steps_are_there(tmp_path):
+    for step in (100, 150, 200):
+        (tmp_path / f"step-{step:08d}").mkdir()
+    current = tmp_path / "step-00000150"  # a run resumed from an older checkpoint wrote this one
+    deleted = prune_checkpoints(tmp_path, keep=1, current=current)
+    assert sorted(p.name for p in deleted) == ["step-00000100", "step-00000200"]
+    assert [p.name for p in tmp_path.iterdir()] == [current.name]
+    assert prune_checkpoints(tmp_path, keep=0, current=current) == []

@@ -95,14 +95,14 @@ def test_eval_equals_a_plain_forward_over_each_sequence_by_hand(trained):
 
 def test_eval_every_records_what_eval_reports_afterwards(trained):
     records = [json.loads(line) for line in (trained["run"] / "metrics.jsonl").read_text().splitlines()]
-    assert ["eval_loss" in r for r in records] == [False, True, False, True]
+    assert ["eval/loss" in r for r in records] == [False, True, False, True]
     last = records[-1]
     result = evaluate_saved(str(trained["run"]), str(trained["corpus"].root), batch_size=8)  # the run's latest
     assert result.meta["step"] == 4
     # The sharded training model and the whole loaded one compute the same bits (fp32, no expert parallelism).
-    assert {k: v for k, v in result.metrics().items() if k != "eval_seconds"} == \
-        {k: v for k, v in last.items() if k.startswith("eval_") and k != "eval_seconds"}
-    assert set(last) >= {"eval_loss/code", "eval_bpb/prose/a", "eval_tokens"}
+    assert {k: v for k, v in result.metrics().items() if k != "eval/seconds"} == \
+        {k: v for k, v in last.items() if k.startswith("eval/") and k != "eval/seconds"}
+    assert set(last) >= {"eval/code/loss", "eval/prose/a/bpb", "eval/tokens"}
 
 
 def test_max_tokens_evaluates_the_splits_first_sequences(trained):

@@ -143,6 +143,7 @@ class TokenDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
         if info is not None:  # a DataLoader worker: produce only; the main process tracks consumption
+            self.stream.worker_init(info.id, info.num_workers)
             return (self.batch_at(s) for s in self._starts(info.id, info.num_workers))
         return self._deliver(self._starts(0, 1))
 
@@ -151,6 +152,11 @@ class TokenDataset(IterableDataset):
         for start, batch in _ahead(produced, self.prefetch) if self.prefetch else produced:
             self.position = start + self.global_batch  # handed to the trainer: consumed
             yield batch
+
+    def prepare(self) -> None:
+        """Start getting the next batches ready (a remote corpus fetches their shards in the background), e.g.
+        while the model is built: the first batch then waits less."""
+        self.stream.prepare(self.position, self.ranks, self.split)
 
     def consumed(self, batch: dict[str, torch.Tensor]) -> None:
         """Record that ``batch`` was handed to the trainer (`TokenLoader` calls this for worker batches)."""
@@ -256,6 +262,10 @@ class TokenLoader:
         for batch in loader:
             self.dataset.consumed(batch)
             yield batch
+
+    def prepare(self) -> None:
+        """`TokenDataset.prepare`: call it once the position is set (after `load_state_dict`)."""
+        self.dataset.prepare()
 
     def state_dict(self) -> dict[str, Any]:
         return self.dataset.state_dict()

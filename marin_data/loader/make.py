@@ -1,8 +1,8 @@
 """`make_loader`: the one entry point to the loader, for a corpus on local disk or in a store.
 
 A local corpus gets a `TokenStream` read through `TokenDataset` and `TokenLoader` (a torch ``DataLoader``,
-with worker processes if asked); a remote one (``s3://``, ``hf://``) streams in-process through the remote
-shard cache (`marin_data.loader.remote.stream.make_remote_loader`). Both serve the same batches.
+with worker processes if asked); a remote one (``s3://``, ``hf://``) streams through the remote shard cache
+(`marin_data.loader.remote.stream.make_remote_loader`), in-process or in workers. All serve the same batches.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
     Args:
         corpus: a `Corpus`, a local corpus directory, or a remote one (``s3://bucket/prefix``,
             ``hf://datasets/org/name``), which streams through a bounded, verified shard cache
-            (`marin_data.loader.remote.stream.make_remote_loader`; it runs in-process, so ``num_workers`` must be 0).
+            (`marin_data.loader.remote.stream.make_remote_loader`; with ``num_workers``, each worker through its own
+            share of the cache).
         config: what to serve (`LoaderConfig`).
         rank, world_size: default to `torch.distributed` when initialised.
         split: ``"train"`` or ``"validation"``.
@@ -56,11 +57,9 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
                 save({"model": ..., "loader": loader.state_dict()})
     """
     if is_remote(corpus):
-        if num_workers or pin_memory:
-            raise LoaderConfigError("a remote corpus streams in-process: num_workers=0, pin_memory=False")
         return make_remote_loader(str(corpus), config, rank=rank, world_size=world_size, split=split,
-                                  prefetch=prefetch, cache_dir=cache_dir, state=state, strict=strict,
-                                  **remote_options)
+                                  prefetch=prefetch, num_workers=num_workers, pin_memory=pin_memory,
+                                  cache_dir=cache_dir, state=state, strict=strict, **remote_options)
     if remote_options:
         raise LoaderConfigError(f"options for a remote corpus given for a local one: {sorted(remote_options)}")
     stream = TokenStream(corpus, config, cache_dir=cache_dir, verify_shards=verify_shards)

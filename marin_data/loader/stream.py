@@ -353,6 +353,14 @@ class TokenStream:
         """Write this rank's rows of the global batch that starts at ``start`` into ``out`` and return it."""
         return self.fill(ranks.rows(self, start, split), out, split)
 
+    def worker_init(self, worker: int, workers: int) -> None:
+        """Called in DataLoader worker ``worker`` of ``workers`` before it builds batches: a local stream's
+        decodes and maps are per process already; a remote one opens the worker's own cache."""
+
+    def prepare(self, start: int, ranks: RankRows, split: str = "train") -> None:
+        """Get ready to serve the batch at ``start`` and the next ones: a remote stream's cache starts fetching
+        their shards in the background; a local stream has nothing to do."""
+
     def read(self, positions: range | np.ndarray, split: str = "train") -> Batch:
         """The sequences at ``positions`` in fresh buffers (tests, inspection)."""
         if not isinstance(positions, range):

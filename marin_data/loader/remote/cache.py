@@ -125,7 +125,9 @@ class RemoteShardCache:
         self._starved = False  # the last prefetch found no room (see `starved`)
         self._threads = [threading.Thread(target=self._prefetch_loop, name=f"marin-shard-fetch-{i}", daemon=True)
                          for i in range(workers if prefetch else 0)]
+        self._forked = False  # set in a forked child, which inherits this object but none of its threads
         self._adopt()
+        _CACHES.add(self)
         for t in self._threads:
             t.start()
 
@@ -184,6 +186,8 @@ class RemoteShardCache:
 
     def close(self) -> None:
         """Stop the prefetch threads (waiting for fetches in flight, bounded) and release the directory."""
+        if self._forked:  # the parent's lock on the directory is the parent's: releasing it here would free it
+            return
         with self._cond:
             if self._closed:
                 return
@@ -200,8 +204,15 @@ class RemoteShardCache:
         self.close()
 
     def __getstate__(self) -> dict:
-        raise TypeError("a remote shard cache cannot be sent to another process (DataLoader workers): read remote "
-                        "corpora in-process (num_workers=0)")
+        raise TypeError("a remote shard cache cannot be sent to another process: a loader with DataLoader "
+                        "workers opens one in each worker (make_remote_loader(num_workers=...))")
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: the fetch threads do not exist there and the lock may have been held by one of
+        them at the fork, so the copy gets a fresh lock, no threads, and refuses to serve (`_check_open`);
+        maps inherited from the parent still unpin under the fresh lock when they are dropped."""
+        self._cond = threading.Condition(threading.RLock())
+        self._threads, self._closed, self._forked = [], True, True
 
     # --- claiming space -------------------------------------------------------------------------------
     def _claim(self, shard: ShardRecord) -> tuple[_Entry, bool]:
@@ -408,8 +419,23 @@ class RemoteShardCache:
         self._stats = replace(self._stats, high_water=self._used)
 
     def _check_open(self) -> None:
+        if self._forked:
+            raise RuntimeError("this remote shard cache belongs to the process this one was forked from; a "
+                               "DataLoader worker reads through its own (RemoteStream.worker_init)")
         if self._closed:
             raise RuntimeError("the remote shard cache is closed")
+
+
+_CACHES: weakref.WeakSet[RemoteShardCache] = weakref.WeakSet()  # this process's caches, for `_forget_at_fork`
+
+
+def _forget_at_fork() -> None:
+    for cache in list(_CACHES):
+        cache._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_at_fork)
 
 
 def _footprint(shard: ShardRecord) -> int:

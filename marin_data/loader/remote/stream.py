@@ -5,8 +5,10 @@ manifest and shard index as ``download`` does (pinned ``manifest_sha256``: the r
 under the cache directory, and serves batches from a `RemoteStream`: the same `TokenStream` as for a local
 copy, so the same fingerprint and the same sequences, whose shards come from a bounded, verified
 `marin_data.loader.remote.cache.RemoteShardCache`. The stream tells the cache which shards the next batches
-read, so fetching runs ahead of use. `is_remote` tells such a source from a local path. How the prefetch and
-the pinning of open shards work: docs/data.md.
+read, so fetching runs ahead of use. With DataLoader workers, each worker opens its own share of the
+rank's cache from a `CachePlan` (`RemoteStream.worker_init`), and the workers fetch each shard once between
+them. `is_remote` tells such a source from a local path. How the prefetch, the pinning of open shards and
+the workers' caches work: docs/data.md.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ import numpy as np
 from marin_data.atomic import atomic_write_bytes
 from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.corpus.records import ShardRecord
+from marin_data.errors import LoaderConfigError
 from marin_data.layout import MANIFEST, SHARDS_INDEX
 from marin_data.loader.cache import default_cache_dir
 from marin_data.loader.dataset import TokenDataset, TokenLoader, distributed_rank
@@ -34,7 +38,7 @@ from marin_data.stores import open_store
 from marin_data.stores.base import Store
 from marin_data.transfer.plan import DOWNLOAD_POLICY, plan_download
 
-__all__ = ["RemoteStream", "open_remote_corpus", "make_remote_loader", "is_remote", "remote_cache_root"]
+__all__ = ["CachePlan", "RemoteStream", "open_remote_corpus", "make_remote_loader", "is_remote", "remote_cache_root"]
 
 
 def is_remote(source: object) -> bool:
@@ -89,9 +93,13 @@ class RemoteStream(TokenStream):
 
     default_rank_rows = "shard"  # every rank fetching every shard is what costs (`marin_data.loader.ranks`)
 
-    def __init__(self, corpus: Corpus, config: LoaderConfig, *, cache: RemoteShardCache,
-                 lookahead: int | None = None) -> None:
-        super().__init__(corpus, config, source=cache)
+    def __init__(self, corpus: Corpus, config: LoaderConfig, *, cache: RemoteShardCache | None,
+                 lookahead: int | None = None, plan: CachePlan | None = None) -> None:
+        if cache is None and plan is None:
+            raise ValueError("a RemoteStream needs a cache, or the plan its DataLoader workers open theirs from")
+        super().__init__(corpus, config, source=cache if cache is not None else _InWorkers())
+        self.plan = plan
+        self._worker: tuple[int, int] | None = None  # (process id, worker id) `worker_init` opened a cache for
         self.lookahead = lookahead if lookahead is not None else 2 * max(ph.block for ph in self.mixture.phases)
         # (global batch start, this rank's rows, the shards they read): this batch's and the coming ones'
         self._horizon: deque[tuple[int, range | np.ndarray, np.ndarray]] = deque()
@@ -127,18 +135,84 @@ class RemoteStream(TokenStream):
     def fill_batch(self, start: int, ranks: RankRows, out: Batch, split: str = "train") -> Batch:
         """`TokenStream.fill_batch`, with the cache told what comes next, and its open shards released when the
         cache needs the room."""
-        coming = self.upcoming(start, ranks, split)
+        self.prepare(start, ranks, split)
         _, rows, now = self._horizon[0]
-        if coming != self._wanted:
-            self.source.want(coming)
-            self._wanted = coming
         if self._table is not None and (self.source.starved() or not self.source.ready(self.shards[g] for g in now)):
             self._table = None  # unmap every shard the table holds, so the cache may evict them (module docstring)
         return self.fill(rows, out, split)
 
+    def prepare(self, start: int, ranks: RankRows, split: str = "train") -> None:
+        """Tell the cache which shards the batch at ``start`` and the next ones read (`upcoming`): it fetches
+        the first missing ones in the background from now on."""
+        coming = self.upcoming(start, ranks, split)
+        if coming != self._wanted:
+            self.source.want(coming)
+            self._wanted = coming
+
+    def worker_init(self, worker: int, workers: int) -> None:
+        """In DataLoader worker ``worker`` of ``workers``: read through a cache of this worker's own, opened
+        from `plan` (once per worker process). Its directory is the rank's with ``-workerW`` appended, its
+        limit the rank's divided by ``workers`` (so the rank's workers together keep the rank's limit), and
+        it shares fetches with its sibling workers' caches (and the host's other ranks' when they share),
+        so a shard the rank's workers read is fetched once. A forked worker inherits the parent's cache
+        object, but none of its threads: it never reads through it."""
+        if self._worker == (os.getpid(), worker):
+            return
+        if self.plan is None:
+            raise LoaderConfigError("this remote stream has no cache plan for DataLoader workers: make it with "
+                                    "make_remote_loader(..., num_workers=N)")
+        self.source = self.plan.open(worker, workers)
+        self._worker = (os.getpid(), worker)
+        self._table, self._wanted, self._horizon_key = None, [], None
+        self._horizon.clear()
+
     def close(self) -> None:
         """Stop the cache's prefetch threads and release its directory."""
         self.source.close()
+
+
+class _InWorkers:
+    """The source of a main process whose DataLoader workers read the shards (each through its own cache)."""
+
+    def open(self, shard: ShardRecord):
+        raise LoaderConfigError("this loader reads its shards in its DataLoader workers (num_workers > 0); "
+                                "iterate it with TokenLoader, not in the main process")
+
+    def want(self, shards: Sequence[ShardRecord]) -> None:
+        pass  # the workers plan their own fetches
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """How one rank's remote shard caches are opened: the rank's own, or one per DataLoader worker. Plain
+    values only, so that a spawned worker gets it pickled and opens its own stores (a store's connections
+    are not shared across processes, forked or not)."""
+
+    urls: tuple[str, ...]  # the corpus, then its mirrors
+    store_options: dict[str, Any]
+    root: Path  # the cache root: `make_remote_loader`'s cache_dir
+    name: str  # the corpus's manifest sha256, shortened
+    rank: int
+    max_bytes: int  # the rank's limit
+    prefetch: int
+    fetch_workers: int
+    policy: RetryPolicy
+    share: bool  # the host's ranks share fetches (the rank's own workers always do)
+
+    def open(self, worker: int | None = None, workers: int = 1, stores: Sequence[Store] | None = None
+             ) -> RemoteShardCache:
+        """The rank's cache (``worker`` None), or worker ``worker`` of ``workers``'s (`RemoteStream.worker_init`)."""
+        own = f"{self.name}-rank{self.rank}" + ("" if worker is None else f"-worker{worker}")
+        if self.share:
+            peers = self.root / f"{self.name}-peers"
+        else:
+            peers = None if worker is None else self.root / f"{self.name}-rank{self.rank}-peers"
+        stores = stores if stores is not None else [open_store(u, **self.store_options) for u in self.urls]
+        return RemoteShardCache(stores, self.root / own, max_bytes=self.max_bytes // workers, prefetch=self.prefetch,
+                                workers=self.fetch_workers, policy=self.policy, peers=peers)
 
 
 def make_remote_loader(
@@ -157,6 +231,8 @@ def make_remote_loader(
     world_size: int | None = None,
     split: str = "train",
     prefetch: int = 2,
+    num_workers: int = 0,
+    pin_memory: bool = False,
     state: dict[str, Any] | None = None,
     strict: bool = True,
     policy: RetryPolicy = DOWNLOAD_POLICY,
@@ -181,28 +257,35 @@ def make_remote_loader(
         share: the ranks whose caches are under the same ``cache_dir`` (those of one host, by default) fetch each
             shard once between them and hard-link it into each other's caches (`RemoteShardCache` ``peers``).
         rank, world_size: default to `torch.distributed` when initialised.
-        split, prefetch, state, strict: as for `make_loader` (``prefetch``: batches built ahead by a thread).
+        split, prefetch, state, strict: as for `make_loader` (``prefetch``: batches built ahead by a thread,
+            or by each worker).
+        num_workers: DataLoader worker processes; each reads through a cache of its own, which together keep
+            ``cache_bytes`` and fetch each shard once between them (`RemoteStream.worker_init`); the stream,
+            and a resume at another worker count, are those of ``num_workers=0``. pin_memory: as for
+            `make_loader`.
         policy: retries per store.
         **store_options: for `open_store`: ``endpoint_url``, ``anonymous``, ``profile`` (S3), ``endpoint``,
             ``token`` (Hugging Face).
 
     Call ``loader.dataset.stream.close()`` when done (the cache's threads and directory lock; they also end
     with the process). ``loader.dataset.stream.source.stats()`` reports fetches, hits and the cache's
-    high-water mark.
+    high-water mark (in-process; a worker's cache lives and ends with the worker).
     """
     rank, world_size = distributed_rank(rank, world_size)
     stores = [open_store(u, **store_options) for u in (url, *mirrors)]
     root = Path(cache_dir) if cache_dir is not None else remote_cache_root()
     corpus = open_remote_corpus(stores, meta_dir=root / "meta", manifest_sha256=manifest_sha256, policy=policy)
-    name = corpus.manifest_sha256[:16]
-    cache = RemoteShardCache(stores, root / f"{name}-rank{rank}", max_bytes=cache_bytes, prefetch=prefetch_shards,
-                             workers=fetch_workers, policy=policy, peers=root / f"{name}-peers" if share else None)
+    plan = CachePlan((url, *mirrors), dict(store_options), root, corpus.manifest_sha256[:16], rank, cache_bytes,
+                     prefetch_shards, fetch_workers, policy, share)
+    cache = plan.open(stores=stores) if num_workers == 0 else None  # workers open their own
     try:
-        stream = RemoteStream(corpus, config, cache=cache, lookahead=lookahead)
-        dataset = TokenDataset(stream, rank=rank, world_size=world_size, split=split, prefetch=prefetch)
+        stream = RemoteStream(corpus, config, cache=cache, lookahead=lookahead, plan=plan)
+        dataset = TokenDataset(stream, rank=rank, world_size=world_size, split=split,
+                               prefetch=prefetch if num_workers == 0 else 0)
         if state is not None:
             dataset.load_state_dict(state, strict=strict)
     except BaseException:
-        cache.close()
+        if cache is not None:
+            cache.close()
         raise
-    return TokenLoader(dataset)
+    return TokenLoader(dataset, num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=max(1, prefetch))
