@@ -201,3 +201,31 @@ def test_a_datasheet_stating_another_manifest_is_left_out_and_said_so(make_corpu
     report = download(corpus.root, subsets=None, dest=tmp_path / "copy", workers=2, progress=False)
     assert report.ok and not (tmp_path / "copy" / DATASHEET).exists()
     assert report.notes == (f"{corpus.root}/{DATASHEET} states another manifest sha256: not kept",)
+
+
+def test_the_datasheet_falls_back_to_a_mirror_like_any_file(make_corpus, moto, bucket_url, proxy, tmp_path):
+    """The source fails the datasheet after its retries: the mirror's copy is taken; when the mirror holds
+    none, the download still succeeds and says what it could not fetch; only every store failing fails it."""
+    from faultproxy import Fault
+
+    from marin_data.docs.write import write_datasheet
+
+    corpus = make_corpus({"a": [5]})
+    write_datasheet(corpus.root)
+    publish(corpus.root, to=bucket_url, endpoint_url=moto)
+    proxy.add(Fault("status", match=DATASHEET, status=500, times=100))
+    report = download(bucket_url, subsets=None, dest=tmp_path / "d", mirrors=[str(corpus.root)],
+                      endpoint_url=proxy.endpoint, policy=FAST, progress=False)
+    assert report.ok and DATASHEET in report.fetched
+    assert (tmp_path / "d" / DATASHEET).read_bytes() == (corpus.root / DATASHEET).read_bytes()
+
+    bare = make_corpus({"a": [5]}).root  # the same data, no documentation
+    (bare / DATASHEET).unlink(missing_ok=True)
+    report = download(bucket_url, subsets=None, dest=tmp_path / "n", mirrors=[str(bare)],
+                      endpoint_url=proxy.endpoint, policy=FAST, progress=False)
+    assert report.ok and not (tmp_path / "n" / DATASHEET).exists()
+    assert len(report.notes) == 1 and report.notes[0].startswith(f"{DATASHEET}: not fetched (")
+
+    report = download(bucket_url, subsets=None, dest=tmp_path / "f", endpoint_url=proxy.endpoint, policy=FAST,
+                      progress=False)
+    assert [p for p, _ in report.failed] == [DATASHEET]

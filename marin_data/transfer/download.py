@@ -149,17 +149,20 @@ def _fetch_documents(report: DownloadReport, root: Path, stores: Sequence[Store]
 
     It has no listed digest, so its size is bounded and it is kept only when it states the sha256 of the
     manifest being downloaded, as publish requires of it: a datasheet of another version would hand readers
-    a pin that does not verify. A store without one (404) passes to the next; none is fine.
+    a pin that does not verify. A store that fails after its retries passes to the next mirror, as a listed
+    file's fetch does, and so does one without it (404). It fails the download only when every store
+    failed; when the others answered that they hold none, that is noted instead.
     """
     for rel in UNLISTED:
+        errors: list[RemoteError] = []
         for store in stores:
             try:
                 data = retry_call(lambda: store.read_bytes(rel, limit=METADATA_LIMIT), policy=policy,
                                   what=store.describe(rel))
             except RemoteError as e:
-                if e.status == 404:
-                    continue
-                return replace(report, failed=(*report.failed, (rel, str(e))))
+                if e.status != 404:
+                    errors.append(e)
+                continue
             if report.plan.manifest_sha256 not in data.decode("utf-8", errors="replace"):
                 note = f"{store.describe(rel)} states another manifest sha256: not kept"
                 report = replace(report, notes=(*report.notes, note))
@@ -169,6 +172,12 @@ def _fetch_documents(report: DownloadReport, root: Path, stores: Sequence[Store]
                 atomic_write_bytes(root / rel, data, root=root)
                 report = replace(report, fetched=(*report.fetched, rel), bytes_fetched=report.bytes_fetched + len(data))
             break
+        else:
+            if len(errors) == len(stores):
+                report = replace(report, failed=(*report.failed, (rel, str(errors[0]))))
+            elif errors:
+                note = f"{rel}: not fetched ({errors[0]}); the other stores hold none"
+                report = replace(report, notes=(*report.notes, note))
     return report
 
 

@@ -73,7 +73,7 @@ def plan_download(
         RemoteError: no store could serve them.
     """
     pinned = manifest_sha256.strip().lower() if manifest_sha256 else None
-    manifest_bytes, digest = _from_first(stores, lambda s: fetch_manifest(s, pinned, policy), None, MANIFEST)
+    manifest_bytes, digest = _from_first(stores, lambda s: _fetch_manifest(s, pinned, policy), None, MANIFEST)
     manifest = Manifest.from_json(manifest_bytes, f"{stores[0].url}/{MANIFEST}")
     rec = manifest.files.get(SHARDS_INDEX)
     if rec is None:
@@ -92,22 +92,13 @@ def plan_download(
     return plan, manifest_bytes, index_bytes
 
 
-def _fetch_manifest(stores: Sequence[Store], pinned: str | None, policy: RetryPolicy) -> tuple[bytes, str]:
-    """The first manifest that matches the pin (any, unpinned), trying each store in turn."""
-    pinned = pinned.strip().lower() if pinned else None
+def _fetch_manifest(store: Store, pinned: str | None, policy: RetryPolicy) -> tuple[bytes, str]:
+    """`fetch_manifest`, parsed too: a store serving garbage fails here, so the next store is tried."""
+    data, digest = fetch_manifest(store, pinned, policy)
+    Manifest.from_json(data, store.describe(MANIFEST))
+    return data, digest
 
-    def get(store: Store) -> tuple[bytes, str]:
-        data = retry_call(lambda: store.read_bytes(MANIFEST, limit=METADATA_LIMIT), policy=policy,
-                          what=store.describe(MANIFEST))
-        digest = hashlib.sha256(data).hexdigest()
-        if pinned is not None and digest != pinned:
-            raise ManifestHashMismatchError(
-                f"manifest sha256 is {digest}, but {pinned} was pinned: this mirror's copy differs",
-                path=store.describe(MANIFEST), expected=pinned, actual=digest)
-        Manifest.from_json(data, store.describe(MANIFEST))  # a store serving garbage: the next one may not
-        return data, digest
 
-    return _from_first(stores, get, None, MANIFEST)
 def _index(store: Store, task: FileTask, policy: RetryPolicy) -> bytes:
     """The shard index the manifest lists. One the store lacks or holds with other bytes (after the retries
     a damaged transfer deserves) is a copy caught mid-publish: `PublishInProgressError`."""
