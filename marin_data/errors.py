@@ -63,6 +63,7 @@ __all__ = [
     "UnknownModelTokenizerError",
     "ModelTokenizerMismatchError",
     "InvalidScheduleError",
+    "UnpinnedCacheError",
 ]
 
 
@@ -369,3 +370,9 @@ class UnsupportedFormatError(ValueError, MarinDataError):
 class CheckpointDamagedError(ValueError, MarinDataError):
     """A training checkpoint is missing, incomplete or not what its seal says (a file's size or sha256, its
     step). Abort the resume: the message names the file and the newest intact checkpoint to resume from."""
+
+
+class UnpinnedCacheError(UnsupportedFormatError):
+    """The loader was given a Levanter cache (or a store of them) that was never pinned: no SHA-256 vouches for
+    its chunk files, and the loader serves only checked shards. Pin it in place (``marin-data adopt``), then
+    load it."""

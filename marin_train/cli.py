@@ -103,7 +103,8 @@ def data_config(source, *, mirrors, manifest_sha256, endpoint, cache_dir, cache_
 
 @click.command("train", context_settings={"max_content_width": 100})
 @click.option("--data", "source", required=True, metavar="CORPUS",
-              help="A corpus: a local directory, s3://bucket/prefix or hf://datasets/org/name.")
+              help="A corpus or a pinned Levanter cache/store: a local directory, s3://bucket/prefix or "
+                   "hf://datasets/org/name.")
 @click.option("--preset", default="tiny", show_default=True, help="Training preset (model shape and defaults).")
 @click.option("--mixture", multiple=True, metavar="SUBSET=W", help="Mixture weight of a subset or glob (repeat).")
 @click.option("--mixture-from", multiple=True, metavar="STEP:SUBSET=W,...",
@@ -157,6 +158,8 @@ def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute,
       marin-train --data s3://bucket/corpus --endpoint-url http://127.0.0.1:9000 \\
                   --mixture 'code/*=0.3' --mixture 'prose/*=0.7' --cache-gb 4
       marin-train --data hf://datasets/marin/sample --endpoint http://127.0.0.1:8000 --steps 100
+      marin-train --data /data/marin-store --mixture 'cluster=*/quality=4=0.8' \
+                  --mixture 'cluster=*/quality=3=0.2'                 # a store pinned with marin-data adopt
       marin-train --data out/sample --mixture 'code/*=0.3' --mixture 'prose/*=0.7' \\
                   --mixture-from '1000:code/*=0.5,prose/*=0.5' --checkpoint-dir out/run
       marin-train --data out/sample --schedule examples/schedules/sample.yaml --checkpoint-dir out/run \\

@@ -1,10 +1,11 @@
 """The data side of a run: the loader a `TrainConfig` describes, then the training loop on it.
 
 A local corpus goes through `make_loader`, a remote one (``s3://``, ``hf://``) through `make_remote_loader`,
-with this process's rank and world size from ``torch.distributed``. The model's vocabulary is the corpus
-tokenizer's, and a run with a checkpoint directory keeps a copy of that ``tokenizer.json`` there (what
-``marin-train generate`` decodes with). `eval_stream` is the held-out stream `marin_train.evaluate` reads:
-built beside the training stream for ``--eval-every``, or on its own for ``marin-train eval``.
+with this process's rank and world size from ``torch.distributed``; either may be a pinned Levanter cache
+or store (its cells are the subsets). The model's vocabulary is the corpus tokenizer's, and a run with a
+checkpoint directory keeps a copy of that ``tokenizer.json`` there (what ``marin-train generate`` decodes
+with). `eval_stream` is the held-out stream `marin_train.evaluate` reads: built beside the training stream
+for ``--eval-every``, or on its own for ``marin-train eval``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from marin_data.errors import InvalidScheduleError, InvalidTokenizerError, Loade
 from marin_data.layout import MANIFEST, TOKENIZER
 from marin_data.loader import LoaderConfig, Phase, make_loader
 from marin_data.loader.remote.stream import is_remote, make_remote_loader
-from marin_data.loader.stream import TokenStream
+from marin_data.loader.stream import TokenStream, load_local
 from marin_data.raw.tokenizer import LoadedTokenizer, token_byte_lengths, tokenizer_from_bytes
 from marin_data.stores import open_store
 from marin_data.transfer.plan import plan_download
@@ -77,7 +78,7 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
                                     cache_dir=data.cache_dir, cache_bytes=data.cache_bytes, rank=rank,
                                     world_size=world_size, **dict(data.store_options))
     else:
-        corpus = load_corpus(data.source, manifest_sha256=data.manifest_sha256)
+        corpus = load_local(data.source, manifest_sha256=data.manifest_sha256)
         loader = make_loader(corpus, config, rank=rank, world_size=world_size, cache_dir=data.cache_dir)
     if data.schedule is not None:
         try:
@@ -103,7 +104,7 @@ def eval_stream(source: str, config: LoaderConfig, *, data: DataConfig = DataCon
         return make_remote_loader(source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
                                   cache_dir=data.cache_dir, cache_bytes=data.cache_bytes,
                                   **dict(data.store_options)).dataset.stream
-    corpus = load_corpus(source, manifest_sha256=data.manifest_sha256)
+    corpus = load_local(source, manifest_sha256=data.manifest_sha256)
     record = read_download_record(corpus.root)
     if config.subsets is None and record is not None:
         config = dataclasses.replace(config, subsets=list(record.subsets))

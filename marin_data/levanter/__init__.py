@@ -24,6 +24,9 @@ The public API (docs/design.md, "Levanter caches", says why it looks like this):
 - ``adopt(path, tokenizer=, name=, license=) -> AdoptReport``: pin a cache or store in place (its
   ``manifest_sha256`` is the new root of trust); `cell_prefixes(manifest)` maps a pinned corpus's subsets
   to their cache roots.
+- ``PinnedCells(corpus, read)``: a pinned corpus's cells as the loader reads them, every file through
+  ``read`` (checked against the index): ``chunks(subset)`` its data chunk rows in flat-token order,
+  ``decode(shard, data)`` one into the loader's local form, ``context(shard)`` what that decode depends on.
 - ``cache_info(url) -> CacheInfo`` and ``show_cache(url, tokenizer=, subset=, n=, row=)``: ``info`` and
   ``show`` on an unpinned cache or store.
 """
@@ -31,6 +34,7 @@ The public API (docs/design.md, "Levanter caches", says why it looks like this):
 from marin_data.levanter.adopt import AdoptReport, adopt
 from marin_data.levanter.arraymeta import LZ4, ZSTD, ArrayMeta, Blosc
 from marin_data.levanter.cache import CachePart, ChunkFile, LevanterCache, chunk_documents, open_cache
+from marin_data.levanter.cells import PinnedCells
 from marin_data.levanter.checks import check_cache
 from marin_data.levanter.chunkfile import decode_chunk
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
@@ -43,4 +47,4 @@ from marin_data.levanter.writer import CacheWriter, write_cache
 __all__ = ["AdoptReport", "adopt", "LZ4", "ZSTD", "ArrayMeta", "Blosc", "CachePart", "ChunkFile", "LevanterCache",
            "open_cache", "chunk_documents", "check_cache", "decode_chunk", "CACHE", "CORPUS", "STORE", "Source",
            "detect", "Ledger", "cell_prefixes", "is_pinned_cache", "CacheInfo", "cache_info", "show_cache",
-           "verify_source", "CacheWriter", "write_cache"]
+           "verify_source", "CacheWriter", "write_cache", "PinnedCells"]

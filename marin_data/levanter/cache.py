@@ -132,7 +132,7 @@ def chunk_documents(tokens: np.ndarray, ends: np.ndarray, start: int) -> tuple[n
     tail opening the next; ``ends`` are the part's document ends (`LevanterCache.document_ends`)."""
     stop = start + len(tokens)
     inside = ends[np.searchsorted(ends, start, "right"):np.searchsorted(ends, stop, "left")] - start
-    return tokens.astype(np.uint32), np.concatenate([[0], inside, [len(tokens)]]).astype(np.int64)
+    return tokens.astype(np.uint32, copy=False), np.concatenate([[0], inside, [len(tokens)]]).astype(np.int64)
 
 
 def _read_json(store: Store, path: str, parse, *, missing: str):

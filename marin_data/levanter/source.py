@@ -4,7 +4,7 @@ retried as downloads are (`DOWNLOAD_POLICY`), a missing file told apart from a f
 from __future__ import annotations
 
 from marin_data.errors import CacheFormatError, RemoteError
-from marin_data.retry import retry_call
+from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores.base import Store
 from marin_data.transfer.plan import DOWNLOAD_POLICY
 
@@ -16,8 +16,8 @@ def join(prefix: str, name: str) -> str:
     return f"{prefix.rstrip('/')}/{name}" if prefix else name
 
 
-def read_file(store: Store, path: str, *, limit: int) -> bytes | None:
-    """The whole of ``path``, or None when it does not exist.
+def read_file(store: Store, path: str, *, limit: int, policy: RetryPolicy = DOWNLOAD_POLICY) -> bytes | None:
+    """The whole of ``path``, or None when it does not exist (retried as ``policy`` says).
 
     Raises:
         CacheFormatError: it is larger than ``limit`` (refused as it arrives, never buffered).
@@ -35,7 +35,7 @@ def read_file(store: Store, path: str, *, limit: int) -> bytes | None:
         return b"".join(pieces)
 
     try:
-        return retry_call(get, policy=DOWNLOAD_POLICY, what=store.describe(path))
+        return retry_call(get, policy=policy, what=store.describe(path))
     except RemoteError as e:
         if getattr(e, "status", None) == 404:
             return None

@@ -1,4 +1,4 @@
-"""Exact, elastic, mixture-weighted token batches from a local or remote corpus.
+"""Exact, elastic, mixture-weighted token batches from a local or remote corpus (or a pinned Levanter cache).
 
 The sequence served at global position ``i`` is a pure function of the selected shards, the mixture
 schedule, the seed, ``seq_len`` and ``i`` (`TokenStream`); ranks, DataLoader workers and resume are

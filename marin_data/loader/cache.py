@@ -20,6 +20,12 @@ the ``tokens`` column; document ids are not needed), served at once from memory 
 a background thread fsyncs and renames them into place. *Measured* on 3M-token shards: the two
 fsyncs took as long as the decode itself, so waiting for them would halve the first pass.
 
+A pinned Levanter cache (``cells``, a `marin_data.levanter.PinnedCells`) decodes the same way: its shard
+is a data chunk file, read whole, hashed, and decoded from those very bytes into the same two files (its
+``offsets`` cut at the document ends inside the chunk, `marin_data.levanter.chunk_documents`). Such a decode
+also depends on the files around the chunk (its part's offsets, ``zarr.json`` and ledger), so its seal
+records a digest of them too (``context``), and a decode sealed for other surroundings is decoded again.
+
 The interface the loader needs is one method, ``open(shard) -> DecodedShard``; the remote
 shard cache (`marin_data.loader.remote.cache`) is a bounded LRU store behind the same method.
 """
@@ -29,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import hashlib
 import json
 import logging
 import mmap
@@ -39,7 +46,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -50,7 +57,11 @@ from marin_data.errors import ShardChecksumError, ShardFormatError, ShardMissing
 from marin_data.parquet_io import open_parquet
 from marin_data.untrusted_json import loads
 
-__all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "default_cache_dir", "map_npy", "SEAL", "sealed"]
+if TYPE_CHECKING:
+    from marin_data.levanter.cells import PinnedCells
+
+__all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "LocalFiles", "read_checked", "default_cache_dir",
+           "map_npy", "SEAL", "sealed"]
 
 log = logging.getLogger(__name__)
 SEAL = "decoded.json"  # written last, by the loader only: the decode beside it is whole and unchanged
@@ -83,11 +94,13 @@ class DecodedShardCache:
         cache_dir: where decoded shards live; see `default_cache_dir`.
         max_open: shards kept memory-mapped at once (two maps each; Linux allows ~65,000 maps a process).
         verify: check each shard's SHA-256 and size against the index before decoding it.
+        cells: for a pinned Levanter cache, its cells (shards are its data chunk files); None: Parquet shards.
     """
 
     def __init__(self, corpus_root: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
-                 *, max_open: int = 256, verify: bool = True) -> None:
+                 *, max_open: int = 256, verify: bool = True, cells: PinnedCells | None = None) -> None:
         self.corpus_root = Path(corpus_root)
+        self.cells = cells
         self._default_dir = cache_dir is None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.max_open = max_open
@@ -103,9 +116,13 @@ class DecodedShardCache:
         d = self.cache_dir / shard.sha256[:2] / shard.sha256
         return d / "tokens.npy", d / "offsets.npy"
 
+    def context(self, shard: ShardRecord) -> str | None:
+        """What a decode depends on besides the shard's bytes (sealed with it): None for a Parquet shard."""
+        return None if self.cells is None else self.cells.context(shard)
+
     def ensure(self, shard: ShardRecord) -> None:
         """Decode ``shard`` unless its decode is already there, and wait until it is on disk."""
-        if not sealed(self.paths(shard)[0].parent, shard):
+        if not sealed(self.paths(shard)[0].parent, shard, self.context(shard)):
             self._decode(shard, wait=True)
 
     def open(self, shard: ShardRecord) -> DecodedShard:
@@ -115,13 +132,13 @@ class DecodedShardCache:
             self._open.move_to_end(shard.sha256)
             return hit
         tokens_path, offsets_path = self.paths(shard)
-        if sealed(tokens_path.parent, shard):
+        context = self.context(shard)
+        if sealed(tokens_path.parent, shard, context):
             decoded = _map(tokens_path, offsets_path)
         else:
             with _pending_lock:
-                decoded = _pending.get(str(tokens_path))
-            if decoded is None:
-                decoded = self._decode(shard, wait=False)
+                pending = _pending.get(str(tokens_path))
+            decoded = pending[1] if pending is not None and pending[0] == context else self._decode(shard, wait=False)
         self._open[shard.sha256] = decoded
         while len(self._open) > self.max_open:
             self._open.popitem(last=False)
@@ -138,15 +155,20 @@ class DecodedShardCache:
         from filelock import FileLock
 
         tokens_path, offsets_path = self.paths(shard)
+        context = self.context(shard)
         if self._default_dir:
             _say_where(self.cache_dir)
         with SafeDir.of(tokens_path, self.cache_dir) as folder:  # no link below the cache folder is followed
             folder.regular("decode.lock")
+        with _pending_lock:
+            pending = _pending.get(str(tokens_path))
+        if pending is not None:  # this process is still storing a decode there (of another context): let it end
+            pending[2].wait()
         # thread_local=False: the publishing thread releases it, so other processes wait for the final files.
         lock = FileLock(str(tokens_path.parent / "decode.lock"), thread_local=False)
         lock.acquire()
         try:
-            if sealed(tokens_path.parent, shard):  # another process decoded it while we waited
+            if sealed(tokens_path.parent, shard, context):  # another process decoded it while we waited
                 lock.release()
                 return _map(tokens_path, offsets_path)
             (tokens_path.parent / SEAL).unlink(missing_ok=True)  # a stale seal must not outlive its files
@@ -154,26 +176,32 @@ class DecodedShardCache:
                 # Entered tokens first: the stack closes in reverse, publishing offsets before the tokens marker.
                 tokens_tmp = files.enter_context(atomic_path(tokens_path, root=self.cache_dir))
                 offsets_tmp = files.enter_context(atomic_path(offsets_path, root=self.cache_dir))
-                _decode_into(self.corpus_root / shard.path, shard, tokens_tmp, offsets_tmp, verify=self.verify)
+                if self.cells is None:
+                    _decode_into(self.corpus_root / shard.path, shard, tokens_tmp, offsets_tmp, verify=self.verify)
+                else:
+                    _decode_chunk_into(self.corpus_root / shard.path, shard, self.cells, tokens_tmp, offsets_tmp,
+                                       verify=self.verify)
                 decoded = _map(tokens_tmp, offsets_tmp)
                 publish = files.pop_all()
         except BaseException:
             lock.release()
             raise
+        done = threading.Event()
         if wait:
-            _publish(publish, lock, shard, str(tokens_path))
+            _publish(publish, lock, shard, str(tokens_path), context, done)
         else:
             with _pending_lock:
-                _pending[str(tokens_path)] = decoded
+                _pending[str(tokens_path)] = (context, decoded, done)
             self._publisher = _own_thread(self._publisher, "marin-decode-publish")
-            self._publisher[1].submit(_publish, publish, lock, shard, str(tokens_path))
+            self._publisher[1].submit(_publish, publish, lock, shard, str(tokens_path), context, done)
         return decoded
 
 
-# Decodes of this process still being stored, by final tokens path: another cache object in this process
-# (another rank's dataset, say) maps the same temporary files instead of waiting on the file lock, which
-# the storing thread holds (filelock refuses a second acquisition from one thread as a deadlock).
-_pending: dict[str, DecodedShard] = {}
+# Decodes of this process still being stored, by final tokens path: (context, the decode, set once stored).
+# Another cache object in this process (another rank's dataset, say) maps the same temporary files instead of
+# waiting on the file lock, which the storing thread holds (filelock refuses a second acquisition from one
+# thread as a deadlock); one that needs another context's decode there waits until it is stored.
+_pending: dict[str, tuple[str | None, DecodedShard, threading.Event]] = {}
 _pending_lock = threading.Lock()
 _said: set[Path] = set()
 
@@ -186,14 +214,17 @@ def _say_where(folder: Path) -> None:
                     folder)
 
 
-def _publish(files: contextlib.ExitStack, lock, shard: ShardRecord, key: str) -> None:
+def _publish(files: contextlib.ExitStack, lock, shard: ShardRecord, key: str, context: str | None,
+             done: threading.Event) -> None:
     """fsync and rename the decoded files into place (offsets, then tokens), seal them, then let other
-    processes in."""
+    processes (and ``done``'s waiters) in."""
     try:
         files.close()
         folder = Path(key).parent
         stat = {name: _stat(folder / name) for name in ("tokens.npy", "offsets.npy")}
         seal = {"sha256": shard.sha256, "docs": shard.docs, "tokens": shard.tokens, "files": stat}
+        if context is not None:  # a Parquet shard's seal keeps its old form
+            seal["context"] = context
         atomic_write_bytes(folder / SEAL, json.dumps(seal, sort_keys=True).encode())
     except OSError as e:  # the maps stay valid; the next process to need the shard decodes it again
         log.warning("could not store the decode of %s: %s", shard.path, e)
@@ -201,6 +232,7 @@ def _publish(files: contextlib.ExitStack, lock, shard: ShardRecord, key: str) ->
         with _pending_lock:
             _pending.pop(key, None)
         lock.release()
+        done.set()
 
 
 def _stat(path: Path) -> list[int]:
@@ -208,9 +240,10 @@ def _stat(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
-def sealed(folder: Path, shard: ShardRecord | None = None) -> bool:
-    """Whether ``folder`` holds a decode the loader wrote whole (of ``shard``, when given) and nobody changed
-    since: its seal names the shard and counts, and each file still has the size and mtime sealed."""
+def sealed(folder: Path, shard: ShardRecord | None = None, context: str | None = None) -> bool:
+    """Whether ``folder`` holds a decode the loader wrote whole (of ``shard`` in ``context``, when given) and
+    nobody changed since: its seal names the shard, counts and context, and each file still has the size and
+    mtime sealed."""
     try:
         if (folder / SEAL).stat().st_size > _SEAL_LIMIT:
             return False
@@ -220,8 +253,8 @@ def sealed(folder: Path, shard: ShardRecord | None = None) -> bool:
             return False
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return shard is None or (seal.get("sha256"), seal.get("docs"), seal.get("tokens")) == (
-        shard.sha256, shard.docs, shard.tokens)
+    return shard is None or (seal.get("sha256"), seal.get("docs"), seal.get("tokens"), seal.get("context")) == (
+        shard.sha256, shard.docs, shard.tokens, context)
 
 
 def _map(tokens_path: Path, offsets_path: Path) -> DecodedShard:
@@ -274,6 +307,58 @@ def _fill_pages(address: int, size: int, mapping: mmap.mmap | None = None) -> in
 @functools.lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass(frozen=True)
+class LocalFiles:
+    """The rows of a corpus on local disk, read whole and checked (`read_checked`): the reader a
+    `marin_data.levanter.PinnedCells` of a local pinned cache is given."""
+
+    root: Path
+    verify: bool = True
+
+    def __call__(self, row: ShardRecord) -> bytes:
+        return read_checked(self.root / row.path, row, verify=self.verify)
+
+
+def read_checked(source: Path, shard: ShardRecord, *, verify: bool = True) -> bytes:
+    """The whole of a row's file (at most ``shard.bytes`` + 1 bytes are read), checked against its size and
+    SHA-256 when ``verify``: the bytes a decode then reads are the bytes that were hashed.
+
+    Raises:
+        ShardMissingError: the file is not there; ShardChecksumError: its size or SHA-256 differs.
+    """
+    try:
+        with open(source, "rb") as f:
+            data = f.read(shard.bytes + 1)
+    except FileNotFoundError:
+        raise ShardMissingError(f"file of subset {shard.subset!r} is not on local disk", path=str(source)) from None
+    if verify:
+        digest = hashlib.sha256(data).hexdigest()
+        if (digest, len(data)) != (shard.sha256, shard.bytes):
+            raise ShardChecksumError(f"sha256/size {digest[:12]}…/{len(data)}{'+' * (len(data) > shard.bytes)} != "
+                                     f"{shard.sha256[:12]}…/{shard.bytes} listed in the shard index: the file was "
+                                     "modified", path=str(source), expected=shard.sha256, actual=digest)
+    return data
+
+
+def _decode_chunk_into(source: Path, shard: ShardRecord, cells: PinnedCells, tokens_path: Path, offsets_path: Path,
+                       *, verify: bool) -> None:
+    """Decode a pinned cache's data chunk file into ``.npy`` files, from the bytes that were hashed.
+
+    Raises:
+        ShardMissingError, ShardChecksumError: as `read_checked`.
+        CacheFormatError: the file does not decode (`marin_data.levanter.PinnedCells.decode`).
+        ShardFormatError: it holds another number of tokens than the index says.
+    """
+    tokens, offsets = cells.decode(shard, read_checked(source, shard, verify=verify))
+    if len(tokens) != shard.tokens:
+        raise ShardFormatError(f"decodes to {len(tokens)} tokens, the index says {shard.tokens}", path=str(source),
+                               expected=shard.tokens, actual=len(tokens))
+    for path, array in ((tokens_path, tokens), (offsets_path, offsets)):
+        with open(path, "wb") as f:
+            _npy_header(f, array.dtype, len(array))
+            f.write(memoryview(np.ascontiguousarray(array)))
 
 
 def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *, verify: bool) -> None:

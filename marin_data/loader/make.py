@@ -32,6 +32,8 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
             ``hf://datasets/org/name``), which streams through a bounded, verified shard cache
             (`marin_data.loader.remote.stream.make_remote_loader`; with ``num_workers``, each worker through its own
             share of the cache).
+            Any of them may be a Levanter cache or store pinned with ``marin-data adopt`` (its cells are the
+            subsets); an unpinned one is refused (`UnpinnedCacheError`).
         config: what to serve (`LoaderConfig`).
         rank, world_size: default to `torch.distributed` when initialised.
         split: ``"train"`` or ``"validation"``.

@@ -1,9 +1,17 @@
 """Packing: sequences are fixed windows over a subset's concatenated documents, with document boundaries.
 
-Sequence ``j`` of a shard is its tokens ``[j·L, j·L + L + 1)`` (``L = seq_len``): consecutive windows
-overlap by one token, so every input position has a label; a window never crosses a shard end, and the
-last ``(T - 1) % L`` tokens of a shard of ``T`` are never served. The subset numbers its windows shard after
-shard (`SubsetTokens.window_starts`), on the same grid every epoch. Why: docs/data.md.
+`PACKINGS` names the two ways (``LoaderConfig.packing``); each is one pure function from a subset's shards
+to its window grid (`Packing.windows`), and its own batch kernel. ``L = seq_len``:
+
+- ``"overlap"`` (the default): sequence ``j`` of a shard is its tokens ``[j·L, j·L + L + 1)``: consecutive
+  windows overlap by one token, so every input position has a label; a window never crosses a shard end,
+  and the last ``(T - 1) % L`` tokens of a shard of ``T`` are never served.
+- ``"levanter"``: Levanter's own windows: sequence ``i`` of a subset is its flat tokens ``[i·L, (i+1)·L)``,
+  across document, shard and chunk-file ends, the subset's last ``T % L`` tokens dropped. No overlap: the
+  last input position of a window has no label (below).
+
+The subset numbers its windows shard after shard (`SubsetTokens.window_starts`; a ``"levanter"`` window
+belongs to the shard holding its first token), on the same grid every epoch. Why: docs/data.md.
 
 **Batch contract** (what a model may rely on). For a rank's batch of ``B`` sequences:
 
@@ -12,6 +20,9 @@ shard (`SubsetTokens.window_starts`), on the same grid every epoch. Why: docs/da
   ``input_ids[:, p]``, so ``labels[:, :-1] == input_ids[:, 1:]``. Each is contiguous (``labels.view(-1)``
   works), written directly by the batch kernel.
   At a document's last input position (its EOS) the label is the first token of the next document.
+  With ``"levanter"`` packing a window has only ``L`` tokens, so ``labels[:, -1]`` is `IGNORE` (-100, the
+  ``ignore_index`` of ``torch.nn.functional.cross_entropy``): as in Levanter, whose loss mask drops the
+  last position, each window trains on ``L - 1`` targets.
 - ``subset``: ``[B]`` int64, the index of each row's subset in ``dataset.subsets``.
 - ``index``: ``[B]`` int64, the global stream position of each row (the resume state is counted in these).
 
@@ -28,13 +39,14 @@ With ``LoaderConfig(segments=True)`` (document masking), two more:
 
 They are off by default because they cost: at 8 x 4096 they add 262 KB to the 524 KB of token arrays and
 about half to the time a batch takes (*measured*: 74-83 vs 48-53 us; docs/benchmarks.md). The stream is the
-same either way.
+same either way. ``"levanter"`` packing has none: its windows run across shard ends, where the loader's
+local form of a cache's chunk file cannot tell a document that starts there from one that goes on.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numba
@@ -46,7 +58,40 @@ from numba.extending import intrinsic
 from marin_data.corpus.records import ShardRecord
 from marin_data.loader.cache import ShardSource
 
-__all__ = ["SubsetTokens", "Batch", "batch_layout", "new_batch", "shard_rows", "ShardTable", "pack_rows"]
+__all__ = ["PACKINGS", "DEFAULT_PACKING", "IGNORE", "Packing", "SubsetTokens", "Batch", "batch_layout", "new_batch",
+           "shard_rows", "window_shards", "ShardTable", "pack_rows"]
+
+IGNORE = -100  # a label no loss counts (cross_entropy's default ignore_index)
+
+
+def _overlap_windows(cumulative: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    per_shard = np.maximum(0, (np.diff(cumulative) - 1) // seq_len)
+    return np.concatenate(([0], np.cumsum(per_shard))).astype(np.int64), cumulative.astype(np.int64)
+
+
+def _levanter_windows(cumulative: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    # window i starts at token i·L; shard k holds those whose first token is in it: ceil(cum[k] / L) onwards
+    starts = np.minimum(-(-cumulative // seq_len), cumulative[-1] // seq_len).astype(np.int64)
+    return starts, starts * seq_len
+
+
+@dataclass(frozen=True)
+class Packing:
+    """One way of cutting a subset's tokens into sequences (module docstring)."""
+
+    # (cumulative [shards + 1] tokens, L) -> (starts, first): shard k holds the subset's windows
+    # [starts[k], starts[k+1]), the first of them at subset token first[k], the next ones L tokens apart
+    windows: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+    extra: int  # tokens a window holds beyond L (the label of its last input position)
+    crosses_shards: bool  # a window may run on into the next shards
+    segments: bool  # batches may carry segment ids and positions
+
+
+PACKINGS: dict[str, Packing] = {
+    "overlap": Packing(_overlap_windows, extra=1, crosses_shards=False, segments=True),
+    "levanter": Packing(_levanter_windows, extra=0, crosses_shards=True, segments=False),
+}
+DEFAULT_PACKING = "overlap"
 
 
 @dataclass(frozen=True)
@@ -54,24 +99,24 @@ class SubsetTokens:
     """One subset's token stream as shards: ``O(shards)`` numpy metadata, nothing per document."""
 
     name: str
-    shards: tuple[ShardRecord, ...]  # in path order
+    shards: tuple[ShardRecord, ...]  # in stream order
     cumulative: np.ndarray  # [shards + 1] int64: shard k holds stream tokens [cumulative[k], cumulative[k+1])
 
     @classmethod
     def from_shards(cls, name: str, shards: Sequence[ShardRecord]) -> SubsetTokens:
-        ordered = tuple(sorted(shards, key=lambda s: s.path))
-        counts = np.fromiter((s.tokens for s in ordered), dtype=np.int64, count=len(ordered))
-        return cls(name, ordered, np.concatenate(([0], np.cumsum(counts))))
+        """The subset's stream: ``shards`` in the order given (a Parquet subset's by path, a cache's in the
+        order of its flat tokens)."""
+        counts = np.fromiter((s.tokens for s in shards), dtype=np.int64, count=len(shards))
+        return cls(name, tuple(shards), np.concatenate(([0], np.cumsum(counts))))
 
     @property
     def tokens(self) -> int:
         return int(self.cumulative[-1])
 
-    def window_starts(self, seq_len: int) -> np.ndarray:
-        """``[shards + 1]`` int64: shard ``k`` holds the subset's windows ``[starts[k], starts[k+1])``, one per
-        ``seq_len`` tokens after the first (a shard of ``T`` tokens: ``(T - 1) // seq_len``)."""
-        per_shard = np.maximum(0, (np.diff(self.cumulative) - 1) // seq_len)
-        return np.concatenate(([0], np.cumsum(per_shard))).astype(np.int64)
+    def window_starts(self, seq_len: int, packing: str = DEFAULT_PACKING) -> np.ndarray:
+        """``[shards + 1]`` int64: shard ``k`` holds the subset's windows ``[starts[k], starts[k+1])`` (with
+        ``"overlap"`` packing, one per ``seq_len`` tokens after the first: ``(T - 1) // seq_len`` of ``T``)."""
+        return PACKINGS[packing].windows(self.cumulative, seq_len)[0]
 
 
 @dataclass(frozen=True)
@@ -84,7 +129,7 @@ class Batch:
 
     buffer: np.ndarray  # [bytes] uint8: everything below
     input_ids: np.ndarray  # [B, L] int64: tokens 0..L-1 of each window
-    labels: np.ndarray  # [B, L] int64: tokens 1..L of each window
+    labels: np.ndarray  # [B, L] int64: tokens 1..L of each window (packing="levanter": the last is IGNORE)
     subset: np.ndarray  # [B] int64
     index: np.ndarray  # [B] int64
     segment_ids: np.ndarray | None = None  # [B, L] int32, when segments are asked for
@@ -133,6 +178,70 @@ def shard_rows(subset, start, cum_flat, cum_offsets):
         shard[r] = cum_offsets[s] - s + k
         lo[r] = start[r] - cum[k]
     return shard, lo
+
+
+@numba.njit(cache=True, nogil=True)
+def window_shards(subset, start, length, cum_flat, cum_offsets):
+    """The global shards that the windows of ``length`` tokens starting at ``start[r]`` of subset
+    ``subset[r]`` read (`shard_rows`' layout): ``[P]`` int64 in row order, each shard once per row that reads
+    some of its tokens (a window may run across shards)."""
+    out = np.empty(subset.shape[0], np.int64)
+    n = 0
+    for r in range(subset.shape[0]):
+        s = subset[r]
+        cum = cum_flat[cum_offsets[s] : cum_offsets[s + 1]]
+        k = np.searchsorted(cum, start[r], side="right") - 1
+        while k < cum.shape[0] - 1 and cum[k] < start[r] + length:
+            if cum[k + 1] > cum[k]:
+                if n == out.shape[0]:
+                    grown = np.empty(2 * n, np.int64)
+                    grown[:n] = out
+                    out = grown
+                out[n] = cum_offsets[s] - s + k
+                n += 1
+            k += 1
+    return out[:n]
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_windows(tokens_at, tokens_len, slot_of, used, stamp, subset, start, cum_flat, cum_offsets, input_ids,
+                  labels, out_subset):
+    """Fill a batch of ``"levanter"`` windows (``input_ids.shape[1]`` tokens from ``start[r]``, across shard
+    ends) if every shard they read is in a slot (``slot_of``); return -1 then, else a missing shard (and
+    write nothing). ``labels`` are the inputs shifted by one, the last `IGNORE`."""
+    length = input_ids.shape[1]
+    for r in range(subset.shape[0]):
+        s = subset[r]
+        cum = cum_flat[cum_offsets[s] : cum_offsets[s + 1]]
+        k = np.searchsorted(cum, start[r], side="right") - 1
+        while k < cum.shape[0] - 1 and cum[k] < start[r] + length:
+            if cum[k + 1] > cum[k] and slot_of[cum_offsets[s] - s + k] < 0:
+                return cum_offsets[s] - s + k
+            k += 1
+    for r in range(subset.shape[0]):
+        s = subset[r]
+        cum = cum_flat[cum_offsets[s] : cum_offsets[s + 1]]
+        k = np.searchsorted(cum, start[r], side="right") - 1
+        pos, end, p = start[r], start[r] + length, 0
+        ids = input_ids[r]
+        while pos < end and k < cum.shape[0] - 1:  # (a window past the subset's end is not located)
+            stop = min(end, cum[k + 1])
+            if stop > pos:
+                slot = slot_of[cum_offsets[s] - s + k]
+                used[slot] = stamp
+                tokens = _tokens_at(tokens_at, tokens_len, slot)
+                lo = pos - cum[k]
+                for q in range(stop - pos):
+                    ids[p + q] = tokens[lo + q]
+                p += stop - pos
+                pos = stop
+            k += 1
+        next_ids = labels[r]
+        for q in range(length - 1):
+            next_ids[q] = ids[q + 1]
+        next_ids[length - 1] = IGNORE
+        out_subset[r] = s
+    return -1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -271,25 +380,34 @@ class ShardTable:
         self.held += [None] * extra
 
 
-def pack_rows(table: ShardTable, subset: np.ndarray, start: np.ndarray, seq_len: int, out: Batch) -> None:
+def pack_rows(table: ShardTable, subset: np.ndarray, start: np.ndarray, seq_len: int, out: Batch,
+              packing: str = DEFAULT_PACKING) -> None:
     """Fill ``out`` with the windows starting at stream token ``start[r]`` of subset ``subset[r]``: one compiled
     call per batch, and another after opening the shards it reads when one is not open yet.
 
     Args:
         table: the stream's shards (`ShardTable`).
-        subset, start: ``[B]`` int64; each window lies in one shard (`window_starts`).
-        seq_len: ``L``; each window is ``L + 1`` tokens.
+        subset, start: ``[B]`` int64; with ``"overlap"`` packing each window lies in one shard (`window_starts`).
+        seq_len: ``L``; each window is ``L + Packing.extra`` tokens.
         out: buffers with ``B`` rows; its ``segment_ids`` and ``positions`` are filled when it has them.
+        packing: a name in `PACKINGS`.
     """
-    segment_ids, positions = (out.segment_ids, out.positions) if out.segment_ids is not None else _NO_SEGMENTS
     table.batches += 1
     for _ in range(2):  # `slots` opens every shard the batch reads, so the second call never misses
-        missing = _fill_batch(table.tokens_at, table.tokens_len, table.offsets_at, table.offsets_len, table.slot_of,
-                              table.used, table.batches, subset, start, table.cum_flat, table.cum_offsets,
-                              out.input_ids, out.labels, out.subset, segment_ids, positions, _ramp(seq_len))
+        if PACKINGS[packing].crosses_shards:
+            missing = _fill_windows(table.tokens_at, table.tokens_len, table.slot_of, table.used, table.batches,
+                                    subset, start, table.cum_flat, table.cum_offsets, out.input_ids, out.labels,
+                                    out.subset)
+        else:
+            segment_ids, positions = (out.segment_ids, out.positions) if out.segment_ids is not None else _NO_SEGMENTS
+            missing = _fill_batch(table.tokens_at, table.tokens_len, table.offsets_at, table.offsets_len,
+                                  table.slot_of, table.used, table.batches, subset, start, table.cum_flat,
+                                  table.cum_offsets, out.input_ids, out.labels, out.subset, segment_ids, positions,
+                                  _ramp(seq_len))
         if missing < 0:
             return
-        table.slots(shard_rows(subset, start, table.cum_flat, table.cum_offsets)[0])
+        table.slots(window_shards(subset, start, seq_len + PACKINGS[packing].extra, table.cum_flat,
+                                  table.cum_offsets))
     raise AssertionError(f"shard {missing} is not in the shard table after opening it")
 
 

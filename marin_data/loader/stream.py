@@ -7,6 +7,7 @@
              t --shuffle--> u, keyed by (seed, s, e)               shuffle/: shards, then sequences
              u --holdout--> window w (skipping held-out windows)   holdout.py
              w --packing--> tokens [j·L, j·L + L + 1) of the shard holding w, j its window there
+                            (or, packing="levanter", the subset's tokens [w·L, (w+1)·L))
                                                                    packing.py, via cache.py
 
 so the sequence at ``i`` depends on exactly (the selected shards and tokenizer, the mixture schedule, the
@@ -16,6 +17,10 @@ else: not on ranks, workers, batch sizes or what was read before. Resuming is se
 Cost grows with shards, not tokens: per subset, a few cumulative counts per shard (tokens, windows, each
 split's sequences) and, per epoch being read, the shuffled order of its shards; nothing per document or per
 sequence is ever built.
+
+A pinned Levanter cache (`marin_data.levanter.adopt`) is a corpus whose subsets are its cells and whose
+shards are its data chunk files, in the order of the cell's flat tokens (`marin_data.levanter.PinnedCells`);
+an unpinned one is refused (`load_local`): no hash vouches for its bytes.
 """
 
 from __future__ import annotations
@@ -24,26 +29,32 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numba
 import numpy as np
 
-from marin_data.corpus.manifest import MARIN, Corpus, load_corpus, shards_fingerprint
+from marin_data.corpus.manifest import Corpus, load_corpus, shards_fingerprint
 from marin_data.corpus.names import select_subsets
-from marin_data.errors import LoaderConfigError, UnsupportedFormatError
-from marin_data.loader.cache import DecodedShardCache, ShardSource
+from marin_data.errors import InvalidManifestError, LoaderConfigError, UnknownSourceError, UnpinnedCacheError
+from marin_data.layout import MANIFEST
+from marin_data.levanter.cells import PinnedCells
+from marin_data.levanter.detect import CORPUS, Source, detect
+from marin_data.levanter.pinned import is_pinned_cache
+from marin_data.loader.cache import DecodedShardCache, LocalFiles, ShardSource
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
 from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
-from marin_data.loader.packing import Batch, ShardTable, SubsetTokens, new_batch, pack_rows, shard_rows
+from marin_data.loader.packing import DEFAULT_PACKING, PACKINGS, Batch, ShardTable, SubsetTokens, new_batch, \
+    pack_rows, shard_rows, window_shards
 from marin_data.loader.ranks import RANK_ROWS, RankRows
 from marin_data.loader.shuffle import SHUFFLES
 from marin_data.loader.shuffle.feistel import feistel1
 from marin_data.loader.shuffle.hierarchical import hierarchical1, shard_order
 from marin_data.loader.shuffle.keys import derive_key, sub_key
 
-__all__ = ["LoaderConfig", "TokenStream", "SPLITS", "STREAM_FORMAT"]
+__all__ = ["LoaderConfig", "TokenStream", "SPLITS", "STREAM_FORMAT", "load_local", "refuse_unpinned"]
 
 SPLITS = ("train", "validation")
 STREAM_FORMAT = 2  # bump when the position -> sequence map changes, so old checkpoints are refused
@@ -69,6 +80,9 @@ class LoaderConfig:
     # Also deliver ``segment_ids`` and ``positions`` (document boundaries, for document masking; `packing`).
     # Not in the fingerprint: the sequences are the same either way.
     segments: bool = False
+    # How tokens become sequences, one of `packing.PACKINGS`: "overlap" (seq_len + 1 tokens inside one shard)
+    # or "levanter" (Levanter's windows: a subset's flat tokens [i*seq_len, (i+1)*seq_len), the last label -100).
+    packing: str = DEFAULT_PACKING
 
 
 @dataclass(frozen=True)
@@ -107,13 +121,14 @@ def _part(flat, offsets, s):
 
 @numba.njit(cache=True, nogil=True)
 def _locate(code, split_training, items, starts, starts_off, key, window, subset, index, windows, wstarts,
-            wstarts_off, cumulative, cumulative_off, every, holdout_key, seq_len, order, order_off, groups,
+            wstarts_off, first, first_off, every, holdout_key, seq_len, order, order_off, groups,
             groups_off, slot_epoch, out):
     """Per-subset index -> first stream token of its window, into ``out``; returns how many rows it skipped.
 
     Training index ``J`` is epoch ``J // n``, pass position ``J % n``; the validation stream is one pass. A
     position goes through the epoch's shuffle to a sequence of the split, then to its window (skipping the
-    other split's windows), then to the window's first token. The hierarchical shuffle reads the epoch's
+    other split's windows), then to the window's first token (``first``: each shard's first window's, the
+    packing's `Packing.windows`). The hierarchical shuffle reads the epoch's
     `ShardOrder` from slot ``2s + epoch % 2`` (so a batch may straddle two epochs of a subset); a row whose
     order is not in its slot is left at -1 for the caller to load. (Ragged arrays come as flat + offsets.)
     """
@@ -141,7 +156,7 @@ def _locate(code, split_training, items, starts, starts_off, key, window, subset
             w = val_window1(u, every, holdout_key[s])
         ws = _part(wstarts, wstarts_off, s)
         j = np.searchsorted(ws, w, side="right") - 1
-        out[r] = _part(cumulative, cumulative_off, s)[j] + (w - ws[j]) * seq_len
+        out[r] = _part(first, first_off, s)[j] + (w - ws[j]) * seq_len
     return missing
 
 
@@ -163,18 +178,51 @@ class _Orders:
         self.epoch[slot] = epoch
 
 
+def load_local(path: str | os.PathLike, *, manifest_sha256: str | None = None) -> Corpus:
+    """A local corpus for the loader (`load_corpus`): Parquet, or a Levanter cache pinned in place.
+
+    Raises:
+        UnpinnedCacheError: ``path`` holds a Levanter cache or store that was never pinned: nothing vouches
+            for its bytes, and the loader checks every shard against a SHA-256 (`marin-data adopt` pins it in
+            place, rewriting none of its files).
+        InvalidManifestError: as `load_corpus`.
+    """
+    try:
+        return load_corpus(path, manifest_sha256=manifest_sha256)
+    except InvalidManifestError:
+        if not (Path(path) / MANIFEST).exists():
+            refuse_unpinned(lambda: detect(path), str(path))
+        raise
+
+
+def refuse_unpinned(find: Callable[[], Source], where: str) -> None:
+    """Raise `UnpinnedCacheError` if what ``find`` detects (where no manifest was found) is a Levanter cache or
+    store; return if it is anything else or nothing."""
+    try:
+        found = find()
+    except (UnknownSourceError, OSError, ValueError):  # OSError: RemoteError too
+        return
+    if found.kind != CORPUS:
+        raise UnpinnedCacheError(f"an unpinned Levanter {found.kind}: no SHA-256 vouches for its chunk files, and "
+                                 "the loader checks every shard it serves", path=where, actual=found.kind) from None
+
+
 class TokenStream:
     """The pure map from stream positions to sequences of a local corpus; see the module docstring.
 
     Args:
-        corpus: a `Corpus` or the path of a local corpus.
+        corpus: a `Corpus` or the path of a local corpus (a Parquet corpus or a pinned Levanter cache).
         config: what to serve.
         source: decoded shards; by default a `DecodedShardCache` under ``cache_dir``.
         cache_dir: where the default source keeps decoded shards (`cache.default_cache_dir`).
-        verify_shards: the default source checks each shard's SHA-256 against the index before its first use.
+        verify_shards: the default source checks each shard's SHA-256 against the index before its first use
+            (for a pinned cache, also each ledger, ``zarr.json`` and offsets chunk file it reads).
+        cells: a pinned cache's `PinnedCells` (the remote stream's reads them over the network); by default
+            read from the corpus's directory.
 
     Raises:
-        InvalidManifestError: a subset pattern matches nothing.
+        InvalidManifestError: a subset pattern matches nothing; a pinned cache's index and ledgers disagree.
+        UnpinnedCacheError: the path holds a Levanter cache that was never pinned (`load_local`).
         LoaderConfigError: bad settings, or a weighted subset too small for one training sequence.
     """
 
@@ -182,12 +230,8 @@ class TokenStream:
 
     def __init__(self, corpus: Corpus | str | os.PathLike, config: LoaderConfig = LoaderConfig(), *,
                  source: ShardSource | None = None, cache_dir: str | os.PathLike | None = None,
-                 verify_shards: bool = True) -> None:
-        corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
-        if corpus.manifest.format != MARIN:
-            raise UnsupportedFormatError(f"a pinned Levanter cache ({corpus.manifest.format}): the loader streams "
-                                         "Parquet corpora only so far", path=str(corpus.root),
-                                         actual=corpus.manifest.format)
+                 verify_shards: bool = True, cells: PinnedCells | None = None) -> None:
+        corpus = corpus if isinstance(corpus, Corpus) else load_local(corpus)
         counts = {"seq_len": config.seq_len, "batch_size": config.batch_size, "shuffle_window": config.shuffle_window}
         wrong = {k: v for k, v in counts.items() if not isinstance(v, (int, np.integer)) or isinstance(v, bool)}
         if wrong:
@@ -201,10 +245,18 @@ class TokenStream:
             raise LoaderConfigError(f"unknown shuffle {config.shuffle!r}; choose one of {', '.join(SHUFFLES)}")
         if config.rank_rows not in ("auto", *RANK_ROWS):
             raise LoaderConfigError(f"unknown rank_rows {config.rank_rows!r}; choose auto, {', '.join(RANK_ROWS)}")
+        if config.packing not in PACKINGS:
+            raise LoaderConfigError(f"unknown packing {config.packing!r}; choose one of {', '.join(PACKINGS)}")
+        if config.segments and not PACKINGS[config.packing].segments:
+            raise LoaderConfigError(f"packing={config.packing!r} has no segment ids: its windows run across shard "
+                                    "ends, where a document's start is not recorded; use segments=False")
         self.config = config
         self.corpus = corpus
+        if is_pinned_cache(corpus.manifest) and cells is None:
+            cells = PinnedCells(corpus, LocalFiles(corpus.root, verify_shards))
+        self.cells = cells
         self.source = source if source is not None else DecodedShardCache(corpus.root, cache_dir,
-                                                                           verify=verify_shards)
+                                                                           verify=verify_shards, cells=cells)
         try:
             self.every = holdout_every(config.val_fraction)
         except ValueError as e:
@@ -220,23 +272,28 @@ class TokenStream:
                               "not 1: each phase is normalised to its sum", stacklevel=2)
         self.mixture = mixture
         self.subsets: tuple[str, ...] = mixture.subsets
-        by_subset: dict[str, list] = {n: [] for n in self.subsets}
+        files: dict[str, list] = {n: [] for n in self.subsets}  # every file of each subset (the fingerprint's)
         for shard in corpus.shards:
-            if shard.subset in by_subset:
-                by_subset[shard.subset].append(shard)
+            if shard.subset in files:
+                files[shard.subset].append(shard)
         # Each subset's token stream as shards: O(shards) numpy metadata, nothing per document.
-        self.subset_tokens = tuple(SubsetTokens.from_shards(n, by_subset[n]) for n in self.subsets)
+        if cells is not None:  # a cache's cells: its flat token order, read from its (checked) ledgers
+            ordered = dict(zip(self.subsets, cells.chunks_of(self.subsets)))
+        else:
+            ordered = {n: sorted(files[n], key=lambda s: s.path) for n in self.subsets}
+        self.subset_tokens = tuple(SubsetTokens.from_shards(n, ordered[n]) for n in self.subsets)
         self.shards = tuple(s for t in self.subset_tokens for s in t.shards)  # the selected shards, subset by subset
         self._index_arrays()
         self._code = SHUFFLES.index(config.shuffle)  # `_locate` dispatches on the position in SHUFFLES
         self.components = {
-            "data": shards_fingerprint([s for n in self.subsets for s in by_subset[n]],
-                                       corpus.manifest.tokenizer.sha256),
+            "data": shards_fingerprint([s for n in self.subsets for s in files[n]], corpus.manifest.tokenizer.sha256),
             "mixture": hashlib.sha256(mixture.canonical().encode()).hexdigest(),
             "seed": str(config.seed),
             "seq_len": str(config.seq_len),
             "split": json.dumps([STREAM_FORMAT, self.every, config.shuffle, config.shuffle_window]),
         }
+        if config.packing != DEFAULT_PACKING:  # named only when not the default: older states stay valid
+            self.components["packing"] = config.packing
         self.fingerprint = hashlib.sha256(json.dumps(self.components, sort_keys=True).encode()).hexdigest()
         self._validation: Mixture | None = None
         self._table: ShardTable | None = None
@@ -248,7 +305,9 @@ class TokenStream:
     def _index_arrays(self) -> None:
         """Per subset: its windows shard by shard, and each split's sequences shard by shard (`_Split`)."""
         seq_len, seed = self.config.seq_len, self.config.seed
-        wstarts = [t.window_starts(seq_len) for t in self.subset_tokens]
+        packing = PACKINGS[self.config.packing]
+        grids = [packing.windows(t.cumulative, seq_len) for t in self.subset_tokens]
+        wstarts = [starts for starts, _ in grids]
         self._windows = np.array([w[-1] for w in wstarts], dtype=np.int64)
         self._holdout_key = self._keys(0, "holdout")  # by name only: the held-out set ignores the seed
         held = [held_before(w, n, self.every, k) for w, n, k in zip(wstarts, self._windows, self._holdout_key)]
@@ -260,10 +319,13 @@ class TokenStream:
         }
         for t, n in zip(self.subset_tokens, self._splits["train"].items):
             if n < 1:
+                where = "in one of its shards" if packing.extra else "in it"
                 raise LoaderConfigError(
-                    f"subset {t.name!r} has {t.tokens} tokens: no training sequence of {seq_len} + 1 tokens "
-                    "fits in one of its shards; give it weight 0, or lower seq_len", path=t.name, actual=t.tokens)
+                    f"subset {t.name!r} has {t.tokens} tokens: no training sequence of {seq_len}"
+                    f"{' + 1' * packing.extra} tokens fits {where}; give it weight 0, or lower seq_len",
+                    path=t.name, actual=t.tokens)
         self._wstarts = _Ragged.of(wstarts)
+        self._first = _Ragged.of([first for _, first in grids])
         self._cumulative = _Ragged.of([t.cumulative for t in self.subset_tokens])
 
     def _keys(self, seed: int, purpose: str) -> np.ndarray:
@@ -317,8 +379,8 @@ class TokenStream:
             out = np.empty(len(rows), np.int64)
             missing = _locate(self._code, sp.training, sp.items, sp.starts.flat, sp.starts.offsets, sp.key,
                               self.config.shuffle_window, subset[rows], index[rows], self._windows,
-                              self._wstarts.flat, self._wstarts.offsets, self._cumulative.flat,
-                              self._cumulative.offsets, self.every, self._holdout_key, self.config.seq_len,
+                              self._wstarts.flat, self._wstarts.offsets, self._first.flat,
+                              self._first.offsets, self.every, self._holdout_key, self.config.seq_len,
                               orders.order.flat, orders.order.offsets, orders.groups.flat, orders.groups.offsets,
                               orders.epoch, out)
             start[rows] = out
@@ -331,16 +393,24 @@ class TokenStream:
             orders.load(s, epoch, sp.starts[s], key)
 
     def shard_ids(self, positions: range | np.ndarray, split: str = "train") -> np.ndarray:
-        """The shard (an index into `shards`) holding the window at each of ``positions``: ``[k]`` int64."""
+        """The shard (an index into `shards`) holding the first token of the window at each of ``positions``:
+        ``[k]`` int64."""
         subset, start = self.locate(positions, split)
         return shard_rows(subset, start, self._cumulative.flat, self._cumulative.offsets)[0]
+
+    def shards_read(self, positions: range | np.ndarray, split: str = "train") -> np.ndarray:
+        """Every shard (sorted indices into `shards`) that the sequences at ``positions`` read: with
+        ``"levanter"`` packing a window may run on into the next shards."""
+        subset, start = self.locate(positions, split)
+        length = self.config.seq_len + PACKINGS[self.config.packing].extra
+        return np.unique(window_shards(subset, start, length, self._cumulative.flat, self._cumulative.offsets))
 
     def fill(self, positions: range | np.ndarray, out: Batch, split: str = "train") -> Batch:
         """Write the sequences at ``positions`` (``B`` of them) into ``out`` (``B`` rows) and return it."""
         subset, start = self.locate(positions, split)
         if self._table is None:  # per process: DataLoader workers build their own
             self._table = ShardTable(self.source, self.shards, self._cumulative.flat, self._cumulative.offsets)
-        pack_rows(self._table, subset, start, self.config.seq_len, out)
+        pack_rows(self._table, subset, start, self.config.seq_len, out, self.config.packing)
         out.index[:] = positions
         return out
 

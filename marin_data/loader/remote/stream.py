@@ -25,14 +25,18 @@ import numpy as np
 from marin_data.atomic import atomic_write_bytes
 from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.corpus.records import ShardRecord
-from marin_data.errors import LoaderConfigError
+from marin_data.errors import LoaderConfigError, RemoteError
 from marin_data.layout import MANIFEST, SHARDS_INDEX
+from marin_data.levanter.cells import PinnedCells
+from marin_data.levanter.detect import detect_store
+from marin_data.levanter.pinned import is_pinned_cache
 from marin_data.loader.cache import default_cache_dir
 from marin_data.loader.dataset import TokenDataset, TokenLoader, distributed_rank
 from marin_data.loader.packing import Batch
 from marin_data.loader.ranks import RankRows
 from marin_data.loader.remote.cache import DEFAULT_CACHE_BYTES, RemoteShardCache
-from marin_data.loader.stream import LoaderConfig, TokenStream
+from marin_data.loader.remote.files import StoreFiles
+from marin_data.loader.stream import LoaderConfig, TokenStream, refuse_unpinned
 from marin_data.retry import RetryPolicy
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
@@ -97,7 +101,8 @@ class RemoteStream(TokenStream):
                  lookahead: int | None = None, plan: CachePlan | None = None) -> None:
         if cache is None and plan is None:
             raise ValueError("a RemoteStream needs a cache, or the plan its DataLoader workers open theirs from")
-        super().__init__(corpus, config, source=cache if cache is not None else _InWorkers())
+        cells = cache.cells if cache is not None else plan.cells(corpus)
+        super().__init__(corpus, config, source=cache if cache is not None else _InWorkers(), cells=cells)
         self.plan = plan
         self._worker: tuple[int, int] | None = None  # (process id, worker id) `worker_init` opened a cache for
         self.lookahead = lookahead if lookahead is not None else 2 * max(ph.block for ph in self.mixture.phases)
@@ -108,7 +113,7 @@ class RemoteStream(TokenStream):
 
     def shards_at(self, positions: range | np.ndarray, split: str = "train") -> np.ndarray:
         """The shards (sorted indices into `shards`) that the sequences at ``positions`` read."""
-        return np.unique(self.shard_ids(positions, split))
+        return self.shards_read(positions, split)
 
     def upcoming(self, start: int, ranks: RankRows, split: str = "train") -> list[ShardRecord]:
         """The shards that this rank's rows of the global batch at ``start`` and of the global batches in the
@@ -161,7 +166,7 @@ class RemoteStream(TokenStream):
         if self.plan is None:
             raise LoaderConfigError("this remote stream has no cache plan for DataLoader workers: make it with "
                                     "make_remote_loader(..., num_workers=N)")
-        self.source = self.plan.open(worker, workers)
+        self.source = self.plan.open(worker, workers, corpus=self.corpus)
         self._worker = (os.getpid(), worker)
         self._table, self._wanted, self._horizon_key = None, [], None
         self._horizon.clear()
@@ -202,9 +207,10 @@ class CachePlan:
     policy: RetryPolicy
     share: bool  # the host's ranks share fetches (the rank's own workers always do)
 
-    def open(self, worker: int | None = None, workers: int = 1, stores: Sequence[Store] | None = None
-             ) -> RemoteShardCache:
-        """The rank's cache (``worker`` None), or worker ``worker`` of ``workers``'s (`RemoteStream.worker_init`)."""
+    def open(self, worker: int | None = None, workers: int = 1, stores: Sequence[Store] | None = None, *,
+             corpus: Corpus) -> RemoteShardCache:
+        """The rank's cache (``worker`` None), or worker ``worker`` of ``workers``'s (`RemoteStream.worker_init`),
+        reading a pinned Levanter cache's cells through its own stores (`cells`)."""
         own = f"{self.name}-rank{self.rank}" + ("" if worker is None else f"-worker{worker}")
         if self.share:
             peers = self.root / f"{self.name}-peers"
@@ -212,7 +218,15 @@ class CachePlan:
             peers = None if worker is None else self.root / f"{self.name}-rank{self.rank}-peers"
         stores = stores if stores is not None else [open_store(u, **self.store_options) for u in self.urls]
         return RemoteShardCache(stores, self.root / own, max_bytes=self.max_bytes // workers, prefetch=self.prefetch,
-                                workers=self.fetch_workers, policy=self.policy, peers=peers)
+                                workers=self.fetch_workers, policy=self.policy, peers=peers,
+                                cells=self.cells(corpus, stores))
+
+    def cells(self, corpus: Corpus, stores: Sequence[Store] | None = None) -> PinnedCells | None:
+        """A pinned Levanter cache's cells, read over ``stores`` (default: this plan's), else None."""
+        if not is_pinned_cache(corpus.manifest):
+            return None
+        stores = stores if stores is not None else [open_store(u, **self.store_options) for u in self.urls]
+        return PinnedCells(corpus, StoreFiles(stores, self.policy))
 
 
 def make_remote_loader(
@@ -274,10 +288,15 @@ def make_remote_loader(
     rank, world_size = distributed_rank(rank, world_size)
     stores = [open_store(u, **store_options) for u in (url, *mirrors)]
     root = Path(cache_dir) if cache_dir is not None else remote_cache_root()
-    corpus = open_remote_corpus(stores, meta_dir=root / "meta", manifest_sha256=manifest_sha256, policy=policy)
+    try:
+        corpus = open_remote_corpus(stores, meta_dir=root / "meta", manifest_sha256=manifest_sha256, policy=policy)
+    except RemoteError as e:
+        if e.status == 404:
+            refuse_unpinned(lambda: detect_store(stores[0]), stores[0].url)
+        raise
     plan = CachePlan((url, *mirrors), dict(store_options), root, corpus.manifest_sha256[:16], rank, cache_bytes,
                      prefetch_shards, fetch_workers, policy, share)
-    cache = plan.open(stores=stores) if num_workers == 0 else None  # workers open their own
+    cache = plan.open(stores=stores, corpus=corpus) if num_workers == 0 else None  # workers open their own
     try:
         stream = RemoteStream(corpus, config, cache=cache, lookahead=lookahead, plan=plan)
         dataset = TokenDataset(stream, rank=rank, world_size=world_size, split=split,
