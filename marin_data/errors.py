@@ -373,6 +373,6 @@ class CheckpointDamagedError(ValueError, MarinDataError):
 
 
 class UnpinnedCacheError(UnsupportedFormatError):
-    """The loader was given a Levanter cache (or a store of them) that was never pinned: no SHA-256 vouches for
-    its chunk files, and the loader serves only checked shards. Pin it in place (``marin-data adopt``), then
-    load it."""
+    """The loader or ``publish`` was given a Levanter cache (or a store of them) that was never pinned: no
+    SHA-256 vouches for its chunk files, and both deal only in checked files. Pin it in place (``marin-data
+    adopt``), then load or publish it."""

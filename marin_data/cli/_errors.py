@@ -78,7 +78,7 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.CacheCheckError, _with_fix("`marin-data verify PATH` lists every finding; rebuild the cache (or pass "
                                   "the tokenizer it was built with); nothing was written"), 21),
     (E.UnpinnedCacheError, _with_fix("pin it in place first: `marin-data adopt PATH --tokenizer TOK` hashes every "
-                                     "file and rewrites none (a remote store: copy it to disk, adopt, publish)"), 22),
+                                     "file and rewrites none (a remote store: `marin-data download` copies it, then adopt)"), 22),
     (E.UnsupportedFormatError, _with_fix("nothing was read or written; verify, info, show, publish, download, "
                                          "serve and the loader read a pinned Levanter cache"), 22),
     (E.ObjectTooLargeError, _with_fix("re-shard with smaller shards (production shards are 256 MiB-2 GiB); "

@@ -8,6 +8,7 @@ import click
 
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import check_s3_flags, check_sha256, show_retries, store_kwargs, store_options
+from marin_data.errors import VerificationFailedError
 from marin_data.layout import RECORD
 from marin_data.transfer.download import DownloadReport, download
 from marin_data.transfer.fetch import PART_BYTES
@@ -51,7 +52,10 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
     parallel byte ranges (--part-mb). Transient failures are retried with backoff,
     then the next --mirror is tried. DIR keeps manifest.json verbatim and records the fetched subsets in
     DIR/.marin-download.json, so `marin-data verify DIR` checks exactly what was fetched.
-    Exit status: 0 all fetched, 1 some files failed (each is listed), 2 an untrusted manifest.
+    A Levanter cache or store that nothing pins (no manifest.json) is fetched cell by cell, each file
+    at its listed size, then the copy's structure is checked; `marin-data adopt DIR` pins it.
+    Exit status: 0 all fetched, 1 some files failed (each is listed) or a copied cache is damaged, 2 an
+    untrusted manifest.
 
     \b
     EXAMPLES
@@ -61,6 +65,7 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
       marin-data download s3://bkt/c --subset midtrain/math --to d --workers 16 --part-mb 128  # few big shards
       marin-data download hf://datasets/my-org/corpus --subset pretrain/code --to d --mirror s3://bkt/c
       marin-data download hf://datasets/team/c@main --endpoint http://127.0.0.1:8080 --subset a --to d
+      marin-data download s3://bkt/levanter-store --subset 'cluster=*/quality=4' --to cells   # not pinned
     """
     check_sha256(manifest_sha256)
     if not any(u.startswith("hf://") for u in (source, *mirrors)):
@@ -68,14 +73,54 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
     check_s3_flags([source, *mirrors], endpoint_url, profile, anonymous, requester_pays)
     show_retries()
     hf = {k: v for k, v in {"endpoint": endpoint, "token": token}.items() if v}
+    options = {**store_kwargs(endpoint_url, profile, anonymous, requester_pays), **hf}
+    from marin_data.levanter.detect import CORPUS, detect
+
+    found = detect(source, **options)
+    if found.kind != CORPUS:
+        if manifest_sha256:
+            raise click.UsageError("--manifest-sha256 pins a corpus; this Levanter cache has no manifest yet "
+                                   "(`marin-data adopt` makes one)")
+        _download_cache(found, subsets=list(subsets), dest=dest, mirrors=list(mirrors), workers=workers,
+                        part_bytes=part_mb << 20, dry_run=dry_run, **options)
+        return
     report = download(source, subsets=list(subsets) or None, dest=dest, mirrors=list(mirrors),
                       manifest_sha256=manifest_sha256, workers=workers, part_bytes=part_mb << 20, dry_run=dry_run,
-                      **store_kwargs(endpoint_url, profile, anonymous, requester_pays), **hf)
+                      **options)
     echo(_dry_run(report) if dry_run else _summary(report))
     for note in report.notes:
         echo(f"note: {note}", err=True)
     if not report.ok:
         raise report.error()
+
+
+def _download_cache(found, *, dry_run: bool, **kwargs) -> None:
+    """An unpinned Levanter cache or store: sizes (and any digests its store lists), then its structure."""
+    from marin_data.levanter.download import download_cache
+
+    done = download_cache(found, dry_run=dry_run, **kwargs)
+    report, plan = done.transfer, done.transfer.plan
+    if dry_run:
+        rows = [(f.path, human_bytes(f.bytes)) for f in plan.files]
+        echo(format_table(["file", "bytes"], rows))
+        echo(f"Would fetch {plural(len(plan.files), 'file')}, {human_bytes(plan.bytes)}, {human_count(plan.tokens)} "
+             f"tokens ({plural(len(plan.subsets), 'cell')}) into {report.dest}; not pinned: files are checked by "
+             "size (and by a SHA-256 where the store lists one), then the copy's structure.")
+        return
+    echo(f"{'Downloaded' if report.ok else 'INCOMPLETE'}: {plural(len(report.fetched), 'file')} fetched "
+         f"({human_bytes(report.bytes_fetched)} in {report.seconds:.1f}s), {len(report.skipped)} already present "
+         f"at their listed size, {len(report.failed)} failed; {plural(len(plan.subsets), 'cell')} in {report.dest}.")
+    echo(f"not pinned: {done.hashed} of {plural(len(plan.files), 'file')} checked by a SHA-256 the store lists, the "
+         f"rest by size only; `marin-data adopt {report.dest} --tokenizer TOK` pins the copy")
+    if not report.ok:
+        raise report.error()
+    echo(f"structure: {'OK' if done.checks.ok else 'BAD'} ({plural(done.checks.files_checked, 'chunk file')} "
+         "checked against the ledgers)")
+    if not done.checks.ok:
+        for p in done.checks.problems:
+            echo(f"  {printable(p.path)}: {p.kind.value}: {printable(p.message)}", err=True)
+        raise VerificationFailedError(f"{plural(len(done.checks.problems), 'problem')} found in the copy at "
+                                      f"{report.dest}", problems=list(done.checks.problems))
 
 
 def _dry_run(report: DownloadReport) -> str:

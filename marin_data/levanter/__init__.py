@@ -28,7 +28,8 @@ The public API (docs/design.md, "Levanter caches", says why it looks like this):
   ``read`` (checked against the index): ``chunks(subset)`` its data chunk rows in flat-token order,
   ``decode(shard, data)`` one into the loader's local form, ``context(shard)`` what that decode depends on.
 - ``cache_info(url) -> CacheInfo`` and ``show_cache(url, tokenizer=, subset=, n=, row=)``: ``info`` and
-  ``show`` on an unpinned cache or store.
+  ``show`` on an unpinned cache or store; ``download_cache(source, subsets=, dest=) -> CacheDownload``:
+  ``download`` of one (sizes, then the copy's structure).
 """
 
 from marin_data.levanter.adopt import AdoptReport, adopt
@@ -38,6 +39,7 @@ from marin_data.levanter.cells import PinnedCells
 from marin_data.levanter.checks import check_cache
 from marin_data.levanter.chunkfile import decode_chunk
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
+from marin_data.levanter.download import CacheDownload, download_cache
 from marin_data.levanter.ledger import Ledger
 from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
 from marin_data.levanter.summary import CacheInfo, cache_info, show_cache
@@ -47,4 +49,4 @@ from marin_data.levanter.writer import CacheWriter, write_cache
 __all__ = ["AdoptReport", "adopt", "LZ4", "ZSTD", "ArrayMeta", "Blosc", "CachePart", "ChunkFile", "LevanterCache",
            "open_cache", "chunk_documents", "check_cache", "decode_chunk", "CACHE", "CORPUS", "STORE", "Source",
            "detect", "Ledger", "cell_prefixes", "is_pinned_cache", "CacheInfo", "cache_info", "show_cache",
-           "verify_source", "CacheWriter", "write_cache", "PinnedCells"]
+           "verify_source", "CacheWriter", "write_cache", "PinnedCells", "CacheDownload", "download_cache"]

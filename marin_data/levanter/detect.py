@@ -6,12 +6,13 @@ store: a tree of caches whose folders, relative to the root, are their subset na
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from marin_data.corpus.manifest import Manifest
 from marin_data.corpus.names import check_subset_name
-from marin_data.errors import InvalidManifestError, UnknownSourceError
+from marin_data.errors import InvalidManifestError, UnknownSourceError, UnpinnedCacheError
 from marin_data.layout import CARD, LOCK_NAME, MANIFEST, STAGING
 from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.pinned import is_pinned_cache
@@ -19,7 +20,7 @@ from marin_data.levanter.source import read_file
 from marin_data.stores import open_store
 from marin_data.stores.base import METADATA_LIMIT, Store
 
-__all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells"]
+__all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells", "refuse_unpinned"]
 
 CORPUS = "corpus"
 CACHE = "cache"
@@ -91,3 +92,16 @@ def find_cells(store: Store) -> tuple[str, ...]:
             raise UnknownSourceError(f"the cache folder {r!r} cannot name a subset (letters, digits, _ . - = "
                                      "and / only)", path=store.url, actual=r) from e
     return tuple(roots)
+
+
+def refuse_unpinned(find: Callable[[], Source], where: str, why: str) -> None:
+    """Raise `UnpinnedCacheError` (saying ``why`` a pin is needed) if what ``find`` detects, where no manifest
+    was found, is a Levanter cache or store; return if it is anything else or nothing (the caller's own
+    error then says what is missing)."""
+    try:
+        found = find()
+    except (UnknownSourceError, OSError, ValueError):  # OSError: RemoteError too
+        return
+    if found.kind != CORPUS:
+        raise UnpinnedCacheError(f"an unpinned Levanter {found.kind}: no SHA-256 vouches for its chunk files, and "
+                                 f"{why}", path=where, actual=found.kind) from None

@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,10 +38,10 @@ import numpy as np
 
 from marin_data.corpus.manifest import Corpus, load_corpus, shards_fingerprint
 from marin_data.corpus.names import select_subsets
-from marin_data.errors import InvalidManifestError, LoaderConfigError, UnknownSourceError, UnpinnedCacheError
+from marin_data.errors import InvalidManifestError, LoaderConfigError
 from marin_data.layout import MANIFEST
 from marin_data.levanter.cells import PinnedCells
-from marin_data.levanter.detect import CORPUS, Source, detect
+from marin_data.levanter.detect import detect, refuse_unpinned
 from marin_data.levanter.pinned import is_pinned_cache
 from marin_data.loader.cache import DecodedShardCache, LocalFiles, ShardSource
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
@@ -54,7 +54,7 @@ from marin_data.loader.shuffle.feistel import feistel1
 from marin_data.loader.shuffle.hierarchical import hierarchical1, shard_order
 from marin_data.loader.shuffle.keys import derive_key, sub_key
 
-__all__ = ["LoaderConfig", "TokenStream", "SPLITS", "STREAM_FORMAT", "load_local", "refuse_unpinned"]
+__all__ = ["LoaderConfig", "TokenStream", "SPLITS", "STREAM_FORMAT", "SERVES_CHECKED", "load_local"]
 
 SPLITS = ("train", "validation")
 STREAM_FORMAT = 2  # bump when the position -> sequence map changes, so old checkpoints are refused
@@ -178,6 +178,9 @@ class _Orders:
         self.epoch[slot] = epoch
 
 
+SERVES_CHECKED = "the loader checks every shard it serves"  # why a cache must be pinned to be loaded
+
+
 def load_local(path: str | os.PathLike, *, manifest_sha256: str | None = None) -> Corpus:
     """A local corpus for the loader (`load_corpus`): Parquet, or a Levanter cache pinned in place.
 
@@ -191,20 +194,8 @@ def load_local(path: str | os.PathLike, *, manifest_sha256: str | None = None) -
         return load_corpus(path, manifest_sha256=manifest_sha256)
     except InvalidManifestError:
         if not (Path(path) / MANIFEST).exists():
-            refuse_unpinned(lambda: detect(path), str(path))
+            refuse_unpinned(lambda: detect(path), str(path), SERVES_CHECKED)
         raise
-
-
-def refuse_unpinned(find: Callable[[], Source], where: str) -> None:
-    """Raise `UnpinnedCacheError` if what ``find`` detects (where no manifest was found) is a Levanter cache or
-    store; return if it is anything else or nothing."""
-    try:
-        found = find()
-    except (UnknownSourceError, OSError, ValueError):  # OSError: RemoteError too
-        return
-    if found.kind != CORPUS:
-        raise UnpinnedCacheError(f"an unpinned Levanter {found.kind}: no SHA-256 vouches for its chunk files, and "
-                                 "the loader checks every shard it serves", path=where, actual=found.kind) from None
 
 
 class TokenStream:

@@ -35,7 +35,7 @@ from marin_data.transfer.versions import versioned
 from marin_data.ui import plural, printable
 from marin_data.ui import progress as progress_bar
 
-__all__ = ["DownloadReport", "download"]
+__all__ = ["DownloadReport", "download", "fetch_all"]
 
 
 
@@ -117,7 +117,7 @@ def download(
         fetched_index = _read_or_none(root / SHARDS_INDEX) != index_bytes
         if fetched_index:
             atomic_write_bytes(root / SHARDS_INDEX, index_bytes)
-        report = _fetch_all(plan, root, stores, workers=workers, policy=policy, progress=progress,
+        report = fetch_all(plan, root, stores, workers=workers, policy=policy, progress=progress,
                             part_bytes=part_bytes)
         if fetched_index:  # fetched while planning: it was not "already present"
             report = replace(report, fetched=(SHARDS_INDEX, *report.fetched),
@@ -183,8 +183,10 @@ def _fetch_documents(report: DownloadReport, root: Path, stores: Sequence[Store]
 
 # --- fetching files -----------------------------------------------------------------------------------
 
-def _fetch_all(plan: DownloadPlan, root: Path, stores: Sequence[Store], *, workers: int,
-               policy: RetryPolicy, progress: bool | None, part_bytes: int) -> DownloadReport:
+def fetch_all(plan: DownloadPlan, root: Path, stores: Sequence[Store], *, workers: int,
+              policy: RetryPolicy, progress: bool | None, part_bytes: int) -> DownloadReport:
+    """Fetch every file of ``plan`` not already in place under ``root`` (`fetch_one` on a thread pool, the
+    big ones in parallel ranges), with one progress bar; the caller holds the folder's lock."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify-existing") as pool:
         present = list(pool.map(lambda t: already_there(root, t), plan.files))

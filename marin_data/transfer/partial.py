@@ -118,10 +118,9 @@ class StreamPartial:
     def check(self) -> None:
         """Raise (and discard the bytes) unless the partial file is exactly the listed file."""
         digest = self.hash.hexdigest()
-        if self.offset != self.task.bytes or digest != self.task.sha256:
+        if self.offset != self.task.bytes or not self.task.matches(digest):
             self.reset()
-            raise ShardChecksumError(f"sha256 {digest[:12]}… differs from the listed {self.task.sha256[:12]}…; "
-                                     "discarded", path=self.task.path, expected=self.task.sha256, actual=digest)
+            raise _mismatch(self.task, digest)
 
     def commit(self, final: str) -> None:
         """Move the verified bytes to their final name in the folder (fsync, rename, fsync the folder)."""
@@ -231,12 +230,11 @@ class RangedPartial:
                 future.result()
         self._advance()
         digest = self.hash.hexdigest() if self.cursor == len(self.done) else "incomplete"
-        if digest != self.task.sha256:
+        if self.cursor != len(self.done) or not self.task.matches(digest):
             self.done = [0] * len(self.done)
             self._restart_hash()
             self._save()
-            raise ShardChecksumError(f"sha256 {digest[:12]}… differs from the listed {self.task.sha256[:12]}…; "
-                                     "discarded", path=self.task.path, expected=self.task.sha256, actual=digest)
+            raise _mismatch(self.task, digest)
 
     def _fetch_range(self, store: Store, i: int, meter: Meter) -> None:
         lo, hi = self.bounds[i] + self.done[i], self.bounds[i + 1]
@@ -294,6 +292,13 @@ class RangedPartial:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _mismatch(task: FileTask, digest: str) -> ShardChecksumError:
+    """The error of a fetched file that is not the listed one (its bytes are discarded)."""
+    listed = f"{task.sha256[:12]}…" if task.sha256 else f"of {task.bytes} bytes (no digest listed)"
+    return ShardChecksumError(f"sha256 {digest[:12]}… differs from the listed {listed}; discarded", path=task.path,
+                              expected=task.sha256, actual=digest)
 
 
 def _valid_record(record: dict, task: FileTask) -> bool:

@@ -38,8 +38,12 @@ DOWNLOAD_POLICY = replace(DEFAULT_POLICY, retry_on=(RetryableRemoteError, ShardC
 class FileTask:
     path: str
     bytes: int
-    sha256: str
+    sha256: str | None  # None: nothing states the file's digest (a Levanter cache nobody pinned): size only
     subset: str | None = None  # None for a metadata file
+
+    def matches(self, digest: str) -> bool:
+        """Whether bytes of the listed size with this SHA-256 are the file."""
+        return self.sha256 is None or digest == self.sha256
 
 
 @dataclass(frozen=True)

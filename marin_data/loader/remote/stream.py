@@ -28,7 +28,7 @@ from marin_data.corpus.records import ShardRecord
 from marin_data.errors import LoaderConfigError, RemoteError
 from marin_data.layout import MANIFEST, SHARDS_INDEX
 from marin_data.levanter.cells import PinnedCells
-from marin_data.levanter.detect import detect_store
+from marin_data.levanter.detect import detect_store, refuse_unpinned
 from marin_data.levanter.pinned import is_pinned_cache
 from marin_data.loader.cache import default_cache_dir
 from marin_data.loader.dataset import TokenDataset, TokenLoader, distributed_rank
@@ -36,7 +36,7 @@ from marin_data.loader.packing import Batch
 from marin_data.loader.ranks import RankRows
 from marin_data.loader.remote.cache import DEFAULT_CACHE_BYTES, RemoteShardCache
 from marin_data.loader.remote.files import StoreFiles
-from marin_data.loader.stream import LoaderConfig, TokenStream, refuse_unpinned
+from marin_data.loader.stream import SERVES_CHECKED, LoaderConfig, TokenStream
 from marin_data.retry import RetryPolicy
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
@@ -292,7 +292,7 @@ def make_remote_loader(
         corpus = open_remote_corpus(stores, meta_dir=root / "meta", manifest_sha256=manifest_sha256, policy=policy)
     except RemoteError as e:
         if e.status == 404:
-            refuse_unpinned(lambda: detect_store(stores[0]), stores[0].url)
+            refuse_unpinned(lambda: detect_store(stores[0]), stores[0].url, SERVES_CHECKED)
         raise
     plan = CachePlan((url, *mirrors), dict(store_options), root, corpus.manifest_sha256[:16], rank, cache_bytes,
                      prefetch_shards, fetch_workers, policy, share)

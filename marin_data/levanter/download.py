@@ -1,0 +1,96 @@
+"""``download`` of a Levanter cache or store that nothing pins (Marin's own store, as it is published).
+
+No manifest lists these files' digests, so the plan comes from the source itself: the chosen cells are
+opened first (ledgers and ``zarr.json``: an unfinished or unreadable cell is refused before anything is
+fetched), then listed, each file with the size the listing gives and, where the store keeps one (the Hub's
+LFS files), its SHA-256. The files are fetched on the machinery of a corpus download
+(`marin_data.transfer.download.fetch_all`: partial files, resume after a crash, retries, ``mirrors`` tried
+in turn), each renamed into place only once it has its listed size (and digest, when listed). Then the
+structural checks run on the local copy (`verify_source`): offsets against the ledgers, every chunk file's
+crc32c'd index, sub-cache totals. That is all a size can prove; ``marin-data adopt DEST`` then pins the copy
+so that every later read is checked by SHA-256.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from marin_data.corpus.names import select_subsets
+from marin_data.corpus.verify import VerifyReport
+from marin_data.errors import UnknownSubsetError
+from marin_data.levanter.cache import open_cache
+from marin_data.levanter.detect import CACHE, Source
+from marin_data.levanter.verify import REMOTE_WORKERS, verify_source
+from marin_data.lock import corpus_lock
+from marin_data.retry import RetryPolicy
+from marin_data.stores import open_store
+from marin_data.transfer.download import DownloadReport, fetch_all
+from marin_data.transfer.fetch import PART_BYTES
+from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, FileTask
+
+__all__ = ["CacheDownload", "download_cache"]
+
+
+@dataclass(frozen=True)
+class CacheDownload:
+    """What `download_cache` did: the transfer (its ``plan.manifest_sha256`` is empty: nothing pins it) and,
+    once every file arrived, the structural checks of the copy (None on a dry run or a failed transfer)."""
+
+    transfer: DownloadReport
+    checks: VerifyReport | None
+
+    @property
+    def hashed(self) -> int:
+        """Files whose SHA-256 the source listed (and the transfer checked)."""
+        return sum(f.sha256 is not None for f in self.transfer.plan.files)
+
+    @property
+    def ok(self) -> bool:
+        return self.transfer.ok and (self.checks is None or self.checks.ok)
+
+
+def download_cache(source: Source, *, subsets: Sequence[str] | None, dest: str | os.PathLike,
+                   mirrors: Sequence[str] = (), workers: int = 8, dry_run: bool = False,
+                   policy: RetryPolicy = DOWNLOAD_POLICY, progress: bool | None = None,
+                   part_bytes: int = PART_BYTES, **store_options) -> CacheDownload:
+    """Download the chosen cells of the unpinned cache or store ``source`` (`detect`) into ``dest``.
+
+    Args:
+        subsets: cell names or globs (every cell when None or empty); a single cache takes none.
+        dest: the local folder (a store of the chosen cells, or the cache itself); re-running resumes.
+        mirrors: copies of the same tree (URLs or paths) tried in turn when one fails a file.
+        **store_options: for every mirror, as `open_store` takes them (the source is already open).
+
+    Raises:
+        UnknownSubsetError: a pattern matches no cell, or ``subsets`` given for a single cache.
+        CacheUnfinishedError, CacheFormatError: a chosen cell is unfinished or unreadable: nothing fetched.
+        RemoteError: the source cannot be read or listed.
+        CorpusLockedError: another process is writing ``dest``.
+    """
+    store = source.store
+    if source.kind == CACHE:
+        if subsets:
+            raise UnknownSubsetError("--subset selects cells of a store; this is one cache", actual=list(subsets))
+        cells = [""]
+    else:
+        cells = select_subsets(source.cells, list(subsets or []), what="cell")
+    with ThreadPoolExecutor(max_workers=max(1, min(REMOTE_WORKERS, len(cells)))) as pool:
+        caches = list(pool.map(lambda c: open_cache(store, c), cells))  # refuses what is unfinished or unreadable
+    files = tuple(FileTask(o.path, o.size, o.sha256, cell) for cell in cells
+                  for o in store.list(cell))
+    plan = DownloadPlan(source=store.url, manifest_sha256="", subsets=tuple(c for c in cells if c), files=files,
+                        tokens=sum(c.tokens for c in caches))
+    root = Path(dest)
+    if dry_run:
+        return CacheDownload(DownloadReport(plan=plan, dest=str(root), dry_run=True), None)
+    stores = [store, *(open_store(m, **store_options) for m in mirrors)]
+    with corpus_lock(root):
+        report = fetch_all(plan, root, stores, workers=workers, policy=policy, progress=progress,
+                           part_bytes=part_bytes)
+    if not report.ok:
+        return CacheDownload(report, None)
+    return CacheDownload(report, verify_source(root, subsets=list(plan.subsets) or None, progress=False))
