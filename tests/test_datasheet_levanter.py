@@ -321,22 +321,39 @@ def test_an_unpinned_cache_needs_a_tokenizer_and_an_out_folder(store, tiny_token
     assert e.value.code == 0 and all(f'"{cell}":' in template or f"{cell}:" in template for cell in docs)
 
 
-def test_an_unpinned_store_on_s3_reads_as_the_local_one(store, tiny_tokenizer, moto, bucket_url, tmp_path,
-                                                        capsys):
+@pytest.fixture(params=["s3", "hf"])
+def published_store(request, store, tmp_path):
+    """(URL, its store flags) of a copy of the store on S3 (moto) or on our Hub mirror; the local root."""
     root, _, _ = store
+    if request.param == "hf":
+        import shutil
+
+        from marin_data.testing.mirror import running_mirror
+
+        shutil.copytree(root, tmp_path / "mirror/team/raw")
+        with running_mirror(tmp_path / "mirror") as mirror:
+            yield "hf://datasets/team/raw", ["--endpoint", mirror.url], root
+        return
+    moto, bucket_url = request.getfixturevalue("moto"), request.getfixturevalue("bucket_url")
     bucket, prefix = bucket_url[len("s3://"):].split("/", 1)
     client = s3_client(moto)
     for rel in tree_bytes(root):
         client.upload_file(str(root / rel), bucket, f"{prefix}/{rel}")
+    yield bucket_url, ["--endpoint-url", moto], root
+
+
+def test_an_unpinned_store_on_s3_or_the_hub_reads_as_the_local_one(published_store, tiny_tokenizer, tmp_path,
+                                                                   capsys):
+    url, flags, root = published_store
     with pytest.raises(SystemExit) as e:
-        main(["datasheet", bucket_url, "--endpoint-url", moto, "--tokenizer", str(tiny_tokenizer), "--out",
-              str(tmp_path / "s3"), "--scan-tokens", "600"])
+        main(["datasheet", url, *flags, "--tokenizer", str(tiny_tokenizer), "--out", str(tmp_path / "remote"),
+              "--scan-tokens", "600"])
     assert e.value.code == 0, capsys.readouterr().err
     assert "not pinned" in capsys.readouterr().out
     write_datasheet(root, tokenizer=str(tiny_tokenizer), out=tmp_path / "local", scan_tokens=600)
-    remote, local = ((tmp_path / d / DATASHEET).read_text() for d in ("s3", "local"))
+    remote, local = ((tmp_path / d / DATASHEET).read_text() for d in ("remote", "local"))
     for headers in (CELLS, LENGTHS, DUPLICATES):
         assert table(remote, headers) == table(local, headers)
-    assert f"marin-data verify {bucket_url} --endpoint-url {moto} --deep --tokenizer TOK" in remote
-    assert hashlib.sha256((tmp_path / "s3" / HEATMAP).read_bytes()).digest() == \
+    assert f"marin-data verify {url} {' '.join(flags)} --deep --tokenizer TOK" in remote
+    assert hashlib.sha256((tmp_path / "remote" / HEATMAP).read_bytes()).digest() == \
         hashlib.sha256((tmp_path / "local" / HEATMAP).read_bytes()).digest()
