@@ -44,7 +44,7 @@ __all__ = ["command"]
 def command(source: str, meta: Path | None, meta_template: bool, out: Path | None, strict: bool, scan_tokens: int,
             tokenizer: str | None, endpoint_url: str | None, profile: str | None, anonymous: bool,
             requester_pays: bool, endpoint: str | None, token: str | None) -> None:
-    """Write the datasheet, dataset card, Croissant file and figures of SOURCE, computed from its data.
+    """Write the datasheet, dataset card, Croissant file and figures of a corpus, computed from its data.
 
     Outputs: README.md (Hugging Face dataset card), croissant.json (MLCommons Croissant 1.1),
     datasheets/datasheet.md (the seven sections of Datasheets for Datasets) and datasheets/*.png.
@@ -53,10 +53,11 @@ def command(source: str, meta: Path | None, meta_template: bool, out: Path | Non
     figures (its sha256 changes once); the datasheet states that final sha256 and is the one file the
     manifest does not list. Re-running on an unchanged corpus changes nothing.
 
-    A Levanter cache or store pinned with `marin-data adopt` is documented the same way: its cells as a
-    table (and a cluster x quality heat map of tokens), document lengths from its offsets. One not pinned
-    yet (a folder, s3://bucket/prefix or hf://datasets/org/name) takes --tokenizer and --out, gets the
-    datasheet and figures, and the datasheet says that nothing pins it.
+    A Levanter cache or store pinned with `marin-data adopt` is documented the same way (its card and
+    Croissant file are adopt's): its cells as a table (and a cluster x quality heat map of tokens),
+    document lengths from its offsets. One not pinned yet (a folder, s3://bucket/prefix or
+    hf://datasets/org/name) takes --tokenizer and --out, gets the datasheet and figures, and the
+    datasheet says that nothing pins it.
 
     \b
     EXAMPLES

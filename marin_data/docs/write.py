@@ -53,7 +53,7 @@ from marin_data.docs.figures import composition_png, heatmap_png, lengths_png
 from marin_data.docs.questions import load_metadata, require_complete
 from marin_data.docs.stats import SCAN_TOKENS, CorpusStats, corpus_stats
 from marin_data.errors import InvalidTokenizerError, UnpinnedCacheError, UnsupportedFormatError
-from marin_data.layout import CARD, CROISSANT, DATASHEET, FIGURES, HEATMAP, LISTED, SHARDS_INDEX, SUMS, TOKENIZER, \
+from marin_data.layout import CARD, CROISSANT, DATASHEET, FIGURES, HEATMAP, MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, \
     UNLISTED
 from marin_data.levanter.adopt import subset_name
 from marin_data.levanter.cache import open_cache
@@ -176,7 +176,10 @@ def source_subsets(source: str | os.PathLike, **store_options) -> list[str]:
     """The subsets whose questions the datasheet of ``source`` asks: a corpus's, a store's cells, or the one
     subset of a single cache (named after its folder)."""
     found = detect(source, **store_options)
-    return sorted(load_corpus(source).manifest.subsets) if found.kind == CORPUS else _cells(found, str(source))
+    if found.kind != CORPUS:
+        return _cells(found, str(source))
+    data = read_file(found.store, MANIFEST, limit=METADATA_LIMIT) or b""
+    return sorted(Manifest.from_json(data, found.store.describe(MANIFEST)).subsets)
 
 
 def _cells(found: Source, url: str) -> list[str]:
