@@ -362,8 +362,8 @@ class CacheCheckError(ValueError, MarinDataError):
 
 
 class UnsupportedFormatError(ValueError, MarinDataError):
-    """A command that does not read this corpus's format yet (a pinned Levanter cache where Parquet is
-    expected): abort before reading or writing anything."""
+    """A command that does not read this source where it is (the datasheet of a published corpus, which is
+    documented from a local copy): abort before reading or writing anything."""
 
 
 # --- training checkpoints ---------------------------------------------------------------------------
@@ -373,6 +373,7 @@ class CheckpointDamagedError(ValueError, MarinDataError):
 
 
 class UnpinnedCacheError(UnsupportedFormatError):
-    """The loader or ``publish`` was given a Levanter cache (or a store of them) that was never pinned: no
-    SHA-256 vouches for its chunk files, and both deal only in checked files. Pin it in place (``marin-data
-    adopt``), then load or publish it."""
+    """A Levanter cache (or a store of them) that was never pinned, where a pin is needed: the loader and
+    ``publish`` deal only in files checked against a SHA-256, and the datasheet writes into a corpus only once
+    a manifest lists what it writes. Pin it in place (``marin-data adopt``), or document it under another
+    folder."""

@@ -31,6 +31,8 @@ __all__ = [
     "COMPOSITION_PNG",
     "LENGTHS_PNG",
     "FIGURES",
+    "HEATMAP_PNG",
+    "HEATMAP",
     "LISTED",
     "UNLISTED",
     "MIRRORS",
@@ -59,6 +61,8 @@ DATASHEET = f"{DATASHEETS}/datasheet.md"  # relative to the corpus (or --out) ro
 COMPOSITION_PNG = "token-composition.png"
 LENGTHS_PNG = "document-lengths.png"
 FIGURES = (f"{DATASHEETS}/{COMPOSITION_PNG}", f"{DATASHEETS}/{LENGTHS_PNG}")
+HEATMAP_PNG = "token-heatmap.png"  # a store of Levanter caches named cluster=X/quality=Y only: tokens by cell
+HEATMAP = f"{DATASHEETS}/{HEATMAP_PNG}"  # listed in the manifest like the figures when it is written
 LISTED = (CARD, CROISSANT, *FIGURES)  # generated files the manifest lists (in-corpus mode)
 UNLISTED = (DATASHEET,)  # states the manifest's digest, so the manifest cannot list it
 MIRRORS = "mirrors.json"  # the places publish has put the corpus; outside the chain of trust, kept local

@@ -9,7 +9,7 @@ import numpy as np
 
 from marin_data.levanter import LZ4, write_cache
 
-__all__ = ["CHUNK", "INNER", "VOCAB", "BOS", "documents", "make_cache", "make_store"]
+__all__ = ["CHUNK", "INNER", "VOCAB", "BOS", "documents", "make_cache", "make_store", "wide_tokenizer"]
 
 CHUNK = 1024  # elements per chunk file
 INNER = 256  # elements per inner chunk
@@ -37,3 +37,15 @@ def make_cache(root: Path, n: int = 200, seed: int = 0, **options) -> list[np.nd
 def make_store(root: Path, cells: dict[str, int], **options) -> dict[str, list[np.ndarray]]:
     """A tree of caches, one per cell name (``cluster=0/quality=1``) with that many documents."""
     return {cell: make_cache(root / cell, n, seed=i, **options) for i, (cell, n) in enumerate(sorted(cells.items()))}
+
+
+def wide_tokenizer(folder: Path, vocab: int = 128_256) -> Path:
+    """A word-level ``tokenizer.json`` as wide as Llama 3's (ids ``t0``... and ``<|end_of_text|>`` last), which
+    the golden caches' ids need; it decodes ids to their words joined by spaces."""
+    from tokenizers import Tokenizer, models
+
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab - 1)}, unk_token="t0"))
+    tokenizer.add_special_tokens(["<|end_of_text|>"])
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"

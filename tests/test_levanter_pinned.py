@@ -2,10 +2,11 @@
 (hashes + structure), publish to S3 (moto on loopback) and to the Hub (our mirror, driven by the real
 ``huggingface_hub`` client), pinned ``download --subset 'cluster=*/quality=4'``, ``serve`` and ``info``; and
 the commands that need no pin (``info``, ``show --tokenizer``, ``verify``) on an unpinned store read
-locally, over ``s3://`` and over ``hf://``."""
+locally, over ``s3://`` and over ``hf://``. The datasheet of a pinned store goes beside it, stating its manifest."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -16,11 +17,14 @@ import pytest
 from levanter_env import BOS, VOCAB, make_cache, make_store
 from s3_env import bucket_url, moto, s3_client  # noqa: F401
 from shard_env import tiny_tokenizer, tree_bytes  # noqa: F401
+from test_datasheet import md_tables, num
+from test_datasheet_levanter import CELLS as CELLS_TABLE
 
 from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, load_corpus
 from marin_data.corpus.records import META, OFFSETS, SHARD
 from marin_data.corpus.verify import ProblemKind, verify_corpus
 from marin_data.errors import CacheCheckError, CacheUnfinishedError, CorpusConflictError
+from marin_data.layout import DATASHEET, FIGURES, HEATMAP
 from marin_data.levanter.adopt import adopt
 from marin_data.levanter.verify import verify_source
 from marin_data.testing.mirror import running_mirror
@@ -207,8 +211,21 @@ def test_a_parquet_corpus_is_written_without_the_new_fields(make_corpus):
     assert {s.kind for s in corpus.shards} == {SHARD}
 
 
-def test_the_datasheet_refuses_a_pinned_cache_by_name(pinned):
-    before = tree_bytes(pinned)
-    done = cli("datasheet", pinned)  # it would read chunk files as Parquet and call them corrupt
-    assert done.returncode == 22 and "not supported yet" in done.stderr
-    assert tree_bytes(pinned) == before
+def test_the_datasheet_of_a_pinned_store_is_written_beside_it_stating_its_manifest(pinned, tiny_tokenizer):
+    before = {p: b for p, b in tree_bytes(pinned).items() if p.startswith("cluster=")}
+    assert cli("datasheet", pinned, "--tokenizer", tiny_tokenizer).returncode == 2  # it has its own
+    done = cli("datasheet", pinned)
+    assert done.returncode == 0, done.stderr
+    corpus = load_corpus(pinned)
+    text = (pinned / DATASHEET).read_text()
+    assert f"Manifest sha256 `{corpus.manifest_sha256}`" in text and corpus.manifest_sha256 in done.stdout
+    assert corpus.manifest_sha256 == hashlib.sha256((pinned / "manifest.json").read_bytes()).hexdigest()
+    assert {"README.md", "croissant.json", *FIGURES, HEATMAP} <= set(corpus.manifest.files)
+    rows = {r[0].strip("`"): r for r in md_tables(text)[CELLS_TABLE]}
+    for name, info in corpus.manifest.subsets.items():  # the table is the manifest's, checked against the ledgers
+        assert [num(c) for c in rows[name][1:5]] == [info.docs, info.tokens, info.bytes, info.shards]
+    assert rows["cluster=1/quality=4"][6:9] == ["sharded", "int64", "blosc lz4 clevel 5"]
+    assert verify_source(pinned).ok  # the generated files are listed, the datasheet is the one unlisted file
+    assert {p: b for p, b in tree_bytes(pinned).items() if p.startswith("cluster=")} == before
+    again = cli("datasheet", pinned)
+    assert again.returncode == 0 and "wrote" not in again.stdout  # re-running changes nothing

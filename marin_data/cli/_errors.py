@@ -79,8 +79,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                   "the tokenizer it was built with); nothing was written"), 21),
     (E.UnpinnedCacheError, _with_fix("pin it in place first: `marin-data adopt PATH --tokenizer TOK` hashes every "
                                      "file and rewrites none (a remote store: `marin-data download` copies it, then adopt)"), 22),
-    (E.UnsupportedFormatError, _with_fix("nothing was read or written; verify, info, show, publish, download, "
-                                         "serve and the loader read a pinned Levanter cache"), 22),
+    (E.UnsupportedFormatError, _with_fix("nothing was read or written; `marin-data download` it (the subsets you "
+                                         "need) and run the command on the local copy"), 22),
     (E.ObjectTooLargeError, _with_fix("re-shard with smaller shards (production shards are 256 MiB-2 GiB); "
                                       "nothing was uploaded"), 10),
     (E.TransferFailedError, _with_fix("finished files are kept: run the same command again to resume (a "

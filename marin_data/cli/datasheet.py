@@ -1,4 +1,5 @@
-"""``marin-data datasheet``: document a corpus from its data (library: `marin_data.docs.write`)."""
+"""``marin-data datasheet``: document a corpus, or a Levanter cache or store, from its data (library:
+`marin_data.docs.write`)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,17 @@ from pathlib import Path
 
 import click
 
+from marin_data.cli._hf_options import hf_options
+from marin_data.cli._store_options import is_url, store_options
 from marin_data.docs.stats import SCAN_TOKENS
-from marin_data.docs.write import write_datasheet
+from marin_data.docs.write import source_subsets, write_datasheet
 from marin_data.ui import echo, plural
 
 __all__ = ["command"]
 
 
 @click.command("datasheet")
-@click.argument("corpus", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("source", metavar="CORPUS|CACHE|URL")
 @click.option("--meta", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="META.yaml",
               help="Curated answers (sources, collection, filtering, uses, maintainers...): a YAML file whose "
                    "keys are the question ids (motivation: {purpose: ...}, subsets: {NAME: {sources: ...}}); "
@@ -22,17 +25,26 @@ __all__ = ["command"]
                    "answered.' (a `marin-data sample` corpus uses the answers shipped for it).")
 @click.option("--meta-template", is_flag=True,
               help="Print a --meta file to fill in on stdout and write nothing: every question as a commented "
-                   "key (its id, kind of answer and text), with CORPUS's subsets filled in.")
+                   "key (its id, kind of answer and text), with the subsets (a store's cells) filled in.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Write the outputs under DIR (same layout) and leave the corpus untouched.")
+              help="Write the outputs under DIR (same layout) and leave the source untouched; required for a "
+                   "Levanter cache not pinned yet.")
 @click.option("--strict", is_flag=True,
               help="Fail (exit 11, nothing written) while any question is unanswered, listing them.")
 @click.option("--scan-tokens", type=click.IntRange(min=0), default=SCAN_TOKENS, show_default=True, metavar="N",
-              help="Per-subset budget of tokens decoded for document-length percentiles; larger subsets are "
-                   "measured on evenly spread shards and labelled so. 0 scans everything.")
-def command(corpus: Path, meta: Path | None, meta_template: bool, out: Path | None, strict: bool,
-            scan_tokens: int) -> None:
-    """Write CORPUS's datasheet, dataset card, Croissant file and figures, computed from its data.
+              help="Per-subset budget of tokens decoded: for document-length percentiles and duplicates (a "
+                   "Levanter cache: for duplicates and each cell's first document; its lengths come from its "
+                   "offsets, all of them); larger subsets are read on evenly spread files and labelled so. "
+                   "0 reads everything.")
+@click.option("--tokenizer", metavar="TOK",
+              help="A Levanter cache not pinned yet: the tokenizer it was built with (a tokenizer.json path or a "
+                   "Hub repo id); a cache carries none until `marin-data adopt` pins it.")
+@store_options
+@hf_options
+def command(source: str, meta: Path | None, meta_template: bool, out: Path | None, strict: bool, scan_tokens: int,
+            tokenizer: str | None, endpoint_url: str | None, profile: str | None, anonymous: bool,
+            requester_pays: bool, endpoint: str | None, token: str | None) -> None:
+    """Write the datasheet, dataset card, Croissant file and figures of a corpus, computed from its data.
 
     Outputs: README.md (Hugging Face dataset card), croissant.json (MLCommons Croissant 1.1),
     datasheets/datasheet.md (the seven sections of Datasheets for Datasets) and datasheets/*.png.
@@ -41,30 +53,65 @@ def command(corpus: Path, meta: Path | None, meta_template: bool, out: Path | No
     figures (its sha256 changes once); the datasheet states that final sha256 and is the one file the
     manifest does not list. Re-running on an unchanged corpus changes nothing.
 
+    A Levanter cache or store pinned with `marin-data adopt` is documented the same way (its card and
+    Croissant file are adopt's): its cells as a table (and a cluster x quality heat map of tokens),
+    document lengths from its offsets. One not pinned yet (a folder, s3://bucket/prefix or
+    hf://datasets/org/name) takes --tokenizer and --out, gets the datasheet and figures, and the
+    datasheet says that nothing pins it.
+
     \b
     EXAMPLES
       marin-data datasheet out/sample --strict           # the sample's answers ship with marin
       marin-data datasheet out/sample --out datasheets/sample
       marin-data datasheet corpus/ --meta-template > meta.yaml    # every question, to answer in meta.yaml
       marin-data datasheet corpus/ --meta meta.yaml --strict      # refuse while answers are missing
+      marin-data datasheet /data/store                   # a store pinned with `marin-data adopt`
+      marin-data datasheet s3://bucket/store --endpoint-url http://127.0.0.1:9000 \\
+          --tokenizer meta-llama/Llama-3.1-8B --out sheets/store
     """
+    from marin_data.cli.info import remote_options
+    from marin_data.levanter.detect import CORPUS, detect
+
+    if is_url(source):
+        options = remote_options(source, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
+    elif endpoint_url or profile or anonymous or requester_pays or endpoint or token:
+        raise click.UsageError("the store options apply to s3:// and hf:// URLs only")
+    elif not Path(source).is_dir():
+        raise click.UsageError(f"{source!r} is no folder (a store is named s3://... or hf://datasets/...)")
+    else:
+        options = {}
     if meta_template:
-        if meta or out or strict:
-            raise click.UsageError("--meta-template prints a file to start from: it takes no --meta, --out or "
-                                   "--strict")
-        from marin_data.corpus.manifest import load_corpus
+        if meta or out or strict or tokenizer:
+            raise click.UsageError("--meta-template prints a file to start from: it takes no --meta, --out, "
+                                   "--strict or --tokenizer")
         from marin_data.docs.questions import meta_template as template
 
-        click.echo(template(load_corpus(corpus).manifest.subsets, corpus=str(corpus)), nl=False)  # names checked
+        click.echo(template(source_subsets(source, **options), corpus=source), nl=False)  # names checked
         return
-    result = write_datasheet(corpus, meta=meta, out=out, strict=strict, scan_tokens=scan_tokens)
+    found = detect(source, **options)
+    if found.kind != CORPUS and (tokenizer is None or out is None):
+        raise click.UsageError(f"a Levanter {found.kind} not pinned yet carries no tokenizer and takes nothing "
+                               "written into it: pass --tokenizer (the one it was built with) and --out DIR "
+                               "(or pin it first: `marin-data adopt PATH --tokenizer TOK`)")
+    if found.kind == CORPUS and tokenizer:
+        raise click.UsageError("a corpus, or a pinned Levanter cache, decodes with its own tokenizer: drop "
+                               "--tokenizer")
+    if found.kind == CORPUS and is_url(source):
+        raise click.UsageError("a published corpus is documented from a local copy: `marin-data download` it, "
+                               "then run the datasheet on the copy")
+    result = write_datasheet(source, meta=meta, out=out, strict=strict, scan_tokens=scan_tokens,
+                             tokenizer=tokenizer, **options)
     for rel in result.written:
         echo(f"wrote      {result.dest / rel}")
     for rel in result.unchanged:
         echo(f"unchanged  {result.dest / rel}")
-    where = "listed in the corpus manifest" if result.in_corpus else "outside the corpus (--out)"
-    echo(f"card, croissant.json and figures: {where}")
-    echo(f"manifest sha256 (stated in the datasheet): {result.manifest_sha256}")
+    if result.manifest_sha256 is None:
+        echo("not pinned: no manifest vouches for these bytes, and the datasheet states no sha256; "
+             "`marin-data adopt PATH --tokenizer TOK` pins it in place (the card and croissant.json come with it)")
+    else:
+        where = "listed in the corpus manifest" if result.in_corpus else "outside the corpus (--out)"
+        echo(f"card, croissant.json and figures: {where}")
+        echo(f"manifest sha256 (stated in the datasheet): {result.manifest_sha256}")
     if result.unanswered:
         echo(f"{plural(len(result.unanswered), 'question')} not answered (marked in the datasheet): "
              f"{', '.join(result.unanswered)}", err=True)

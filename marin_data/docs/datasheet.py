@@ -4,6 +4,8 @@ Each section interleaves computed facts (tables built from the manifest and the 
 curated answers to the questions of `marin_data.docs.questions`, quoted as written in the metadata file.
 No number is typed in and no answer is made up: a missing answer prints **Not answered.** with its id.
 The text holds no timestamp and no tool version, so the same corpus and metadata give the same bytes.
+A Levanter cache or store (``cache``) keeps the sections and swaps in its own facts where a cache differs
+(`marin_data.docs.cachesheet`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from marin_data.corpus.manifest import Manifest
+from marin_data.docs import cachesheet
 from marin_data.docs import markdown as md
+from marin_data.docs.cachesheet import CacheSource
 from marin_data.docs.distribution import SOURCE_PLACEHOLDER, download_command, mirrors, mirrors_of, verify_commands
 from marin_data.docs.questions import QUESTIONS, SECTIONS, SUBSET_QUESTIONS, Metadata
 from marin_data.docs.stats import PERCENTILES, CorpusStats
@@ -42,11 +46,11 @@ def _subset_table(stats: CorpusStats) -> str:
     return md.table(SUBSET_HEADERS, rows, "lrrrrrl")
 
 
-def _length_table(stats: CorpusStats) -> str:
+def _length_table(stats: CorpusStats, everything: str) -> str:
     rows = []
     for s in stats.subsets:
         ls = s.lengths
-        scope = f"sample: {ls.shards_scanned} of {plural(s.shards, 'shard')}" if ls.sampled else "all shards"
+        scope = f"sample: {ls.shards_scanned} of {plural(s.shards, 'shard')}" if ls.sampled else everything
         mean = f"{s.tokens / s.docs:,.1f}" if s.docs else "0.0"
         rows.append((f"`{s.name}`", md.count(ls.docs), *(md.count(ls.percentile(p)) for p in PERCENTILES),
                      md.count(ls.max), mean, scope))
@@ -57,16 +61,21 @@ def _ratio(part: int, whole: int) -> str:
     return md.share(part / whole if whole else 0.0)
 
 
-def _duplicates(stats: CorpusStats) -> list[str]:
-    """Exact duplicates within each subset and shared by each pair, with their share of the scanned tokens."""
+def _duplicates(stats: CorpusStats, scopes: list[str] | None) -> list[str]:
+    """Exact duplicates within each subset and shared by each pair, with their share of the scanned tokens;
+    ``scopes``: what was scanned of each subset, as a last column (a cache's), when it is not the lengths'."""
     dup = stats.duplicates
     if dup is None:
         return []
-    rows = [(f"`{s.name}`", md.count(s.lengths.docs), md.count(int(dup.within_docs[i])),
-             md.count(int(dup.within_tokens[i])), _ratio(int(dup.within_tokens[i]), int(dup.scanned_tokens[i])))
-            for i, s in enumerate(stats.subsets)]
+    rows = [(f"`{s.name}`", md.count(int(dup.scanned_docs[i])), md.count(int(dup.within_docs[i])),
+             md.count(int(dup.within_tokens[i])), _ratio(int(dup.within_tokens[i]), int(dup.scanned_tokens[i])),
+             *([scopes[i]] if scopes else [])) for i, s in enumerate(stats.subsets)]
+    headers = ("Subset", "Documents scanned", "Copies", "Tokens in copies", "Share of scanned tokens",
+               *(["Scope"] if scopes else []))
     out = ["### Exact duplicates (computed)", "",
-           "Documents whose stored tokens are identical, among the documents scanned above. Each document's "
+           "Documents whose stored tokens are identical, among the documents scanned "
+           + ("(*Scope* says which files of a cell were read; a document cut by the edge of what was read is not "
+              "scanned). " if scopes else "above. ") + "Each document's "
            "tokens get a 128-bit BLAKE2b digest; each shard's digests are appended to bucket files on disk "
            "chosen by the digest, and each bucket is sorted on its own, so memory stays bounded whatever the "
            "corpus size. *Copies* are the documents beyond the first of each text that occurs more than once in "
@@ -74,9 +83,8 @@ def _duplicates(stats: CorpusStats) -> list[str]:
            "file that quotes another's text, a docstring inside its module's source) is not an exact "
            "duplicate and is not counted."
            + (" In subsets measured on a sample of shards, only copies among the scanned documents are found."
-              if any(s.lengths.sampled for s in stats.subsets) else ""), "",
-           md.table(("Subset", "Documents scanned", "Copies", "Tokens in copies", "Share of scanned tokens"),
-                    rows, "lrrrr"), ""]
+              if dup.sampled.any() else ""), "",
+           md.table(headers, rows, "lrrrr" + "l" * bool(scopes)), ""]
     pairs = [(a, b) for a in range(len(stats.subsets)) for b in range(a + 1, len(stats.subsets))
              if dup.cross_docs[a, b]]
     if not pairs:
@@ -90,56 +98,72 @@ def _duplicates(stats: CorpusStats) -> list[str]:
                             "Documents of B also in A", "Share of B's tokens"), rows, "llrrrr"), ""]
 
 
-def _composition(manifest: Manifest, stats: CorpusStats, meta: Metadata) -> list[str]:
+def _composition(manifest: Manifest, stats: CorpusStats, meta: Metadata, cache: CacheSource | None) -> list[str]:
     sampled = any(s.lengths.sampled for s in stats.subsets)
-    out = [
-        "### Subsets (computed)", "",
-        "Every number below is read from `manifest.json`, whose totals `marin-data` checks against "
-        "`shards.parquet` (one row per shard) before writing this page. Token counts include the EOS token "
-        "appended after every document" + (" and the BOS token before it" if manifest.tokenizer.add_bos else "")
-        + "; bytes are the sizes of the Parquet shards.", "",
-        _subset_table(stats), "",
-        f"![Token composition by subset]({COMPOSITION_PNG})", "",
-        "### Document lengths (computed)", "",
-        "Tokens per document, streamed from the shards' `tokens` column one row group at a time. Percentiles "
-        "are nearest-rank: p90 is the smallest length that at least 90% of documents do not exceed. The mean "
-        "is the subset's tokens divided by its documents.", "",
-    ]
+    if cache:
+        out = cachesheet.cells_section(cache)
+    else:
+        out = ["### Subsets (computed)", "",
+               "Every number below is read from `manifest.json`, whose totals `marin-data` checks against "
+               "`shards.parquet` (one row per shard) before writing this page. Token counts include the EOS token "
+               "appended after every document" + (" and the BOS token before it" if manifest.tokenizer.add_bos
+                                                  else "") + "; bytes are the sizes of the Parquet shards.", "",
+               _subset_table(stats), ""]
+    out += [f"![Token composition by subset]({COMPOSITION_PNG})", "",
+            "### Document lengths (computed)", "",
+            cachesheet.LENGTHS_FROM_OFFSETS if cache else
+            "Tokens per document, streamed from the shards' `tokens` column one row group at a time. Percentiles "
+            "are nearest-rank: p90 is the smallest length that at least 90% of documents do not exceed. The mean "
+            "is the subset's tokens divided by its documents.", ""]
     if sampled:
         out += ["Subsets too large to decode in full were measured on whole shards spread evenly over the "
                 "subset (see *Scope*): their percentiles are estimates from the documents scanned, and *max* "
                 "is the longest document seen.", ""]
-    out += [_length_table(stats), "", f"![Document-length distribution by subset]({LENGTHS_PNG})", "",
-            *_duplicates(stats), "### Questions", "", *_questions(meta, "composition"), "### Subsets in detail", ""]
-    for s in stats.subsets:
+    out += [_length_table(stats, "all documents" if cache else "all shards"), "",
+            f"![Document-length distribution by subset]({LENGTHS_PNG})", "",
+            *_duplicates(stats, cachesheet.scan_scopes(cache) if cache else None),
+            "### Questions", "", *_questions(meta, "composition"), "### Subsets in detail", ""]
+    for i, s in enumerate(stats.subsets):
         out += [f"#### `{s.name}`", ""]
+        if cache:
+            out += cachesheet.first_document(cache.stats.cells[i], manifest.tokenizer.name)
         for q in SUBSET_QUESTIONS:
             out += [f"**{q.text}**", "", md.answer(meta, q.for_subset(s.name).id), ""]
     return out
 
 
-def _preprocessing(manifest: Manifest, meta: Metadata) -> list[str]:
+def _preprocessing(manifest: Manifest, meta: Metadata, cache: CacheSource | None) -> list[str]:
     tok = manifest.tokenizer
-    bos = f"`{tok.bos_id}`, prepended to every document" if tok.add_bos else "not added"
+    if cache:  # what a cache's tokenizer run added is its own record's to say (`cachesheet.storage`)
+        rows = [("EOS id", f"`{tok.eos_id}`"), ("BOS id", "none" if tok.bos_id is None else f"`{tok.bos_id}`")]
+        about = [*cachesheet.storage(cache), "The tokenizer named here is " + (
+            "the pinned `tokenizer.json`, whose fingerprint the manifest holds." if cache.pinned else
+            "the one given with `--tokenizer`: a cache carries none until it is pinned.")]
+    else:
+        bos = f"`{tok.bos_id}`, prepended to every document" if tok.add_bos else "not added"
+        rows = [("EOS id (appended to every document)", f"`{tok.eos_id}`"), ("BOS", bos)]
+        about = ["Documents are stored tokenized, one row per document: columns `id` (string) and `tokens` "
+                 "(`large_list<uint32>`), zstd-compressed Parquet. The tokenizer is shipped as `tokenizer.json`; "
+                 "its fingerprint is also written in every shard's key-value metadata."]
     rows = [("Name", f"`{tok.name}`"), ("Fingerprint (sha256 of `tokenizer.json`)", f"`{tok.sha256}`"),
-            ("Vocabulary size", md.count(tok.vocab_size)), ("EOS id (appended to every document)", f"`{tok.eos_id}`"),
-            ("BOS", bos)]
-    return ["### Tokenization (computed)", "",
-            "Documents are stored tokenized, one row per document: columns `id` (string) and `tokens` "
-            "(`large_list<uint32>`), zstd-compressed Parquet. The tokenizer is shipped as `tokenizer.json`; "
-            "its fingerprint is also written in every shard's key-value metadata.", "",
+            ("Vocabulary size", md.count(tok.vocab_size)), *rows]
+    return ["### Tokenization (computed)", "", *about, "",
             md.table(("Tokenizer", "Value"), rows, "ll"), "",
             "### Questions", "", *_questions(meta, "preprocessing")]
 
 
-def _distribution(manifest: Manifest, stats: CorpusStats, meta: Metadata, manifest_sha256: str,
-                  listed: bool, published: Sequence[dict]) -> list[str]:
+def _distribution(manifest: Manifest, stats: CorpusStats, meta: Metadata, manifest_sha256: str | None,
+                  listed: bool, published: Sequence[dict], cache: CacheSource | None) -> list[str]:
     dest = f"./{manifest.name}"
     recorded = mirrors(published)
     out = ["### Licenses (computed)", "",
            md.table(("Subset", "License (SPDX)"), [(f"`{s.name}`", s.license) for s in stats.subsets], "ll"),
-           "",
-           "### Root of trust", "",
+           ""]
+    if cache and not cache.pinned:
+        return out + ["A Levanter cache records no license: `marin-data adopt --license SPDX` records one for every "
+                      "subset of the pinned copy.", "", *cachesheet.not_pinned(cache, manifest.tokenizer.name),
+                      "### Questions", "", *_questions(meta, "distribution")]
+    out += ["### Root of trust", "",
            f"`manifest.json` has sha256 **`{manifest_sha256}`**. It lists the sha256 and size of every "
            "other metadata file, and `shards.parquet` lists those of every shard, so this one digest vouches "
            "for every byte. Pin it when downloading or verifying, so that a tampered mirror cannot vouch for "
@@ -175,40 +199,44 @@ def _distribution(manifest: Manifest, stats: CorpusStats, meta: Metadata, manife
     return out + ["### Questions", "", *_questions(meta, "distribution")]
 
 
-def render_datasheet(manifest: Manifest, stats: CorpusStats, meta: Metadata, *, manifest_sha256: str,
-                     listed: bool, published: Sequence[dict] = ()) -> str:
+def render_datasheet(manifest: Manifest, stats: CorpusStats, meta: Metadata, *, manifest_sha256: str | None,
+                     listed: bool, published: Sequence[dict] = (), cache: CacheSource | None = None) -> str:
     """The datasheet's Markdown.
 
     Args:
-        manifest: the corpus manifest, as it stands once the generated files are committed.
-        stats: `marin_data.docs.stats.corpus_stats` of the same corpus.
+        manifest: the corpus manifest, as it stands once the generated files are committed (a cache nothing
+            pins: one made in memory from its ledgers and the tokenizer given, pinning nothing).
+        stats: `marin_data.docs.stats.corpus_stats` of the same corpus (a cache: ``cache.stats.corpus``).
         meta: curated answers.
-        manifest_sha256: sha256 of that manifest's bytes.
+        manifest_sha256: sha256 of that manifest's bytes (None for a cache nothing pins).
         listed: whether the card, Croissant file and figures are listed in the manifest (False with --out).
         published: the places the corpus was published (`marin_data.corpus.mirrors.read_mirrors`).
+        cache: a Levanter cache or store, and what was computed from it.
     """
     title = meta.pretty_name or manifest.name
     unanswered = meta.unanswered(s.name for s in stats.subsets)
     out = [
         f"# Datasheet: {title}", "",
-        "<!-- Generated by `marin-data datasheet` from manifest.json, shards.parquet and the shards"
+        "<!-- Generated by `marin-data datasheet` from "
+        + (cachesheet.generated_from(cache) if cache else "manifest.json, shards.parquet and the shards")
         + (f", with answers from {meta.source}" if meta.source else "")
         + ". Edit the metadata file and regenerate; do not edit this file. -->", "",
-        f"Corpus `{manifest.name}` version `{manifest.version}`: {plural(len(stats.subsets), 'subset')}, "
-        f"{plural(stats.docs, 'document')}, {plural(stats.tokens, 'token')}, {plural(stats.bytes, 'byte')} "
-        f"({human_bytes(stats.bytes)}) in {plural(stats.shards, 'shard')}. Manifest sha256 `{manifest_sha256}`.",
-        "",
+        *(cachesheet.headline(manifest, cache, manifest_sha256) if cache else [
+            f"Corpus `{manifest.name}` version `{manifest.version}`: {plural(len(stats.subsets), 'subset')}, "
+            f"{plural(stats.docs, 'document')}, {plural(stats.tokens, 'token')}, {plural(stats.bytes, 'byte')} "
+            f"({human_bytes(stats.bytes)}) in {plural(stats.shards, 'shard')}. Manifest sha256 "
+            f"`{manifest_sha256}`.", ""]),
         "Numbers marked *computed* come from the corpus itself; every other answer is quoted from the "
         "dataset's metadata file, and a question nobody answered says so.", "",
     ]
     for n, (key, name) in enumerate(SECTIONS, 1):
         out += [f"## {n}. {name}", ""]
         if key == "composition":
-            out += _composition(manifest, stats, meta)
+            out += _composition(manifest, stats, meta, cache)
         elif key == "preprocessing":
-            out += _preprocessing(manifest, meta)
+            out += _preprocessing(manifest, meta, cache)
         elif key == "distribution":
-            out += _distribution(manifest, stats, meta, manifest_sha256, listed, published)
+            out += _distribution(manifest, stats, meta, manifest_sha256, listed, published, cache)
         else:
             out += _questions(meta, key)
     out += ["## Unanswered questions", ""]

@@ -1,4 +1,5 @@
-"""Figures for the datasheet, as PNG bytes: token composition and document lengths by subset.
+"""Figures for the datasheet, as PNG bytes: token composition and document lengths by subset, and for a store
+of Levanter caches named like Marin's (``cluster=3/quality=4``) a cluster x quality heat map of tokens.
 
 Rendered with matplotlib's Agg canvas directly (no pyplot, no display, no global backend switch) under the
 library's default style with a fixed font (DejaVu Sans, shipped inside matplotlib), fixed sizes and DPI, so
@@ -10,18 +11,20 @@ repository's datasheet test reads it to know whether byte equality can be expect
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 
 from marin_data.docs.stats import CorpusStats
 from marin_data.ui import human_count, plural
 
-__all__ = ["png_software", "composition_png", "lengths_png"]
+__all__ = ["png_software", "composition_png", "lengths_png", "cluster_quality", "token_grid", "heatmap_png"]
 
 _WIDTH_IN = 8.0
 _ROW_IN = 0.32  # figure height grows with the number of subsets so labels never overlap
 _DPI = 100
 _LENGTH_BINS = 48
+_CELL = re.compile(r"cluster=(\d+)/quality=(\d+)")
 
 
 def png_software() -> str:
@@ -115,3 +118,53 @@ def lengths_png(stats: CorpusStats) -> bytes:
         fig.colorbar(mesh, ax=ax, label="fraction of the fullest bin")
 
     return _render(draw, len(names))
+
+
+def cluster_quality(name: str) -> tuple[int, int] | None:
+    """``(3, 4)`` for a cell named ``cluster=3/quality=4``; None for any other name."""
+    m = _CELL.fullmatch(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def token_grid(stats: CorpusStats) -> tuple[list[int], list[int], np.ndarray] | None:
+    """The clusters, the quality levels and ``tokens[cluster, quality]`` (float; NaN where no cell is) of
+    the subsets named ``cluster=X/quality=Y``; None when no subset is named so."""
+    named = {cq: s.tokens for s in stats.subsets if (cq := cluster_quality(s.name)) is not None}
+    if not named:
+        return None
+    clusters, qualities = sorted({c for c, _ in named}), sorted({q for _, q in named})
+    grid = np.full((len(clusters), len(qualities)), np.nan)
+    for (c, q), tokens in named.items():
+        grid[clusters.index(c), qualities.index(q)] = tokens
+    return clusters, qualities, grid
+
+
+def heatmap_png(stats: CorpusStats) -> bytes | None:
+    """A cluster (rows) x quality (columns) grid of each cell's tokens, log-coloured and labelled; None when
+    no subset is named ``cluster=X/quality=Y``. A missing cell is left grey."""
+    from matplotlib.colors import LogNorm
+
+    found = token_grid(stats)
+    if found is None:
+        return None
+    clusters, qualities, grid = found
+    shown = np.ma.masked_invalid(np.where(grid > 0, grid, np.nan))
+    low = float(shown.min()) if shown.count() else 1.0
+    high = max(float(shown.max()) if shown.count() else 1.0, 10 * low)  # a decade at least, for the colour bar
+
+    def draw(fig) -> None:
+        ax = fig.add_subplot()
+        ax.set_facecolor("#DDDDDD")  # no cell, or no tokens
+        mesh = ax.pcolormesh(shown, cmap="viridis", norm=LogNorm(vmin=low, vmax=high))
+        for (i, j), tokens in np.ndenumerate(grid):
+            label = "no cell" if np.isnan(tokens) else human_count(tokens)
+            ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=7,
+                    color="black" if np.isnan(tokens) or tokens <= 0 or tokens > np.sqrt(low * high) else "white")
+        ax.set_xticks(np.arange(len(qualities)) + 0.5, [f"quality={q}" for q in qualities])
+        ax.set_yticks(np.arange(len(clusters)) + 0.5, [f"cluster={c}" for c in clusters])
+        ax.invert_yaxis()  # cluster 0 on top, as the cells table lists them
+        ax.set_title(f"Tokens by cluster and quality: {human_count(np.nansum(grid))} tokens in "
+                     f"{plural(int(np.sum(~np.isnan(grid))), 'cell')}")
+        fig.colorbar(mesh, ax=ax, label="tokens (log scale)")
+
+    return _render(draw, len(clusters))

@@ -42,12 +42,13 @@ from marin_data.errors import ShardFormatError
 from marin_data.parquet_io import decoded_bound, open_parquet
 from marin_data.ui import progress
 
-__all__ = ["PERCENTILES", "SCAN_TOKENS", "BUCKET_ROWS", "LengthStats", "SubsetStats", "Duplicates", "CorpusStats",
-           "nearest_rank", "corpus_stats"]
+__all__ = ["PERCENTILES", "SCAN_TOKENS", "BUCKET_ROWS", "DIGEST_BYTES", "LengthStats", "SubsetStats", "Duplicates",
+           "CorpusStats", "DigestBuckets", "nearest_rank", "spread", "merge_lengths", "corpus_stats"]
 
 PERCENTILES = (50, 90, 99)
 SCAN_TOKENS = 1 << 26  # per subset: ~0.5 s of decoding per subset, ~2 min for the ~200 subsets of 23T tokens
 BUCKET_ROWS = 1 << 22  # digests sorted in memory at a time: ~120 MB
+DIGEST_BYTES = 16  # a document's BLAKE2b digest: 128 bits
 _ROW = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("subset", "<u4"), ("length", "<u8")])
 
 
@@ -94,19 +95,23 @@ class Duplicates:
     ``within_docs[s]``/``within_tokens[s]``: copies beyond the first of every document that occurs more
     than once in subset ``s`` (so removing them leaves one of each). ``cross_docs[a, b]``/
     ``cross_tokens[a, b]`` (``a != b``): the documents of ``a`` that also occur in ``b``, every copy in
-    ``a`` counted. ``scanned_tokens[s]``: the tokens the shares are fractions of.
+    ``a`` counted. ``scanned_docs[s]``/``scanned_tokens[s]``: the documents digested and their tokens (what
+    the shares are fractions of); ``sampled[s]``: only some of the subset's files were read.
     """
 
     within_docs: np.ndarray  # int64 [S]
     within_tokens: np.ndarray  # int64 [S]
     cross_docs: np.ndarray  # int64 [S, S], zero diagonal
     cross_tokens: np.ndarray  # int64 [S, S]
+    scanned_docs: np.ndarray  # int64 [S]
     scanned_tokens: np.ndarray  # int64 [S]
+    sampled: np.ndarray  # bool [S]
 
     @classmethod
     def empty(cls, subsets: int) -> Duplicates:
         return cls(*(np.zeros(shape, np.int64) for shape in (subsets, subsets, (subsets, subsets),
-                                                              (subsets, subsets), subsets)))
+                                                              (subsets, subsets), subsets, subsets)),
+                   sampled=np.zeros(subsets, bool))
 
 
 @dataclass(frozen=True)
@@ -133,21 +138,28 @@ def nearest_rank(lengths_L: np.ndarray, counts_L: np.ndarray, p: float) -> int:
     return int(lengths_L[int(np.searchsorted(np.cumsum(counts_L), rank, "left"))])
 
 
-def _shards_to_scan(shards: Sequence[ShardRecord], scan_tokens: int) -> list[ShardRecord]:
-    """All shards when they fit the budget, else shards spread evenly over the subset (deterministic)."""
-    shards = sorted(shards, key=lambda s: s.path)
-    total = sum(s.tokens for s in shards)
-    if scan_tokens <= 0 or total <= scan_tokens:
-        return shards
-    want = max(1, math.ceil(len(shards) * scan_tokens / total))
-    while True:  # grow the stride's sample until it holds the budget (uneven shard sizes)
-        picked = [shards[(2 * i + 1) * len(shards) // (2 * want)] for i in range(want)]
-        if sum(s.tokens for s in picked) >= scan_tokens or want == len(shards):
+def spread(sizes: Sequence[int], budget: int) -> list[int]:
+    """Which of ``sizes`` (tokens of each file, in order) to scan: all of them when they fit ``budget`` (or it
+    is 0), else files spread evenly over the list until their tokens reach it. Deterministic, ascending."""
+    n, total = len(sizes), sum(sizes)
+    if budget <= 0 or total <= budget:
+        return list(range(n))
+    want = max(1, math.ceil(n * budget / total))
+    while True:  # grow the stride's sample until it holds the budget (uneven file sizes)
+        picked = [(2 * i + 1) * n // (2 * want) for i in range(want)]
+        if sum(sizes[i] for i in picked) >= budget or want == n:
             return picked
-        want = min(len(shards), want * 2)
+        want = min(n, want * 2)
 
 
-def _merge(acc: tuple[np.ndarray, np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _shards_to_scan(shards: Sequence[ShardRecord], scan_tokens: int) -> list[ShardRecord]:
+    """All shards when they fit the budget, else shards spread evenly over the subset (`spread`)."""
+    shards = sorted(shards, key=lambda s: s.path)
+    return [shards[i] for i in spread([s.tokens for s in shards], scan_tokens)]
+
+
+def merge_lengths(acc: tuple[np.ndarray, np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The histogram ``acc`` (distinct lengths ascending, their counts) with ``lengths`` added."""
     values, counts = np.unique(lengths, return_counts=True)
     all_values = np.concatenate([acc[0], values])
     all_counts = np.concatenate([acc[1], counts])
@@ -157,8 +169,12 @@ def _merge(acc: tuple[np.ndarray, np.ndarray], lengths: np.ndarray) -> tuple[np.
     return merged.astype(np.int64), totals
 
 
-class _DigestBuckets:
-    """Every scanned document's digest, spilled by digest into bucket files that are each sorted alone."""
+class DigestBuckets:
+    """Every scanned document's digest, spilled by digest into bucket files that are each sorted alone.
+
+    ``docs``: how many documents will be added at most (it sets the number of buckets); ``subsets``: the
+    indices ``add`` is given range over ``[0, subsets)``.
+    """
 
     def __init__(self, directory: Path, docs: int, subsets: int):
         self.paths = [directory / f"bucket-{b}" for b in range(max(1, math.ceil(docs / BUCKET_ROWS)))]
@@ -171,18 +187,25 @@ class _DigestBuckets:
             return
         data = memoryview(chunk.values.to_numpy()).cast("B")  # the uint32 tokens as stored, little-endian
         bounds = (4 * offsets).tolist()
-        digests = b"".join(hashlib.blake2b(data[a:b], digest_size=16).digest() for a, b in zip(bounds, bounds[1:]))
+        digests = b"".join(hashlib.blake2b(data[a:b], digest_size=DIGEST_BYTES).digest()
+                           for a, b in zip(bounds, bounds[1:]))
+        self.add_digests(subset, digests, np.diff(offsets))
+
+    def add_digests(self, subset: int, digests: bytes, lengths: np.ndarray) -> None:
+        """Documents by their digests (`DIGEST_BYTES` each, over their uint32 little-endian tokens)."""
+        if not len(lengths):
+            return
         pairs = np.frombuffer(digests, "<u8").reshape(-1, 2)
         rows = np.empty(len(pairs), _ROW)
-        rows["hi"], rows["lo"], rows["subset"], rows["length"] = pairs[:, 0], pairs[:, 1], subset, np.diff(offsets)
+        rows["hi"], rows["lo"], rows["subset"], rows["length"] = pairs[:, 0], pairs[:, 1], subset, lengths
         bucket = rows["hi"] % len(self.paths)
         for b in np.unique(bucket):
             with open(self.paths[b], "ab") as f:
                 rows[bucket == b].tofile(f)
 
-    def result(self, scanned_tokens: np.ndarray) -> Duplicates:
+    def result(self, scanned_docs: np.ndarray, scanned_tokens: np.ndarray, sampled: np.ndarray) -> Duplicates:
         dup = Duplicates.empty(self.subsets)
-        dup.scanned_tokens[:] = scanned_tokens
+        dup.scanned_docs[:], dup.scanned_tokens[:], dup.sampled[:] = scanned_docs, scanned_tokens, sampled
         for path in self.paths:
             if path.exists():
                 self._count(np.fromfile(path, _ROW), dup)
@@ -210,7 +233,7 @@ class _DigestBuckets:
                         dup.cross_tokens[subset[a], subset[b]] += tokens[a]
 
 
-def _scan(root, shards: Sequence[ShardRecord], bar, digests: _DigestBuckets, subset: int, *,
+def _scan(root, shards: Sequence[ShardRecord], bar, digests: DigestBuckets, subset: int, *,
           max_row_group_bytes: int = MAX_ROW_GROUP_BYTES) -> tuple[np.ndarray, np.ndarray]:
     """Histogram of the document lengths of ``shards``, one row group in memory at a time; their digests.
 
@@ -233,7 +256,7 @@ def _scan(root, shards: Sequence[ShardRecord], bar, digests: _DigestBuckets, sub
                                            f"{max_row_group_bytes:,} a row group may take", path=str(path))
                 for chunk in pf.read_row_group(rg, columns=["tokens"]).column("tokens").chunks:
                     lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False).astype(np.int64)
-                    acc = _merge(acc, lengths)
+                    acc = merge_lengths(acc, lengths)
                     digests.add(subset, chunk)
                     docs += len(lengths)
                     tokens += int(lengths.sum())
@@ -270,7 +293,7 @@ def corpus_stats(corpus: Corpus, *, scan_tokens: int = SCAN_TOKENS) -> CorpusSta
     subsets = []
     with (progress(docs_to_scan, "document lengths and digests", "doc", unit_scale=True) as bar,
           tempfile.TemporaryDirectory(prefix="marin-digests-") as tmp):
-        digests = _DigestBuckets(Path(tmp), docs_to_scan, len(plan))
+        digests = DigestBuckets(Path(tmp), docs_to_scan, len(plan))
         for index, (name, shards) in enumerate(plan.items()):
             info = manifest.subsets[name]
             lengths_L, counts_L = _scan(corpus.root, shards, bar, digests, index)
@@ -282,5 +305,6 @@ def corpus_stats(corpus: Corpus, *, scan_tokens: int = SCAN_TOKENS) -> CorpusSta
                 lengths=lengths,
             ))
         scanned = np.array([int((s.lengths.lengths_L * s.lengths.counts_L).sum()) for s in subsets], np.int64)
-        duplicates = digests.result(scanned)
+        duplicates = digests.result(np.array([s.lengths.docs for s in subsets], np.int64), scanned,
+                                    np.array([s.lengths.sampled for s in subsets]))
     return CorpusStats.of(subsets, duplicates)

@@ -15,6 +15,8 @@ The public API (docs/design.md, "Levanter caches", says why it looks like this):
 - ``decode_chunk(data, meta, count, where) -> ndarray``: the values of one chunk file from its bytes (decode
   exactly the bytes you hashed); ``chunk_documents(tokens, ends, start) -> (tokens uint32, offsets int64)``
   cuts a data chunk at document ends, the loader's local form.
+- ``iter_ends(cache, part)`` and ``TokenReader(cache, part, vocab_size=)``: a part's document ends, one offsets
+  chunk file at a time and checked against the ledger, and its tokens by position, in bounded memory.
 - ``check_cache(cache, tokens=False, vocab_size=None, expect_bos=None) -> list[Problem]``: the structural
   checks; ``verify_source(url, ...) -> VerifyReport`` runs them (and, on a pinned corpus, the hashes).
 - ``write_cache(root, documents, dtype=, codec=LZ4|ZSTD, chunk=, inner=, layout=, parts=, tokenizer=,
@@ -39,6 +41,7 @@ from marin_data.levanter.cells import PinnedCells
 from marin_data.levanter.checks import check_cache
 from marin_data.levanter.chunkfile import decode_chunk
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
+from marin_data.levanter.documents import TokenReader, iter_ends
 from marin_data.levanter.download import CacheDownload, download_cache
 from marin_data.levanter.ledger import Ledger
 from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
@@ -48,5 +51,6 @@ from marin_data.levanter.writer import CacheWriter, write_cache
 
 __all__ = ["AdoptReport", "adopt", "LZ4", "ZSTD", "ArrayMeta", "Blosc", "CachePart", "ChunkFile", "LevanterCache",
            "open_cache", "chunk_documents", "check_cache", "decode_chunk", "CACHE", "CORPUS", "STORE", "Source",
-           "detect", "Ledger", "cell_prefixes", "is_pinned_cache", "CacheInfo", "cache_info", "show_cache",
-           "verify_source", "CacheWriter", "write_cache", "PinnedCells", "CacheDownload", "download_cache"]
+           "detect", "iter_ends", "TokenReader", "Ledger", "cell_prefixes", "is_pinned_cache", "CacheInfo",
+           "cache_info", "show_cache", "verify_source", "CacheWriter", "write_cache", "PinnedCells", "CacheDownload",
+           "download_cache"]

@@ -39,7 +39,7 @@ from marin_data.lock import corpus_lock
 from marin_data.raw.tokenizer import load_tokenizer
 from marin_data.stores.local import LocalStore
 
-__all__ = ["AdoptReport", "adopt", "cache_rows"]
+__all__ = ["AdoptReport", "adopt", "cache_rows", "subset_name"]
 
 _OURS = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, MIRRORS, RECORD, LOCK_NAME, *LISTED, *UNLISTED}
 
@@ -64,7 +64,8 @@ class _Job:
     meta: object = None  # the data array's ArrayMeta, to count a data chunk file's stored inner chunks
 
 
-def _subset_name(text: str) -> str:
+def subset_name(text: str) -> str:
+    """A subset name made of a folder's name (a single cache's one subset): what a name may not hold becomes ``-``."""
     return re.sub(r"[^A-Za-z0-9_.\-=]+", "-", text).strip("-.") or "cache"
 
 
@@ -94,8 +95,8 @@ def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, v
         raise CorpusConflictError(f"{', '.join(taken)} already there: adopt writes its own and overwrites no file; "
                                   "move them away first", path=str(root), actual=taken)
     loaded = load_tokenizer(tokenizer)
-    name = name or _subset_name(root.resolve().name)
-    cells = {_subset_name(name): ""} if found.kind == CACHE else {c: c for c in found.cells}
+    name = name or subset_name(root.resolve().name)
+    cells = {subset_name(name): ""} if found.kind == CACHE else {c: c for c in found.cells}
     caches = {s: open_cache(found.store, p, require_finished=False) for s, p in cells.items()}
     problems = [p for c in caches.values() for p in check_cache(c, vocab_size=loaded.info.vocab_size)]
     if problems:

@@ -76,6 +76,11 @@ class ArrayMeta:
     def chunk_key(self, k: int) -> str:
         return f"c{self.separator}{k}"
 
+    @property
+    def codec(self) -> str:
+        """How inner chunks are stored, for people: ``blosc lz4 clevel 5``, ``blosc zstd clevel 1`` or ``raw``."""
+        return "raw" if self.blosc is None else f"blosc {self.blosc.cname} clevel {self.blosc.clevel}"
+
 
 def _bad(what: str, where: str, actual: object = None) -> CacheFormatError:
     return CacheFormatError(f"unsupported zarr.json: {what}", path=where, actual=actual)

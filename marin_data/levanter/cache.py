@@ -103,6 +103,11 @@ class LevanterCache:
     def dtype(self) -> str:
         return self.parts[0].data.dtype if self.parts else "int32"
 
+    @property
+    def codec(self) -> str:
+        """Its token array's codec (`ArrayMeta.codec`; ``raw`` for a cache without parts)."""
+        return self.parts[0].data.codec if self.parts else "raw"
+
     def where(self, path: str) -> str:
         return self.store.describe(path)
 

@@ -21,7 +21,7 @@ from marin_data.levanter.chunkfile import read_index
 from marin_data.levanter.ledger import LEDGER, SHARDED, STATS, SUCCESS, TOKENS_FIELD, parse_stats
 from marin_data.levanter.source import join, read_file, read_tail
 
-__all__ = ["TOKEN_DTYPES", "check_cache"]
+__all__ = ["TOKEN_DTYPES", "check_cache", "read_stats", "stats_mismatches"]
 
 TOKEN_DTYPES = ("int32", "int64")  # what Levanter's token caches hold
 
@@ -84,18 +84,30 @@ def _ledgers(cache: LevanterCache) -> list[Problem]:
     return found
 
 
+def read_stats(cache: LevanterCache) -> dict[str, int] | None:
+    """Marin's ``.stats.json`` beside the cache's ledger (`parse_stats`), None when there is none.
+
+    Raises:
+        CacheFormatError: it is malformed or larger than such a file may be.
+    """
+    data = read_file(cache.store, join(cache.prefix, STATS), limit=1 << 20)
+    return None if data is None else parse_stats(data, cache.where(join(cache.prefix, STATS)))
+
+
+def stats_mismatches(cache: LevanterCache, stats: dict[str, int]) -> dict[str, tuple[int, int | None]]:
+    """The fields of ``stats`` (`read_stats`) that contradict the ledger: name -> (stated, the ledger's)."""
+    want = {"total_tokens": cache.ledger.tokens, "total_elements": cache.ledger.total_num_rows}
+    return {k: (v, want[k]) for k, v in stats.items() if v != want[k]}
+
+
 def _stats(cache: LevanterCache) -> list[Problem]:
     path = join(cache.prefix, STATS)
     try:
-        data = read_file(cache.store, path, limit=1 << 20)
-        if data is None:
-            return []
-        stats = parse_stats(data, cache.where(path))
+        stats = read_stats(cache)
     except CacheFormatError as e:
         return [_p(path, ProblemKind.BAD_CACHE_FILE, e.message)]
-    want = {"total_tokens": cache.ledger.tokens, "total_elements": cache.ledger.total_num_rows}
-    return [_p(path, ProblemKind.STATS_MISMATCH, f"{k} is {v}, the ledger says {want[k]}", want[k], v)
-            for k, v in stats.items() if v != want[k]]
+    return [_p(path, ProblemKind.STATS_MISMATCH, f"{k} is {v}, the ledger says {want}", want, v)
+            for k, (v, want) in stats_mismatches(cache, stats or {}).items()]
 
 
 def _dtypes(part: CachePart) -> list[Problem]:

@@ -28,7 +28,7 @@ from marin_data.levanter.source import read_file
 from marin_data.raw.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_from_bytes
 from marin_data.stores.base import METADATA_LIMIT
 
-__all__ = ["CacheInfo", "cache_info", "show_cache", "open_cells"]
+__all__ = ["CacheInfo", "cache_info", "show_cache", "open_cells", "cell_bytes"]
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,17 @@ def open_cells(found: Source, subsets: list[str] | None) -> dict[str, LevanterCa
     return {c: open_cache(found.store, c) for c in select_subsets(found.cells, subsets, what="cell")}
 
 
+def cell_bytes(found: Source) -> dict[str, int]:
+    """The bytes of each cell's files from one listing of the store (a single cache: one entry named "")."""
+    sizes: dict[str, int] = {}
+    for o in found.store.list():
+        cell = next((c for c in found.cells if o.path.startswith(c + "/")), "")
+        sizes[cell] = sizes.get(cell, 0) + o.size
+    return sizes
+
+
 def _describe(cache: LevanterCache) -> str:
-    meta = cache.parts[0].data if cache.parts else None
-    codec = "raw" if meta is None or meta.blosc is None else f"blosc {meta.blosc.cname} clevel {meta.blosc.clevel}"
-    return f"{cache.ledger.layout} ({cache.dtype}, {codec})"
+    return f"{cache.ledger.layout} ({cache.dtype}, {cache.codec})"
 
 
 def cache_info(url: str | os.PathLike, **store_options) -> CacheInfo:
@@ -76,10 +83,7 @@ def cache_info(url: str | os.PathLike, **store_options) -> CacheInfo:
             cannot be opened.
     """
     found = detect(url, **store_options)
-    sizes: dict[str, int] = {}
-    for o in found.store.list():
-        cell = next((c for c in found.cells if o.path.startswith(c + "/")), "")
-        sizes[cell] = sizes.get(cell, 0) + o.size
+    sizes = cell_bytes(found)
     cells = open_cells(found, None)
     return CacheInfo(root=str(url), kind=found.kind, layouts={k: _describe(c) for k, c in cells.items()},
                      cells={k: SubsetInfo(docs=c.rows, tokens=c.tokens, bytes=sizes.get(k, 0),
