@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import json
 import logging
 import mmap
@@ -54,13 +53,14 @@ from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_f
 from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.shard import check_schema
 from marin_data.errors import ShardChecksumError, ShardFormatError, ShardMissingError
+from marin_data.levanter.readers import read_checked
 from marin_data.parquet_io import open_parquet
 from marin_data.untrusted_json import loads
 
 if TYPE_CHECKING:
     from marin_data.levanter.cells import PinnedCells
 
-__all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "LocalFiles", "read_checked", "default_cache_dir",
+__all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "default_cache_dir",
            "map_npy", "SEAL", "sealed"]
 
 log = logging.getLogger(__name__)
@@ -307,39 +307,6 @@ def _fill_pages(address: int, size: int, mapping: mmap.mmap | None = None) -> in
 @functools.lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
-
-
-@dataclass(frozen=True)
-class LocalFiles:
-    """The rows of a corpus on local disk, read whole and checked (`read_checked`): the reader a
-    `marin_data.levanter.PinnedCells` of a local pinned cache is given."""
-
-    root: Path
-    verify: bool = True
-
-    def __call__(self, row: ShardRecord) -> bytes:
-        return read_checked(self.root / row.path, row, verify=self.verify)
-
-
-def read_checked(source: Path, shard: ShardRecord, *, verify: bool = True) -> bytes:
-    """The whole of a row's file (at most ``shard.bytes`` + 1 bytes are read), checked against its size and
-    SHA-256 when ``verify``: the bytes a decode then reads are the bytes that were hashed.
-
-    Raises:
-        ShardMissingError: the file is not there; ShardChecksumError: its size or SHA-256 differs.
-    """
-    try:
-        with open(source, "rb") as f:
-            data = f.read(shard.bytes + 1)
-    except FileNotFoundError:
-        raise ShardMissingError(f"file of subset {shard.subset!r} is not on local disk", path=str(source)) from None
-    if verify:
-        digest = hashlib.sha256(data).hexdigest()
-        if (digest, len(data)) != (shard.sha256, shard.bytes):
-            raise ShardChecksumError(f"sha256/size {digest[:12]}…/{len(data)}{'+' * (len(data) > shard.bytes)} != "
-                                     f"{shard.sha256[:12]}…/{shard.bytes} listed in the shard index: the file was "
-                                     "modified", path=str(source), expected=shard.sha256, actual=digest)
-    return data
 
 
 def _decode_chunk_into(source: Path, shard: ShardRecord, cells: PinnedCells, tokens_path: Path, offsets_path: Path,
