@@ -14,13 +14,15 @@ import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from marin_data.arrays import numbers, strings
 from marin_data.atomic import atomic_path, sha256_file
-from marin_data.errors import ShardFormatError
+from marin_data.errors import ShardChecksumError, ShardFormatError, ShardMissingError
 from marin_data.layout import DATA
+from marin_data.corpus.records import ShardRecord
 from marin_data.parquet_io import open_parquet
 from marin_data.raw.tokenizer import TokenizerInfo
 
@@ -37,7 +39,10 @@ __all__ = [
     "ShardWriter",
     "read_shard",
     "check_schema",
+    "check_shard_file",
+    "check_shard_counts",
     "inspect_shard",
+    "count_tokens",
 ]
 
 ROW_GROUP_TOKENS = 1 << 20  # ~1M tokens per row group: a unit a reader can decode and seek to
@@ -244,6 +249,28 @@ def check_schema(schema, path: str | os.PathLike) -> None:
                                path=str(path), expected=want, actual=got)
 
 
+def check_shard_file(path: Path, shard: ShardRecord) -> None:
+    """Raise unless the local file of ``shard`` has the index's SHA-256 and size.
+
+    Raises:
+        ShardMissingError: it is not on local disk (a partial download); ShardChecksumError: it differs.
+    """
+    if not path.exists():
+        raise ShardMissingError(f"shard of subset {shard.subset!r} is not on local disk", path=str(path))
+    if (actual := sha256_file(path)) != (shard.sha256, shard.bytes):
+        raise ShardChecksumError(f"sha256/size {actual[0][:12]}…/{actual[1]} != {shard.sha256[:12]}…/{shard.bytes} "
+                                 "listed in the shard index: the file was modified", path=str(path),
+                                 expected=shard.sha256, actual=actual[0])
+
+
+def check_shard_counts(path: Path, shard: ShardRecord, docs: int, tokens: int) -> None:
+    """Raise `ShardFormatError` unless a shard read whole held the index's documents and tokens."""
+    if (docs, tokens) != (shard.docs, shard.tokens):
+        raise ShardFormatError(f"holds {docs} documents / {tokens} tokens, the index says {shard.docs} / "
+                               f"{shard.tokens}", path=str(path), expected=(shard.docs, shard.tokens),
+                               actual=(docs, tokens))
+
+
 @dataclass(frozen=True)
 class ShardInspection:
     docs: int
@@ -251,6 +278,7 @@ class ShardInspection:
     row_groups: int
     tokenizer_sha256: str | None
     token_encodings: tuple[str, ...]  # Parquet encodings of the token values, e.g. ("BYTE_STREAM_SPLIT",)
+    # ``tokens`` is the footer's count of values: an empty document counts as one (`count_tokens` is exact)
 
 
 def inspect_shard(path: str | os.PathLike) -> ShardInspection:
@@ -280,3 +308,14 @@ def inspect_shard(path: str | os.PathLike) -> ShardInspection:
     fp = kv.get(_META_TOKENIZER)
     return ShardInspection(docs=md.num_rows, tokens=tokens, row_groups=md.num_row_groups,
                            tokenizer_sha256=fp.decode() if fp else None, token_encodings=tuple(encodings))
+
+
+def count_tokens(path: str | os.PathLike) -> int:
+    """The tokens of a shard, decoded row group by row group. A footer cannot tell them when documents are
+    empty: it counts a document without tokens as one value of the column (`inspect_shard`'s ``tokens``)."""
+    with open_parquet(path) as pf:
+        total = 0
+        for group in range(pf.metadata.num_row_groups):
+            offsets = pf.read_row_group(group, columns=["tokens"]).column("tokens").combine_chunks().offsets
+            total += int(offsets[-1].as_py()) - int(offsets[0].as_py()) if len(offsets) else 0
+    return total

@@ -42,14 +42,18 @@ def check_cache(cache: LevanterCache, *, tokens: bool = False, vocab_size: int |
 
 
 def refuse_problems(problems: list[Problem], where: str) -> None:
-    """Raise for structural findings before anything is written: `CacheUnfinishedError` when a writer never
-    finished a cache (rebuild or wait), else `CacheCheckError` listing them (the first five in the message)."""
+    """Raise for structural findings before anything is written (the first five in the message): a writer
+    never finished a cache (`CacheUnfinishedError`), a file is missing or damaged (`CacheFormatError`), or the
+    cache contradicts itself (`CacheCheckError`, listing them all)."""
     if not problems:
         return
     listing = "; ".join(f"{p.path}: {p.message}" for p in problems[:5])
     message = f"{len(problems)} structural problems, nothing written: {listing}"
-    if any(p.kind == ProblemKind.UNFINISHED for p in problems):
+    kinds = {p.kind for p in problems}
+    if ProblemKind.UNFINISHED in kinds:
         raise CacheUnfinishedError(message, path=where)
+    if ProblemKind.BAD_CACHE_FILE in kinds:
+        raise CacheFormatError(message, path=where)
     raise CacheCheckError(message, path=where, problems=problems)
 
 
