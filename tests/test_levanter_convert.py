@@ -52,8 +52,10 @@ def make_source(root: Path, *, layout: str, dtype: str, codec) -> dict[str, list
     options = {"layout": layout, "parts": 3, "dtype": dtype, "codec": codec}
     cells = make_store(root, {"cluster=0/quality=1": 120, "cluster=1/quality=4": 60}, **options)
     cells["cluster=2/quality=0"] = edge_documents()
-    write_cache(root / "cluster=2/quality=0", cells["cluster=2/quality=0"], chunk=CHUNK, inner=INNER,
-                tokenizer="tiny", vocab_size=VOCAB, **options)
+    cells["cluster=3/quality=0"] = [np.zeros(0, np.int64)] * 3  # rows without a token: parts with no chunk file
+    for cell in ("cluster=2/quality=0", "cluster=3/quality=0"):
+        write_cache(root / cell, cells[cell], chunk=CHUNK, inner=INNER, tokenizer="tiny", vocab_size=VOCAB,
+                    **options)
     return cells
 
 
