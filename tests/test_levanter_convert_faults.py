@@ -170,6 +170,11 @@ def test_flags_that_do_not_fit_the_source_are_usage_errors(tmp_path, tiny_tokeni
         ((tmp_path / "store", "--format", "marin", "--tokenizer", tiny_tokenizer, "--codec", "zstd"), "--codec"),
         ((tmp_path / "corpus", "--format", "levanter", "--shard-tokens", "1M"), "--shard-tokens"),
         ((tmp_path / "nowhere", "--format", "marin"), "no folder"),
+        ((tmp_path / "store", "--format", "marin", "--tokenizer", tiny_tokenizer, "--manifest-sha256", "ab" * 32),
+         "no manifest to pin"),
+        ((tmp_path / "store", "--format", "marin", "--tokenizer", tiny_tokenizer, "--endpoint-url", "http://x"),
+         "s3:// and hf:// sources only"),
+        (("s3://bucket/corpus", "--format", "levanter"), "from local disk"),
     ]:
         done, err = convert(*args, "--to", tmp_path / "out", capsys=capsys)
         assert (done, says in err) == (2, True), (args, err)

@@ -81,10 +81,17 @@ def command(source: str, dest: Path, format_: str, subsets: tuple[str, ...], tok
     from marin_data.levanter.detect import CORPUS, detect
 
     check_sha256(manifest_sha256)
-    options = remote_options(source, endpoint_url, profile, anonymous, requester_pays, endpoint, token) \
-        if is_url(source) else {}
-    if not is_url(source) and not Path(source).is_dir():
-        raise click.UsageError(f"{source!r} is no folder (a remote source is named s3://... or hf://...)")
+    if is_url(source):
+        if format_ == LEVANTER:
+            raise click.UsageError("a published corpus is converted from local disk: `marin-data download` the "
+                                   "subsets you want first (every shard checked), then convert the copy")
+        options = remote_options(source, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
+    else:
+        if endpoint_url or profile or anonymous or requester_pays or endpoint or token:
+            raise click.UsageError("the store options apply to s3:// and hf:// sources only")
+        if not Path(source).is_dir():
+            raise click.UsageError(f"{source!r} is no folder (a remote source is named s3://... or hf://...)")
+        options = {}
     given = {"--tokenizer": tokenizer, "--name": name, "--license": license_, "--shard-tokens": shard_tokens,
              "--token-dtype": token_dtype, "--codec": codec}
     other = ("--token-dtype", "--codec") if format_ == MARIN else ("--tokenizer", "--name", "--license",

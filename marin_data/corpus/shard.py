@@ -157,16 +157,19 @@ class ShardWriter:
 
     def write(self, ids: Sequence[str], tokens: np.ndarray, offsets: np.ndarray) -> None:
         """Append documents: ``tokens`` ``[N]`` uint32 and ``offsets`` ``[len(ids) + 1]`` int64 as in
-        `write_shard`."""
+        `write_shard`. A large batch is taken about a row group at a time, so the buffer never copies more."""
         tokens = np.ascontiguousarray(tokens, dtype=np.uint32)
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         if len(offsets) != len(ids) + 1 or offsets[0] != 0 or offsets[-1] != len(tokens):
             raise ValueError(f"offsets do not describe {len(ids)} documents over {len(tokens)} tokens")
-        self._ids.extend(ids)
-        self._tokens.append(tokens)
-        self._lengths.append(np.diff(offsets))
-        self.docs, self.tokens = self.docs + len(ids), self.tokens + len(tokens)
-        self._cut()
+        steps = np.searchsorted(offsets, np.arange(self.row_group_tokens, len(tokens), self.row_group_tokens))
+        bounds = [0, *sorted({int(b) for b in steps if 0 < b < len(ids)}), len(ids)]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            self._ids.extend(ids[a:b])
+            self._tokens.append(tokens[offsets[a]:offsets[b]])
+            self._lengths.append(np.diff(offsets[a:b + 1]))
+            self.docs, self.tokens = self.docs + b - a, self.tokens + int(offsets[b] - offsets[a])
+            self._cut()
 
     def close(self) -> ShardStats:
         """Write the last row group, rename the file into place and return its `ShardStats`."""

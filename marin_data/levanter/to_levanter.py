@@ -86,14 +86,14 @@ def convert_to_levanter(source: str | os.PathLike, *, dest: str | os.PathLike, s
     t0 = time.perf_counter()
     if dtype not in TOKEN_DTYPES:
         raise ValueError(f"token dtype {dtype!r}: {' or '.join(TOKEN_DTYPES)}")
+    if "://" in str(source):
+        raise UnsupportedFormatError("a published corpus is converted from local disk: `marin-data download` the "
+                                     "subsets you want first (every shard checked), then convert the copy",
+                                     path=str(source))
     found = detect(source)
     if found.kind != CORPUS or found.pinned_cache:
         raise UnsupportedFormatError("not a marin corpus of Parquet shards: nothing to convert to Levanter caches "
                                      "(a pinned Levanter cache already is one)", path=str(source))
-    if not isinstance(found.store, LocalStore):
-        raise UnsupportedFormatError("a published corpus is converted from local disk: `marin-data download` the "
-                                     "subsets you want first (every shard checked), then convert the copy",
-                                     path=str(source))
     refuse_inside(found, dest)
     corpus = load_corpus(source, manifest_sha256=manifest_sha256)
     chosen = select_subsets(corpus.manifest.subsets, subsets)

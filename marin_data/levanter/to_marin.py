@@ -40,7 +40,8 @@ from marin_data.corpus.records import SubsetInfo
 from marin_data.corpus.shard import ShardStats, ShardWriter, shard_path
 from marin_data.corpus.sources import check_recorded, sources_path
 from marin_data.engines.local import default_workers
-from marin_data.errors import CacheCheckError, InvalidTokenizerError, UnknownSubsetError, UnsupportedFormatError
+from marin_data.errors import CacheCheckError, InvalidManifestError, InvalidTokenizerError, UnknownSubsetError, \
+    UnsupportedFormatError
 from marin_data.layout import MANIFEST, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 from marin_data.levanter.arraymeta import render_array_meta
 from marin_data.levanter.cache import CachePart, ChunkFile, LevanterCache, open_cache
@@ -108,6 +109,9 @@ def convert_to_marin(source: str | os.PathLike, *, dest: str | os.PathLike, toke
         raise ValueError(f"shard_tokens must be positive, not {shard_tokens}")
     found = detect(source, **store_options)
     refuse_inside(found, dest)
+    if manifest_sha256 and found.kind != CORPUS:
+        raise InvalidManifestError("a Levanter cache has no manifest to pin until it is adopted: pass no "
+                                   "manifest sha256", path=str(source))
     if found.kind == CORPUS:
         loaded, cells = _pinned_cells(found, tokenizer=tokenizer, name=name, subsets=subsets,
                                       manifest_sha256=manifest_sha256)
@@ -185,9 +189,13 @@ def _unpinned_cells(found: Source, source: str | os.PathLike, *, tokenizer: str 
     with ThreadPoolExecutor(max_workers=max(1, min(default_workers() if local else REMOTE_WORKERS,
                                                    len(prefixes)))) as pool:
         caches = dict(zip(prefixes, pool.map(lambda p: open_cache(found.store, p), prefixes.values())))
-    return loaded, [_Cell(subset, cache, cache.document_ends, lambda part, chunk, c=cache: c.read_chunk(chunk, part.data),
+    return loaded, [_Cell(subset, cache, cache.document_ends, functools.partial(_read_values, cache),
                           _identity(cache, sorted(files.get(subset, ()))))
                     for subset, cache in caches.items()]
+
+
+def _read_values(cache: LevanterCache, part: CachePart, chunk: ChunkFile) -> np.ndarray:
+    return cache.read_chunk(chunk, part.data)
 
 
 def _pinned_cells(found: Source, *, tokenizer: str | None, name: str | None, subsets: Sequence[str] | None,
@@ -304,8 +312,9 @@ def _part(work: Path, n: int) -> Path:
 
 def _documents(cell: _Cell, first_row: int, vocab: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """The cell's documents from row ``first_row`` on, chunk file by chunk file: ``(row of the first, tokens
-    uint32, lengths)`` of those that end in it. A document crossing chunk files is carried to the one it
-    ends in (held whole: a document is never cut); empty rows keep their place.
+    uint32, lengths)`` of those that end in it. A document crossing chunk files is carried (copied: the chunk
+    it began in is dropped) to the one it ends in and given alone; the others are views of their chunk file's
+    values. Empty rows keep their place.
 
     Raises:
         CacheCheckError: a token id outside ``[0, vocab)``.
@@ -318,22 +327,28 @@ def _documents(cell: _Cell, first_row: int, vocab: int) -> Iterator[tuple[int, n
         ends = cell.ends(part)
         d = max(0, first_row - base)  # the next row to give
         pos = int(ends[d - 1]) if d else 0  # where it starts in the part's flat tokens
-        carry = np.zeros(0, np.uint32)  # tokens [pos, chunk.start) read but not given yet
+        carry: list[np.ndarray] = []  # its tokens [pos, chunk.start), read from earlier chunk files
         for chunk in part.data_chunks():
             if chunk.stop <= pos:
                 continue  # given before a resume
             values = _checked(cell.values(part, chunk), vocab, cell.cache.where(chunk.path), chunk.start)
-            values = values[max(0, pos - chunk.start):]
-            flat = np.concatenate([carry, values]) if len(carry) else values  # tokens [pos, chunk.stop)
+            at = max(pos, chunk.start)  # the flat position of values[0] from here on
+            values = values[at - chunk.start:]
             e = int(np.searchsorted(ends, chunk.stop, "right"))  # rows [d, e) end by the chunk's end
+            if carry:  # row d began in an earlier chunk file
+                if e == d:
+                    carry.append(values.copy())  # and goes on past this one
+                    continue
+                yield base + d, np.concatenate([*carry, values[:int(ends[d]) - at]]), np.array([ends[d] - pos])
+                carry, pos, d = [], int(ends[d]), d + 1
             if e > d:
                 stop = int(ends[e - 1])
-                yield base + d, flat[:stop - pos], np.diff(ends[d:e], prepend=pos)
-                carry, pos, d = flat[stop - pos:], stop, e
-            else:
-                carry = flat
+                yield base + d, values[pos - at:stop - at], np.diff(ends[d:e], prepend=pos)
+                pos, d = stop, e
+            if len(rest := values[pos - at:]):
+                carry.append(rest.copy())
         if d < part.rows:  # rows ending at the part's last token (empty rows, or a part with no tokens)
-            yield base + d, carry, np.diff(ends[d:], prepend=pos)
+            yield base + d, np.zeros(0, np.uint32), np.diff(ends[d:], prepend=pos)
         base += part.rows
 
 
