@@ -33,10 +33,10 @@ import numpy as np
 from marin_data.atomic import atomic_write_bytes
 from marin_data.corpus.build import DEFAULT_SHARD_TOKENS, check_corpus, place_shards, remove_staging
 from marin_data.corpus.commit import commit_corpus, finish_commit
-from marin_data.corpus.manifest import Manifest, load_corpus, shards_fingerprint
+from marin_data.corpus.manifest import Corpus, Manifest, load_corpus, shards_fingerprint
 from marin_data.corpus.markers import canonical, read_marker
 from marin_data.corpus.names import as_subset_name, check_subset_name, select_subsets
-from marin_data.corpus.records import SubsetInfo
+from marin_data.corpus.records import ShardRecord, SubsetInfo
 from marin_data.corpus.shard import ShardStats, ShardWriter, shard_path
 from marin_data.corpus.sources import check_recorded, sources_path
 from marin_data.engines.local import default_workers
@@ -90,8 +90,8 @@ def convert_to_marin(source: str | os.PathLike, *, dest: str | os.PathLike, toke
         subsets: cell names or globs of a store (default: all).
         license: the SPDX id recorded for each new subset.
         shard_tokens: the most tokens a shard holds (a longer document gets a shard of its own).
-        workers: cells converted at once, each on a thread holding one decoded chunk file (0.5-1 GiB at
-            Levanter's grid) and a row group (default: one per available core).
+        workers: cells converted at once, each on a thread holding one decoded chunk file (0.5 GiB of int32 at
+            Levanter's grid, 1.5 GiB of int64 with its uint32 copy) and a row group (default: one per core).
         manifest_sha256: a pinned source's manifest must have this sha256.
 
     Raises:
@@ -145,19 +145,26 @@ def convert_to_marin(source: str | os.PathLike, *, dest: str | os.PathLike, toke
                       "tokenizer_sha256": info.sha256, "docs": sum(s.docs for s in stats),
                       "tokens": sum(s.tokens for s in stats)}
             atomic_write_bytes(root / sources_path(c.subset), canonical(record), root=root)
-        manifest = existing.manifest if existing else Manifest(name=root.resolve().name, version="0.1.0",
-                                                               tokenizer=info)
-        manifest = replace(manifest, subsets={**manifest.subsets,
-                                              **{c.subset: SubsetInfo(0, 0, 0, 0, license=license) for c in todo}})
-        kept = [f for f in manifest.files if f not in (TOKENIZER, SHARDS_INDEX, SUMS)]
-        digest = commit_corpus(root, manifest, [*(existing.shards if existing else ()), *records],
-                               extra_files=sorted({*kept, *(sources_path(c.subset) for c in todo)}))
-        for c in todo:
-            remove_staging(root, _staging(root, c.subset))
+        digest = _commit(root, existing, info, {c.subset: license for c in todo}, records)
     return ConvertReport(str(source), str(dest), MARIN, tuple(c.subset for c in todo), reused, empty,
                          docs=sum(r.docs for r in records), tokens=sum(r.tokens for r in records),
                          files=len(records), bytes=sum(r.bytes for r in records),
                          seconds=time.perf_counter() - t0, manifest_sha256=digest)
+
+
+def _commit(root: Path, existing: Corpus | None, info: TokenizerInfo, licenses: dict[str, str],
+            records: list[ShardRecord]) -> str:
+    """Commit the new subsets (their shards placed, their records written) into the corpus, the manifest last;
+    drop their staging. Returns the manifest's sha256."""
+    manifest = existing.manifest if existing else Manifest(name=root.resolve().name, version="0.1.0", tokenizer=info)
+    manifest = replace(manifest, subsets={**manifest.subsets,
+                                          **{s: SubsetInfo(0, 0, 0, 0, license=lic) for s, lic in licenses.items()}})
+    kept = [f for f in manifest.files if f not in (TOKENIZER, SHARDS_INDEX, SUMS)]
+    digest = commit_corpus(root, manifest, [*(existing.shards if existing else ()), *records],
+                           extra_files=sorted({*kept, *map(sources_path, licenses)}))
+    for subset in licenses:
+        remove_staging(root, _staging(root, subset))
+    return digest
 
 
 # --- the source's cells ----------------------------------------------------------------------------------
