@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from marin_data.errors import InvalidManifestError
 from marin_data.layout import LOCK_NAME, STAGING
 from marin_data.levanter import to_levanter, to_marin
 from marin_data.levanter.adopt import adopt
+from marin_data.levanter.convert import on_threads
 
 KILLED = 99
 CELLS = {"cluster=0/quality=0": 60, "cluster=0/quality=4": 90, "cluster=1/quality=4": 40}
@@ -122,6 +124,26 @@ def test_a_convert_to_levanter_killed_midway_keeps_the_finished_caches(tmp_path,
     assert report.reused == (first,) and writers[0] == len(CELLS) - 1
     assert {p: p.stat().st_ino for p in (tmp_path / "out" / first).rglob("*")} == kept
     assert files(tmp_path / "out") == files(tmp_path / "reference")
+
+
+def test_the_first_failing_unit_stops_the_others_at_their_next_step():
+    """A cell that fails stops the run: the others give up at their next chunk file instead of converting on."""
+    steps, started = [0], threading.Event()
+
+    def work(item: int, run) -> int:
+        if item == 0:
+            started.wait(5)
+            raise ValueError("cell 0 is broken")
+        started.set()
+        for _ in range(500):  # five seconds, unless told to stop
+            run.check()
+            steps[0] += 1
+            time.sleep(0.01)
+        return item
+
+    with pytest.raises(ValueError, match="cell 0 is broken"):
+        on_threads(work, [0, 1, 2], workers=2, tokens=0)
+    assert steps[0] < 100  # stopped, not run to its end; item 2 never started
 
 
 def _unfinished(store: Path) -> None:

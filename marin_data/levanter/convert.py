@@ -20,8 +20,9 @@ from typing import TypeVar
 from marin_data.errors import ConvertConflictError
 from marin_data.levanter.detect import Source
 from marin_data.stores.local import LocalStore
+from marin_data.ui import progress
 
-__all__ = ["MARIN", "LEVANTER", "FORMATS", "ConvertReport", "Stopped", "refuse_inside", "on_threads"]
+__all__ = ["MARIN", "LEVANTER", "FORMATS", "ConvertReport", "Stopped", "Run", "refuse_inside", "on_threads"]
 
 MARIN = "marin"  # a Parquet corpus
 LEVANTER = "levanter"  # a store of Levanter caches
@@ -62,27 +63,44 @@ def refuse_inside(found: Source, dest: str | os.PathLike) -> None:
 
 
 class Stopped(Exception):
-    """Raised by a unit of `on_threads` work that saw ``stop`` set: another unit failed, or the run was
-    interrupted. Never leaves `on_threads`."""
+    """Raised by a unit of `on_threads` work told to stop (`Run.check`); never leaves `on_threads`."""
 
 
-def on_threads(work: Callable[[T, threading.Event], R], items: Sequence[T], workers: int) -> list[R]:
-    """``work(item, stop)`` for every item, ``workers`` at a time on threads; the results in order.
+class Run:
+    """What each unit of `on_threads` work is handed: ``count(n)`` moves the run's tokens bar, and ``check()``
+    raises `Stopped` once another unit has failed or the run was interrupted."""
 
-    The first error (or an interrupt) sets ``stop``, which each unit checks between its steps (raising
-    `Stopped`, its finished steps kept for a re-run), cancels the units not started and is raised: a failed
-    cell of a 200-cell store stops the run in one step, not after the other 199.
+    def __init__(self, bar) -> None:
+        self._bar, self._lock, self.stop = bar, threading.Lock(), threading.Event()
+
+    def count(self, tokens: int) -> None:
+        with self._lock:
+            self._bar.update(tokens)
+
+    def check(self) -> None:
+        if self.stop.is_set():
+            raise Stopped
+
+
+def on_threads(work: Callable[[T, Run], R], items: Sequence[T], *, workers: int, tokens: int) -> list[R]:
+    """``work(item, run)`` for every item, ``workers`` at a time on threads, under one progress bar of
+    ``tokens``; the results in order.
+
+    The first error (or an interrupt) stops the other units at their next `Run.check` (their finished steps
+    kept for a re-run), cancels those not started and is raised: a failed cell of a 200-cell store stops the
+    run at once, not after the other 199.
     """
-    stop = threading.Event()
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as pool:
-        futures = [pool.submit(work, item, stop) for item in items]
+    with progress(tokens, "converting", "tok", unit_scale=True) as bar, \
+            ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as pool:
+        run = Run(bar)
+        futures = [pool.submit(work, item, run) for item in items]
         try:
             wait(futures, return_when=FIRST_EXCEPTION)
             failed = next((f for f in futures if f.done() and not f.cancelled() and f.exception()), None)
             if failed is not None:
                 raise failed.exception()
         except BaseException:
-            stop.set()
+            run.stop.set()
             for f in futures:
                 f.cancel()
             raise

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,14 +37,12 @@ from marin_data.layout import LOCK_NAME, MANIFEST, STAGING
 from marin_data.levanter.arraymeta import LEVANTER_CHUNK, LEVANTER_INNER, LZ4, ArrayMeta, Blosc
 from marin_data.levanter.cache import DATA_ARRAY, open_cache
 from marin_data.levanter.checks import TOKEN_DTYPES
-from marin_data.levanter.convert import LEVANTER, ConvertReport, Stopped, on_threads, refuse_inside
+from marin_data.levanter.convert import LEVANTER, ConvertReport, Run, on_threads, refuse_inside
 from marin_data.levanter.detect import CORPUS, detect, find_cells
-from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.writer import CacheWriter
 from marin_data.lock import corpus_lock
 from marin_data.parquet_io import open_parquet
 from marin_data.stores.local import LocalStore
-from marin_data.ui import progress
 
 __all__ = ["convert_to_levanter"]
 
@@ -114,17 +111,8 @@ def convert_to_levanter(source: str | os.PathLike, *, dest: str | os.PathLike, s
     with corpus_lock(root):
         reused = tuple(s for s in chosen if _finished(root, s, corpus, target))
         todo = [s for s in chosen if s not in reused]
-        lock = threading.Lock()
-        with progress(sum(corpus.manifest.subsets[s].tokens for s in todo), "converting", "tok",
-                      unit_scale=True) as bar:
-            def count(n: int) -> None:
-                with lock:
-                    bar.update(n)
-
-            def one(subset: str, stop: threading.Event) -> None:
-                _write_subset(root, subset, corpus, target, count, stop)
-
-            on_threads(one, todo, workers or default_workers())
+        on_threads(lambda subset, run: _write_subset(root, subset, corpus, target, run), todo,
+                   workers=workers or default_workers(), tokens=sum(corpus.manifest.subsets[s].tokens for s in todo))
         shutil.rmtree(root / STAGING, ignore_errors=True)
     files = [(root / s / DATA_ARRAY).glob("c/*") for s in todo]
     sizes = [p.stat().st_size for found_files in files for p in found_files]
@@ -179,18 +167,16 @@ def _finished(root: Path, subset: str, corpus: Corpus, target: _Target) -> bool:
     return True
 
 
-def _write_subset(root: Path, subset: str, corpus: Corpus, target: _Target, count: Callable[[int], None],
-                  stop: threading.Event) -> None:
+def _write_subset(root: Path, subset: str, corpus: Corpus, target: _Target, run: Run) -> None:
     """Write ``subset``'s cache under ``.staging/``, then rename it to ``root/subset``."""
     staging = root / STAGING / urllib.parse.quote(subset, safe="")
     shutil.rmtree(staging, ignore_errors=True)  # what a killed run left
     writer = CacheWriter(staging, target.data, target.offsets, metadata=target.metadata, top=root)
     for shard in sorted(corpus.shards_of([subset]), key=lambda s: s.path):
         for tokens, lengths in _shard_documents(corpus.root / shard.path, shard, target.vocab):
-            if stop.is_set():
-                raise Stopped(subset)
+            run.check()
             writer.write(tokens, lengths)
-            count(len(tokens))
+            run.count(len(tokens))
     writer.close()
     with SafeDir(root, STAGING) as src, SafeDir(root, Path(subset).parent) as dst:
         if dst.lstat(Path(subset).name) is not None:

@@ -20,7 +20,6 @@ import functools
 import hashlib
 import os
 import shutil
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
@@ -47,16 +46,15 @@ from marin_data.levanter.arraymeta import render_array_meta
 from marin_data.levanter.cache import CachePart, ChunkFile, LevanterCache, open_cache
 from marin_data.levanter.cells import PinnedCells
 from marin_data.levanter.checks import refuse_problems
-from marin_data.levanter.convert import MARIN, ConvertReport, Stopped, on_threads, refuse_inside
+from marin_data.levanter.convert import MARIN, ConvertReport, Run, on_threads, refuse_inside
 from marin_data.levanter.detect import CACHE, CORPUS, Source, detect
 from marin_data.levanter.ledger import render_ledger
-from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
+from marin_data.levanter.pinned import cell_prefixes
 from marin_data.levanter.readers import LocalFiles
 from marin_data.levanter.verify import REMOTE_WORKERS, check_cells
 from marin_data.lock import corpus_lock
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer, tokenizer_from_bytes
 from marin_data.stores.local import LocalStore
-from marin_data.ui import progress
 
 __all__ = ["convert_to_marin"]
 
@@ -267,21 +265,16 @@ def _staging(root: Path, subset: str) -> Path:
 def _write_cells(root: Path, cells: Sequence[_Cell], info: TokenizerInfo, vocab: int, shard_tokens: int,
                  workers: int | None) -> dict[str, tuple[list[str], list[ShardStats]]]:
     """Every cell's shards staged, ``workers`` cells at once: subset -> (staged paths, their stats)."""
-    lock = threading.Lock()
-    with progress(sum(c.cache.tokens for c in cells), "converting", "tok", unit_scale=True) as bar:
-        def count(n: int) -> None:
-            with lock:
-                bar.update(n)
+    def one(cell: _Cell, run: Run) -> tuple[list[str], list[ShardStats]]:
+        key = hashlib.sha256(f"{cell.identity} {shard_tokens} {info.sha256}".encode()).hexdigest()[:16]
+        return _write_cell(_staging(root, cell.subset), key, cell, info, vocab, shard_tokens, run)
 
-        def one(cell: _Cell, stop: threading.Event) -> tuple[list[str], list[ShardStats]]:
-            key = hashlib.sha256(f"{cell.identity} {shard_tokens} {info.sha256}".encode()).hexdigest()[:16]
-            return _write_cell(_staging(root, cell.subset), key, cell, info, vocab, shard_tokens, count, stop)
-
-        return dict(zip((c.subset for c in cells), on_threads(one, cells, workers or default_workers())))
+    done = on_threads(one, cells, workers=workers or default_workers(), tokens=sum(c.cache.tokens for c in cells))
+    return dict(zip((c.subset for c in cells), done))
 
 
 def _write_cell(staging: Path, key: str, cell: _Cell, info: TokenizerInfo, vocab: int, shard_tokens: int,
-                count: Callable[[int], None], stop: threading.Event) -> tuple[list[str], list[ShardStats]]:
+                run: Run) -> tuple[list[str], list[ShardStats]]:
     """One cell's shards in ``staging/levanter-<key>/``, resumed after the shards an earlier run finished."""
     work = staging / f"levanter-{key}"
     for stale in staging.glob("levanter-*") if staging.exists() else ():
@@ -294,14 +287,13 @@ def _write_cell(staging: Path, key: str, cell: _Cell, info: TokenizerInfo, vocab
         while (marker := read_marker(_part(work, len(stats)).with_suffix(".json"))) is not None \
                 and _part(work, len(stats)).exists():
             stats.append(ShardStats(**marker))
-        count(sum(s.tokens for s in stats))
+        run.count(sum(s.tokens for s in stats))
         shards = _Shards(work, cell.subset, info, shard_tokens, first=len(stats))
         try:
             for row, tokens, lengths in _documents(cell, sum(s.docs for s in stats), vocab):
-                if stop.is_set():
-                    raise Stopped(cell.subset)
+                run.check()
                 shards.add(row, tokens, lengths)
-                count(len(tokens))
+                run.count(len(tokens))
         except BaseException as e:
             shards.abort(e)
             raise
@@ -309,7 +301,7 @@ def _write_cell(staging: Path, key: str, cell: _Cell, info: TokenizerInfo, vocab
         atomic_write_bytes(work / _DONE, canonical({"shards": [asdict(s) for s in stats]}))
     else:
         stats = [ShardStats(**s) for s in done["shards"]]
-        count(sum(s.tokens for s in stats))
+        run.count(sum(s.tokens for s in stats))
     return [str(_part(work, n)) for n in range(len(stats))], stats
 
 
