@@ -186,8 +186,9 @@ def _unpinned_cells(found: Source, source: str | os.PathLike, *, tokenizer: str 
     refuse_problems(problems, str(source))
     cell_of = {p: c for c, p in prefixes.items()}
     files: dict[str, list[str]] = {}  # cell -> "path size sha256" of each of its files
-    for o in found.store.list():
-        folder = next((str(f) for f in PurePosixPath(o.path).parents if str(f) in cell_of), "" if "" in cell_of else None)
+    for o in found.store.list():  # a single cache ("") holds every file; a store's cell, those below it
+        folder = next((str(f) for f in PurePosixPath(o.path).parents if str(f) in cell_of),
+                      "" if "" in cell_of else None)
         if folder is not None:
             files.setdefault(cell_of[folder], []).append(f"{o.path[len(folder):]} {o.size} {o.sha256 or ''}")
     local = isinstance(found.store, LocalStore)
@@ -224,14 +225,14 @@ def _pinned_cells(found: Source, *, tokenizer: str | None, name: str | None, sub
     if name and not single:
         raise UnknownSubsetError("a name is given to the one subset of a single cache; a store's subsets are its "
                                  "cells", path=where, actual=name)
+    if name:
+        check_subset_name(name, "the name given")
     chosen = select_subsets(prefixes, subsets, what="cell")
     cells = PinnedCells(corpus, reader)
     cells.chunks_of(chosen)  # the index lists exactly each cache's chunk files, with the ledger's token counts
     out = []
     for subset in chosen:
         rows = [r for r in corpus.shards if r.subset == subset]
-        if name:
-            check_subset_name(name, "the name given")
         out.append(_Cell(name or subset, cells.cache(subset), functools.partial(cells.ends, subset),
                          functools.partial(cells.values, subset),
                          shards_fingerprint(rows, corpus.manifest.tokenizer.sha256)))
