@@ -29,6 +29,7 @@ __all__ = [
     "TokenizerMismatchError",
     "CorpusLockedError",
     "CorpusConflictError",
+    "ConvertConflictError",
     "InvalidTokenizerError",
     "TokenizerChecksumError",
     "UnknownDocumentError",
@@ -149,6 +150,12 @@ class CorpusLockedError(RuntimeError, MarinDataError):
 class CorpusConflictError(ValueError, MarinDataError):
     """The run contradicts what the corpus already holds (a subset built from other inputs or settings,
     another corpus name, a non-empty directory that is no corpus): abort, nothing was changed."""
+
+
+class ConvertConflictError(CorpusConflictError):
+    """A convert's destination already holds something of another origin where it would write (a subset or a
+    cache made from other data, a corpus where a store of caches goes), or the source cannot take that form
+    (a subset nested in another cannot be a cache of a store): abort, nothing was changed."""
 
 
 class InvalidTokenizerError(ValueError, MarinDataError):

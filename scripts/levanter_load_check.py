@@ -11,6 +11,10 @@ consolidated one, are not cells). A cell's path under CACHE_OR_STORE is its subs
 ``id``, ``tokens``). A single cache is compared with the corpus's only subset, or with ``--subset``.
 ``--ids`` also requires every id to be ``<subset>:<row>``.
 
+It is the check of ``marin-data convert`` with real Levanter, both ways: a store written by ``--format levanter``
+against the corpus it came from, and the caches a corpus written by ``--format marin`` came from against it
+(with ``--ids``). docs/design.md ("Converting between the formats") records a run.
+
 Exit codes: 0 every document equal; 1 any difference (tokens, rows, ids, a cell or subset on one side only, a
 cache Levanter refuses to open); 2 nothing to compare at the paths given.
 """

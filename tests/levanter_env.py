@@ -1,15 +1,23 @@
 """Small Levanter caches for tests, written with `marin_data.levanter.write_cache` (Levanter's exact array
-specs, a small chunk grid so that a few thousand tokens span several chunk files)."""
+specs, a small chunk grid so that a few thousand tokens span several chunk files), the golden caches real
+Levanter wrote (`FIXTURES`), and every document of a cache or a corpus subset read back in row order."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
 
-from marin_data.levanter import LZ4, write_cache
+from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.shard import read_shard
+from marin_data.levanter import LZ4, detect, open_cache, write_cache
 
-__all__ = ["CHUNK", "INNER", "VOCAB", "BOS", "documents", "make_cache", "make_store", "wide_tokenizer"]
+__all__ = ["CHUNK", "INNER", "VOCAB", "BOS", "FIXTURES", "LLAMA3_VOCAB", "documents", "make_cache", "make_store",
+           "cache_documents", "corpus_documents", "same_document", "wide_tokenizer"]
+
+FIXTURES = Path(__file__).parent / "fixtures" / "levanter"  # written by real Levanter: README.md there
+LLAMA3_VOCAB = 128_256  # the golden caches' token ids lie below it
 
 CHUNK = 1024  # elements per chunk file
 INNER = 256  # elements per inner chunk
@@ -39,12 +47,45 @@ def make_store(root: Path, cells: dict[str, int], **options) -> dict[str, list[n
     return {cell: make_cache(root / cell, n, seed=i, **options) for i, (cell, n) in enumerate(sorted(cells.items()))}
 
 
-def wide_tokenizer(folder: Path, vocab: int = 128_256) -> Path:
-    """A word-level ``tokenizer.json`` as wide as Llama 3's (ids ``t0``... and ``<|end_of_text|>`` last), which
-    the golden caches' ids need; it decodes ids to their words joined by spaces."""
+def cache_documents(root: Path) -> list[np.ndarray]:
+    """Every document of the cache at ``root`` in row order, as our reader decodes it."""
+    cache = open_cache(detect(str(root)).store)
+    docs = []
+    for part in cache.parts:
+        chunks = [tokens for _, tokens in cache.iter_tokens(part)]
+        flat = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+        ends = cache.document_ends(part)
+        docs += [flat[a:b] for a, b in zip(np.concatenate([[0], ends[:-1]]), ends)]
+    return docs
+
+
+def corpus_documents(root: Path, subset: str) -> tuple[list[str], list[np.ndarray]]:
+    """The ids and tokens of every document of a corpus subset, its shards in order."""
+    corpus, ids, docs = load_corpus(root), [], []
+    for shard in sorted(corpus.shards_of([subset]), key=lambda s: s.path):
+        shard_ids, tokens, offsets = read_shard(root / shard.path)
+        ids += shard_ids
+        docs += [tokens[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    return ids, docs
+
+
+def same_document(ours: np.ndarray, want: np.ndarray | list[int] | dict) -> bool:
+    """Whether ``ours`` holds the token ids of ``want``: an array, or a document as EXPECTED.json records it
+    (a list, or a long one by its length and digest)."""
+    ours = np.asarray(ours).astype(np.int64)
+    if isinstance(want, dict):
+        return len(ours) == want["length"] and hashlib.sha256(ours.astype("<i8").tobytes()).hexdigest() == \
+            want["sha256_int64le"]
+    return np.array_equal(ours, np.asarray(want, dtype=np.int64))
+
+
+def wide_tokenizer(folder: Path, vocab: int = LLAMA3_VOCAB) -> Path:
+    """A word-level ``tokenizer.json`` of ``vocab`` ids (EOS ``<|end_of_text|>`` = 0): a vocabulary the size of
+    Llama 3's, for caches of ids up to 128,255, without a download."""
     from tokenizers import Tokenizer, models
 
-    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab - 1)}, unk_token="t0"))
+    words = {"<|end_of_text|>": 0, **{f"t{i}": i for i in range(1, vocab)}}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="t1"))
     tokenizer.add_special_tokens(["<|end_of_text|>"])
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(folder / "tokenizer.json"))

@@ -41,13 +41,13 @@ def _crash_after(n: int, args: tuple) -> None:
 
     for name in _STEPS:
         setattr(os, name, wrap(getattr(os, name)))
-    place = build._place
+    place = build.place_shards
 
     def counted_place(*a, **k):
         counting[0] = True
         return place(*a, **k)
 
-    build._place = counted_place
+    build.place_shards = counted_place
     _shard(*args)
     os._exit(0)
 

@@ -8,41 +8,19 @@ chunk never stored (the fill value); the structural checks find nothing, and the
 
 from __future__ import annotations
 
-import hashlib
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
+from levanter_env import FIXTURES, cache_documents, same_document
 
 from marin_data.levanter import CACHE, STORE, check_cache, detect, open_cache
 
-FIXTURES = Path(__file__).parent / "fixtures" / "levanter"
 CACHES = json.loads((FIXTURES / "EXPECTED.json").read_text())["caches"]
-
-
-def read_documents(root: Path) -> list[np.ndarray]:
-    """Every document of the cache at ``root`` in row order, as our reader decodes it."""
-    cache = open_cache(detect(str(root)).store)
-    docs = []
-    for part in cache.parts:
-        chunks = [tokens for _, tokens in cache.iter_tokens(part)]
-        flat = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
-        ends = cache.document_ends(part)
-        docs += [flat[a:b] for a, b in zip(np.concatenate([[0], ends[:-1]]), ends)]
-    return docs
-
-
-def same_document(ours: np.ndarray, levanter: list[int] | dict) -> bool:
-    if isinstance(levanter, dict):  # a long document, recorded by its length and digest
-        return len(ours) == levanter["length"] and \
-            hashlib.sha256(ours.astype("<i8").tobytes()).hexdigest() == levanter["sha256_int64le"]
-    return ours.tolist() == levanter
 
 
 @pytest.mark.parametrize("name", sorted(CACHES))
 def test_every_document_reads_as_levanter_read_it(name):
-    ours, levanter = read_documents(FIXTURES / name), CACHES[name]["documents"]
+    ours, levanter = cache_documents(FIXTURES / name), CACHES[name]["documents"]
     assert len(ours) == len(levanter)
     assert [i for i, (a, b) in enumerate(zip(ours, levanter)) if not same_document(a, b)] == []
 

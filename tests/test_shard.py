@@ -35,7 +35,7 @@ from marin_data.arrays import numbers, strings, view
 from marin_data.corpus.build import shard_subset
 from marin_data.corpus.index import read_shard_index
 from marin_data.corpus.manifest import load_corpus
-from marin_data.corpus.shard import TOKENS_VALUES, inspect_shard
+from marin_data.corpus.shard import TOKENS_VALUES, ShardWriter, inspect_shard, write_shard
 from marin_data.corpus.sources import sources_path
 from marin_data.engines.local import LocalEngine
 from marin_data.errors import (
@@ -47,7 +47,7 @@ from marin_data.errors import (
 )
 from marin_data.layout import MANIFEST, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 from marin_data.lock import corpus_lock
-from marin_data.raw.tokenizer import load_tokenizer
+from marin_data.raw.tokenizer import TokenizerInfo, load_tokenizer
 
 SUBSET = "web/mix"
 SHARD_TOKENS = 16_000
@@ -186,6 +186,31 @@ def test_arrays_built_on_buffers_equal_those_of_pa_array():
     assert view(sliced, np.int64).tolist() == [1, 4, 1] and view(sliced.slice(3), np.int64).size == 0
     with pytest.raises(ValueError):
         view(sliced, np.uint32)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_shard_written_in_batches_is_the_bytes_of_one_write(tmp_path, seed):
+    """Row groups end at the first document end at or past each multiple of row_group_tokens (none at the
+    last token), whatever batches the documents arrive in: converters stream, `write_shard` writes once."""
+    rng = np.random.default_rng(seed)
+    info = TokenizerInfo(name="t", sha256="0" * 64, vocab_size=50, eos_id=0)
+    for trial in range(25):
+        n, every = int(rng.integers(0, 40)), int(rng.integers(1, 60))
+        lengths = rng.integers(0, 25, n) * (rng.random(n) > 0.3)  # empty documents too, also at the end
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        tokens = rng.integers(0, 50, int(offsets[-1])).astype(np.uint32)
+        ids = [f"c:{i}" for i in range(n)]
+        once = write_shard(tmp_path / "once.parquet", ids, tokens, offsets, info, row_group_tokens=every)
+        cuts = sorted({0, n, *rng.integers(0, n + 1, int(rng.integers(0, 6))).tolist()})
+        with ShardWriter(tmp_path / "batched.parquet", info, row_group_tokens=every) as writer:
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                writer.write(ids[lo:hi], tokens[offsets[lo]:offsets[hi]], offsets[lo:hi + 1] - offsets[lo])
+        assert writer.stats == once, (trial, lengths.tolist(), every, cuts)
+    assert write_shard(tmp_path / "edge.parquet", ["a", "b", "c"], np.zeros(8, np.uint32),
+                       np.array([0, 4, 8, 8]), info, row_group_tokens=4).row_groups == 2  # no cut at the end
+    with pytest.raises(ValueError), ShardWriter(tmp_path / "never.parquet", info) as writer:
+        writer.write(["a"], np.zeros(3, np.uint32), np.array([0, 2]))
+    assert not list(tmp_path.glob("never.parquet*"))  # a failed write leaves nothing behind
 
 
 def test_the_corpus_has_exactly_the_documented_layout(reference):

@@ -36,6 +36,7 @@ COMMANDS = {
     "show": "marin_data.cli.show",
     "sample": "marin_data.cli.sample",
     "adopt": "marin_data.cli.adopt",
+    "convert": "marin_data.cli.convert",
     "tokenizer": "marin_data.cli.tokenizer",
 }
 # Other installed packages add commands through this entry-point group: `marin-data train` comes from

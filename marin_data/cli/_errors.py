@@ -40,6 +40,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                               "one its training corpus has)"), 4),
     (E.TokenizerMismatchError, _with_fix("shard this subset with the corpus's tokenizer, or into a new "
                                          "corpus"), 4),
+    (E.ConvertConflictError, _with_fix("nothing was changed: convert into another destination, or leave that "
+                                       "subset out (--subset)"), 4),
     (E.CorpusConflictError, _with_fix("nothing was changed; shard into a new subset name (a child such as "
                                       "NAME/2025 is still selected by --subset NAME) or a new corpus"), 4),
     (E.TokenizerChecksumError, _with_fix("the corpus's tokenizer.json is damaged or was replaced: `marin-data "

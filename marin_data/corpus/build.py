@@ -41,7 +41,8 @@ from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES, expand_inputs
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer
 from marin_data.ui import plural, progress
 
-__all__ = ["DEFAULT_SHARD_TOKENS", "ShardReport", "run_job", "shard_subset"]
+__all__ = ["DEFAULT_SHARD_TOKENS", "ShardReport", "run_job", "shard_subset", "check_corpus", "place_shards",
+           "remove_staging"]
 
 # 2**28 tokens: ~350 MB at the measured 0.33 x 4 bytes per token, inside docs/design.md's 256 MiB-2 GiB; a
 # packing worker holds one shard's tokens in memory (~1 GiB of uint32).
@@ -138,7 +139,7 @@ def shard_subset(
     with corpus_lock(root):
         finish_commit(root)  # a commit a crash interrupted is finished first
         existing = load_corpus(root) if (root / MANIFEST).exists() else None
-        info = _check_corpus(root, existing, loaded, name=name, version=version, extra_files=extra_files)
+        info = check_corpus(root, existing, loaded, name=name, version=version, extra_files=extra_files)
         files = hash_inputs(paths)
         recipe = make_recipe(files, text_field=text_field, id_field=id_field, shard_tokens=shard_tokens)
         if existing is not None and subset in existing.manifest.subsets:
@@ -162,7 +163,7 @@ def shard_subset(
         if not any(result.docs for result in results):
             raise UnreadableInputError(f"the inputs hold no documents to shard (skipped: {skipped or 'none'})",
                                        path=files[0].path if len(files) == 1 else f"{len(files)} inputs")
-        shards = _place(root, subset, plan.packs, stats)
+        shards = place_shards(root, subset, [p.out for p in plan.packs], stats)
         record = {**recipe, "subset": subset, "tokenizer_sha256": info.sha256, "add_bos": info.add_bos,
                   "docs": sum(s.docs for s in shards), "tokens": sum(s.tokens for s in shards), "skipped": skipped}
         atomic_write_bytes(root / sources_path(subset), canonical(record), root=root)
@@ -170,7 +171,7 @@ def shard_subset(
         kept = [f for f in manifest.files if f not in (TOKENIZER, SHARDS_INDEX, SUMS)]
         digest = commit_corpus(root, manifest, [*(existing.shards if existing else ()), *shards],
                                extra_files=sorted({*kept, sources_path(subset), *extra_files}))
-        _remove_staging(root, staging)
+        remove_staging(root, staging)
     return ShardReport(corpus=str(root), subset=subset, docs=record["docs"], tokens=record["tokens"],
                        shards=len(shards), bytes=sum(s.bytes for s in shards), skipped=skipped, examples=examples,
                        units=len(units), units_reused=len(reused), manifest_sha256=digest, unchanged=False)
@@ -181,7 +182,7 @@ def _framing(info: TokenizerInfo) -> tuple:
     return info.sha256, info.vocab_size, info.eos_id, info.add_bos, info.bos_id if info.add_bos else None
 
 
-def _check_corpus(root: Path, existing: Corpus | None, loaded: LoadedTokenizer, *, name: str | None,
+def check_corpus(root: Path, existing: Corpus | None, loaded: LoadedTokenizer, *, name: str | None,
                   version: str | None, extra_files: Sequence[str]) -> TokenizerInfo:
     """Check the run fits the corpus; return the tokenizer facts its shards will carry."""
     if existing is None:
@@ -208,7 +209,7 @@ def _check_corpus(root: Path, existing: Corpus | None, loaded: LoadedTokenizer, 
 def _unchanged(root: Path, existing: Corpus, subset: str, recipe: dict) -> ShardReport:
     """The no-op for a subset already built from these inputs; `CorpusConflictError` for anything else."""
     recorded = check_recorded(root, subset, recipe)
-    _remove_staging(root, root / STAGING / urllib.parse.quote(subset, safe=""))  # left by a crash after commit
+    remove_staging(root, root / STAGING / urllib.parse.quote(subset, safe=""))  # left by a crash after commit
     info = existing.manifest.subsets[subset]
     return ShardReport(corpus=str(root), subset=subset, docs=info.docs, tokens=info.tokens, shards=info.shards,
                        bytes=info.bytes, skipped=recorded.get("skipped", {}), examples={},
@@ -262,22 +263,24 @@ def _queue_packs(packs: Iterable[tuple[int, PackJob]], jobs: list[UnitJob | Pack
             slots.append(n)
 
 
-def _place(root: Path, subset: str, packs: Sequence[PackJob], stats: Sequence[ShardStats]) -> list[ShardRecord]:
-    """Rename the staging shards to their final names; return their index rows.
+def place_shards(root: Path, subset: str, staged: Sequence[str | os.PathLike],
+                 stats: Sequence[ShardStats]) -> list[ShardRecord]:
+    """Rename a subset's staged shards (``staged[n]`` becomes its part ``n``, each with its done marker
+    ``.json`` beside it) to their final names; return their index rows.
 
     The subset is not in the manifest yet, so ``part-*.parquet`` files already in its folder come from an
     interrupted run: those this run wrote (checked by sha256) stay, others are replaced or removed.
     """
     records = []
-    for n, (job, st) in enumerate(zip(packs, stats)):
+    for n, (out, st) in enumerate(zip(staged, stats)):
         rel = shard_path(subset, n)
         dst = root / rel
-        if Path(job.out).exists():
+        if Path(out).exists():
             with SafeDir.of(dst, root) as folder:  # renamed into the folder reached without following links
                 folder.regular(dst.name)
-                os.replace(job.out, folder.proc_path(dst.name))
+                os.replace(out, folder.proc_path(dst.name))
         elif not dst.exists() or sha256_file(dst) != (st.sha256, st.bytes):  # placed by a crashed run?
-            Path(job.out).with_suffix(".json").unlink(missing_ok=True)
+            Path(out).with_suffix(".json").unlink(missing_ok=True)
             raise ShardFormatError("a staged shard vanished before it was placed; run the command again to "
                                    "rewrite it", path=str(dst))
         records.append(ShardRecord(path=rel, subset=subset, bytes=st.bytes, sha256=st.sha256, docs=st.docs,
@@ -300,7 +303,7 @@ def _merge_skips(results: Sequence[UnitResult]) -> tuple[dict[str, int], dict[st
     return dict(sorted(skipped.items())), dict(sorted(examples.items()))
 
 
-def _remove_staging(root: Path, staging: Path) -> None:
+def remove_staging(root: Path, staging: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     with contextlib.suppress(OSError):
         (root / STAGING).rmdir()  # only when no other subset's staging is left

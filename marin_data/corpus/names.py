@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = ["WRITER_NAMES", "METADATA_NAMES", "safe_relpath", "unsafe_paths", "is_reserved", "reserved_paths",
-           "check_subset_name", "check_digest", "bad_digests", "select_subsets"]
+           "check_subset_name", "as_subset_name", "check_digest", "bad_digests", "select_subsets"]
 
 # Names no listed file may take, as a path's first component (`marin_data.layout`): what writers keep beside a
 # corpus (a download writes and later readers trust them: the lock, a commit journal whose manifest
@@ -88,6 +88,11 @@ def check_subset_name(name: str, where: str) -> None:
         part in (".", "..") for part in name.split("/")
     ):
         raise InvalidManifestError(f"invalid subset name {shown(name)}", path=where, actual=name)
+
+
+def as_subset_name(text: str) -> str:
+    """A subset name made from free text (a folder's name): runs of other characters become ``-``."""
+    return re.sub(r"[^A-Za-z0-9_.\-=]+", "-", text).strip("-.") or "cache"
 
 
 def check_digest(digest: str, where: str) -> None:

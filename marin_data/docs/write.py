@@ -41,6 +41,7 @@ from marin_data.atomic import atomic_write_bytes, sha256_file
 from marin_data.corpus.commit import commit_corpus, finish_commit
 from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, Corpus, Manifest, load_corpus
 from marin_data.corpus.mirrors import read_mirrors
+from marin_data.corpus.names import as_subset_name
 from marin_data.corpus.records import SubsetInfo
 from marin_data.corpus.sample import SAMPLE_JSON, SAMPLE_META
 from marin_data.docs.cachesheet import CacheSource
@@ -55,7 +56,6 @@ from marin_data.docs.stats import SCAN_TOKENS, CorpusStats, corpus_stats
 from marin_data.errors import InvalidTokenizerError, UnpinnedCacheError, UnsupportedFormatError
 from marin_data.layout import CARD, CROISSANT, DATASHEET, FIGURES, HEATMAP, MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, \
     UNLISTED
-from marin_data.levanter.adopt import subset_name
 from marin_data.levanter.cache import open_cache
 from marin_data.levanter.describe import render_cache_card, render_cache_croissant
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
@@ -168,8 +168,8 @@ def _result(dest: Path, in_corpus: bool, digest: str | None, changed: dict[str, 
 def _source_name(url: str) -> str:
     """A cache's name from where it is: its folder's, or the last part of its URL (no ``@revision``)."""
     if "://" not in url:
-        return subset_name(Path(url).resolve().name)
-    return subset_name(PurePosixPath(url.split("://", 1)[1].rstrip("/")).name.split("@")[0])
+        return as_subset_name(Path(url).resolve().name)
+    return as_subset_name(PurePosixPath(url.split("://", 1)[1].rstrip("/")).name.split("@")[0])
 
 
 def source_subsets(source: str | os.PathLike, **store_options) -> list[str]:

@@ -1,4 +1,4 @@
-"""Levanter token caches (Zarr v3, as Levanter writes them): detect, read, check, write and pin in place.
+"""Levanter token caches (Zarr v3, as Levanter writes them): detect, read, check, write, pin in place, convert.
 
 A cache root holds ``shard_ledger.json`` and the arrays ``input_ids/offsets`` and ``input_ids/data``, or, in
 the ``sharded`` layout, ``part-NNNNN-of-MMMMM/`` sub-caches; a *store* is a tree of cache roots whose
@@ -32,6 +32,10 @@ The public API (docs/design.md, "Levanter caches", says why it looks like this):
 - ``cache_info(url) -> CacheInfo`` and ``show_cache(url, tokenizer=, subset=, n=, row=)``: ``info`` and
   ``show`` on an unpinned cache or store; ``download_cache(source, subsets=, dest=) -> CacheDownload``:
   ``download`` of one (sizes, then the copy's structure).
+- ``convert_to_marin(source, dest=, tokenizer=, name=, subsets=, shard_tokens=) -> ConvertReport``: a cache or
+  store (local, ``s3://``, ``hf://``; pinned: local) into a Parquet corpus, one subset per cell, ids
+  ``<cell>:<row>``; ``convert_to_levanter(source, dest=, subsets=, dtype=, codec=) -> ConvertReport``: a local
+  corpus into a store of consolidated caches, ``dest/<subset>/``. Both resume after a kill.
 """
 
 from marin_data.levanter.adopt import AdoptReport, adopt
@@ -39,6 +43,7 @@ from marin_data.levanter.arraymeta import LZ4, ZSTD, ArrayMeta, Blosc
 from marin_data.levanter.cache import CachePart, ChunkFile, LevanterCache, chunk_documents, open_cache
 from marin_data.levanter.cells import PinnedCells
 from marin_data.levanter.checks import check_cache
+from marin_data.levanter.convert import ConvertReport
 from marin_data.levanter.chunkfile import decode_chunk
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
 from marin_data.levanter.documents import TokenReader, iter_ends
@@ -46,6 +51,8 @@ from marin_data.levanter.download import CacheDownload, download_cache
 from marin_data.levanter.ledger import Ledger
 from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
 from marin_data.levanter.summary import CacheInfo, cache_info, show_cache
+from marin_data.levanter.to_levanter import convert_to_levanter
+from marin_data.levanter.to_marin import convert_to_marin
 from marin_data.levanter.verify import verify_source
 from marin_data.levanter.writer import CacheWriter, write_cache
 
@@ -53,4 +60,4 @@ __all__ = ["AdoptReport", "adopt", "LZ4", "ZSTD", "ArrayMeta", "Blosc", "CachePa
            "open_cache", "chunk_documents", "check_cache", "decode_chunk", "CACHE", "CORPUS", "STORE", "Source",
            "detect", "iter_ends", "TokenReader", "Ledger", "cell_prefixes", "is_pinned_cache", "CacheInfo",
            "cache_info", "show_cache", "verify_source", "CacheWriter", "write_cache", "PinnedCells", "CacheDownload",
-           "download_cache"]
+           "download_cache", "ConvertReport", "convert_to_marin", "convert_to_levanter"]

@@ -13,7 +13,6 @@ it as any other. docs/design.md ("Levanter caches") says why a chunk file is the
 from __future__ import annotations
 
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -24,14 +23,14 @@ import numpy as np
 from marin_data.atomic import atomic_write_bytes, sha256_file
 from marin_data.corpus.commit import commit_corpus
 from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, Manifest, summarize_subsets
+from marin_data.corpus.names import as_subset_name
 from marin_data.corpus.records import META, OFFSETS, SHARD, ShardRecord, SubsetInfo
-from marin_data.corpus.verify import ProblemKind
 from marin_data.engines.local import default_workers
-from marin_data.errors import CacheCheckError, CacheUnfinishedError, CorpusConflictError
+from marin_data.errors import CorpusConflictError
 from marin_data.layout import CARD, CROISSANT, LISTED, LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, STAGING, \
     SUMS, TOKENIZER, UNLISTED
 from marin_data.levanter.cache import LevanterCache, open_cache
-from marin_data.levanter.checks import check_cache
+from marin_data.levanter.checks import check_cache, refuse_problems
 from marin_data.levanter.chunkfile import EMPTY, read_index
 from marin_data.levanter.describe import render_cache_card, render_cache_croissant
 from marin_data.levanter.detect import CACHE, CORPUS, detect
@@ -39,7 +38,7 @@ from marin_data.lock import corpus_lock
 from marin_data.raw.tokenizer import load_tokenizer
 from marin_data.stores.local import LocalStore
 
-__all__ = ["AdoptReport", "adopt", "cache_rows", "subset_name"]
+__all__ = ["AdoptReport", "adopt", "cache_rows"]
 
 _OURS = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, MIRRORS, RECORD, LOCK_NAME, *LISTED, *UNLISTED}
 
@@ -62,11 +61,6 @@ class _Job:
     tokens: int = 0
     docs: int = 0
     meta: object = None  # the data array's ArrayMeta, to count a data chunk file's stored inner chunks
-
-
-def subset_name(text: str) -> str:
-    """A subset name made of a folder's name (a single cache's one subset): what a name may not hold becomes ``-``."""
-    return re.sub(r"[^A-Za-z0-9_.\-=]+", "-", text).strip("-.") or "cache"
 
 
 def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, version: str = "1",
@@ -95,17 +89,11 @@ def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, v
         raise CorpusConflictError(f"{', '.join(taken)} already there: adopt writes its own and overwrites no file; "
                                   "move them away first", path=str(root), actual=taken)
     loaded = load_tokenizer(tokenizer)
-    name = name or subset_name(root.resolve().name)
-    cells = {subset_name(name): ""} if found.kind == CACHE else {c: c for c in found.cells}
+    name = name or as_subset_name(root.resolve().name)
+    cells = {as_subset_name(name): ""} if found.kind == CACHE else {c: c for c in found.cells}
     caches = {s: open_cache(found.store, p, require_finished=False) for s, p in cells.items()}
-    problems = [p for c in caches.values() for p in check_cache(c, vocab_size=loaded.info.vocab_size)]
-    if problems:
-        listing = "; ".join(f"{p.path}: {p.message}" for p in problems[:5])
-        error = CacheUnfinishedError if any(p.kind == ProblemKind.UNFINISHED for p in problems) else CacheCheckError
-        if error is CacheUnfinishedError:
-            raise error(f"{len(problems)} structural problems, nothing written: {listing}", path=str(root))
-        raise error(f"{len(problems)} structural problems, nothing written: {listing}", path=str(root),
-                    problems=problems)
+    refuse_problems([p for c in caches.values() for p in check_cache(c, vocab_size=loaded.info.vocab_size)],
+                    str(root))
     with corpus_lock(root):
         jobs = [j for subset, cache in caches.items() for j in _jobs(root, subset, cache)]
         t0 = time.perf_counter()

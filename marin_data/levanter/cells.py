@@ -138,7 +138,34 @@ class PinnedCells:
             raise CacheFormatError(f"token ids from {values.min()} to {values.max()}: outside the loader's uint32",
                                    path=where, actual=(int(values.min()), int(values.max())))
         return chunk_documents(values.view(np.uint32) if values.dtype.itemsize == 4 else values,
-                               self._part_ends(c.subset, c.part), c.chunk.start)
+                               self.ends(c.subset, c.part), c.chunk.start)
+
+    def cache(self, subset: str) -> LevanterCache:
+        """``subset``'s cache as its ledgers and ``zarr.json`` files (read through ``read``) describe it."""
+        return self._open(subset)
+
+    def values(self, subset: str, part: CachePart, chunk: ChunkFile) -> np.ndarray:
+        """The values of one chunk file of ``subset``'s ``part``, read through ``read`` (checked) and decoded."""
+        with _unwrapped():
+            return self._open(subset).read_chunk(chunk, part.data)
+
+    def ends(self, subset: str, part: CachePart) -> np.ndarray:
+        """Where each row of ``subset``'s ``part`` ends (`LevanterCache.document_ends`), decoded once and kept."""
+        with self._lock:
+            reading = self._reading.setdefault(part.prefix, threading.Lock())
+        with reading:  # one thread reads a part's offsets; the others decoding its chunk files wait for it
+            with self._lock:
+                ends = self._ends.get(part.prefix)
+                if ends is not None:
+                    self._ends.move_to_end(part.prefix)
+                    return ends
+            with _unwrapped():
+                ends = self._open(subset).document_ends(part)
+            with self._lock:
+                self._ends[part.prefix] = ends
+                while len(self._ends) > 1 and sum(e.nbytes for e in self._ends.values()) > self.ends_bytes:
+                    self._ends.popitem(last=False)
+        return ends
 
     # --- opening cells ---------------------------------------------------------------------------------
     def _open(self, subset: str) -> LevanterCache:
@@ -187,23 +214,6 @@ class PinnedCells:
             self.chunks(shard.subset)
             c = self._chunks[shard.path]
         return c
-
-    def _part_ends(self, subset: str, part: CachePart) -> np.ndarray:
-        with self._lock:
-            reading = self._reading.setdefault(part.prefix, threading.Lock())
-        with reading:  # one thread reads a part's offsets; the others decoding its chunk files wait for it
-            with self._lock:
-                ends = self._ends.get(part.prefix)
-                if ends is not None:
-                    self._ends.move_to_end(part.prefix)
-                    return ends
-            with _unwrapped():
-                ends = self._open(subset).document_ends(part)
-            with self._lock:
-                self._ends[part.prefix] = ends
-                while len(self._ends) > 1 and sum(e.nbytes for e in self._ends.values()) > self.ends_bytes:
-                    self._ends.popitem(last=False)
-        return ends
 
 
 class _ReaderError(Exception):

@@ -15,13 +15,13 @@ from collections.abc import Callable
 import numpy as np
 
 from marin_data.corpus.verify import Problem, ProblemKind
-from marin_data.errors import CacheFormatError, RemoteError
+from marin_data.errors import CacheCheckError, CacheFormatError, CacheUnfinishedError, RemoteError
 from marin_data.levanter.cache import CachePart, LevanterCache, max_chunk_file_bytes
 from marin_data.levanter.chunkfile import read_index
 from marin_data.levanter.ledger import LEDGER, SHARDED, STATS, SUCCESS, TOKENS_FIELD, parse_stats
 from marin_data.levanter.source import join, read_file, read_tail
 
-__all__ = ["TOKEN_DTYPES", "check_cache", "read_stats", "stats_mismatches"]
+__all__ = ["TOKEN_DTYPES", "check_cache", "read_stats", "refuse_problems", "stats_mismatches"]
 
 TOKEN_DTYPES = ("int32", "int64")  # what Levanter's token caches hold
 
@@ -39,6 +39,22 @@ def check_cache(cache: LevanterCache, *, tokens: bool = False, vocab_size: int |
                                  starts=_starts(ends) if expect_bos is not None and ends is not None else None,
                                  expect_bos=expect_bos, on_bytes=on_bytes)
     return problems
+
+
+def refuse_problems(problems: list[Problem], where: str) -> None:
+    """Raise for structural findings before anything is written (the first five in the message): a writer
+    never finished a cache (`CacheUnfinishedError`), a file is missing or damaged (`CacheFormatError`), or the
+    cache contradicts itself (`CacheCheckError`, listing them all)."""
+    if not problems:
+        return
+    listing = "; ".join(f"{p.path}: {p.message}" for p in problems[:5])
+    message = f"{len(problems)} structural problems, nothing written: {listing}"
+    kinds = {p.kind for p in problems}
+    if ProblemKind.UNFINISHED in kinds:
+        raise CacheUnfinishedError(message, path=where)
+    if ProblemKind.BAD_CACHE_FILE in kinds:
+        raise CacheFormatError(message, path=where)
+    raise CacheCheckError(message, path=where, problems=problems)
 
 
 def _p(path: str, kind: ProblemKind, message: str, expected=None, actual=None) -> Problem:

@@ -93,35 +93,39 @@ def write_cache(
 
 
 class _ArrayWriter:
-    """One array written chunk file by chunk file: values are buffered up to a chunk, then encoded and
-    written. With ``hold_first`` the first chunk is kept until `finish` (offsets[0] is the row count, known
-    only at the end: at most one chunk of int64, 1 GiB at Levanter's grid)."""
+    """One array written chunk file by chunk file: values fill a one-chunk buffer (allocated once: appending by
+    concatenation would copy the buffer at every batch), which is encoded and written when full. With
+    ``hold_first`` the first chunk is kept until `finish` (offsets[0] is the row count, known only at the end:
+    at most one chunk of int64, 1 GiB at Levanter's grid)."""
 
     def __init__(self, folder: Path, meta: ArrayMeta, top: Path, *, hold_first: bool = False) -> None:
         self.folder, self.meta, self.top, self.hold_first = folder, meta, top, hold_first
-        self.buffer = np.empty(0, meta.dtype)  # grows to at most one chunk
+        self.buffer = np.empty(meta.chunk, meta.dtype)  # pages are touched only as values arrive
+        self.filled = 0
         self.first: np.ndarray | None = None
         self.k = 0  # the chunk file the buffer belongs to
 
     def append(self, values: np.ndarray) -> None:
-        values = np.asarray(values, self.meta.dtype)
+        values = np.asarray(values)
         while len(values):
-            room = self.meta.chunk - len(self.buffer)
-            self.buffer = np.concatenate([self.buffer, values[:room]])
-            values = values[room:]
-            if len(self.buffer) == self.meta.chunk:
+            n = min(len(values), self.meta.chunk - self.filled)
+            self.buffer[self.filled:self.filled + n] = values[:n]  # cast to the array's type as it is copied
+            self.filled += n
+            values = values[n:]
+            if self.filled == self.meta.chunk:
                 self._flush()
 
     def _flush(self) -> None:
+        values = self.buffer[:self.filled]
         if self.k == 0 and self.hold_first:
-            self.first = self.buffer
+            self.first = values.copy()
         else:
-            atomic_write_bytes(self.folder / self.meta.chunk_key(self.k), encode_chunk(self.buffer, self.meta),
+            atomic_write_bytes(self.folder / self.meta.chunk_key(self.k), encode_chunk(values, self.meta),
                                root=self.top)
-        self.buffer, self.k = np.empty(0, self.meta.dtype), self.k + 1
+        self.filled, self.k = 0, self.k + 1
 
     def finish(self, first_value: int | None = None) -> None:
-        if len(self.buffer):
+        if self.filled:
             self._flush()
         if self.first is not None:
             self.first[0] = first_value

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import json
 import logging
 import mmap
@@ -50,17 +49,18 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes, sha256_file
+from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes
 from marin_data.corpus.records import ShardRecord
-from marin_data.corpus.shard import check_schema
-from marin_data.errors import ShardChecksumError, ShardFormatError, ShardMissingError
+from marin_data.corpus.shard import check_schema, check_shard_counts, check_shard_file
+from marin_data.errors import ShardFormatError, ShardMissingError
+from marin_data.levanter.readers import read_checked
 from marin_data.parquet_io import open_parquet
 from marin_data.untrusted_json import loads
 
 if TYPE_CHECKING:
     from marin_data.levanter.cells import PinnedCells
 
-__all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "LocalFiles", "read_checked", "default_cache_dir",
+__all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "default_cache_dir",
            "map_npy", "SEAL", "sealed"]
 
 log = logging.getLogger(__name__)
@@ -309,39 +309,6 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-@dataclass(frozen=True)
-class LocalFiles:
-    """The rows of a corpus on local disk, read whole and checked (`read_checked`): the reader a
-    `marin_data.levanter.PinnedCells` of a local pinned cache is given."""
-
-    root: Path
-    verify: bool = True
-
-    def __call__(self, row: ShardRecord) -> bytes:
-        return read_checked(self.root / row.path, row, verify=self.verify)
-
-
-def read_checked(source: Path, shard: ShardRecord, *, verify: bool = True) -> bytes:
-    """The whole of a row's file (at most ``shard.bytes`` + 1 bytes are read), checked against its size and
-    SHA-256 when ``verify``: the bytes a decode then reads are the bytes that were hashed.
-
-    Raises:
-        ShardMissingError: the file is not there; ShardChecksumError: its size or SHA-256 differs.
-    """
-    try:
-        with open(source, "rb") as f:
-            data = f.read(shard.bytes + 1)
-    except FileNotFoundError:
-        raise ShardMissingError(f"file of subset {shard.subset!r} is not on local disk", path=str(source)) from None
-    if verify:
-        digest = hashlib.sha256(data).hexdigest()
-        if (digest, len(data)) != (shard.sha256, shard.bytes):
-            raise ShardChecksumError(f"sha256/size {digest[:12]}…/{len(data)}{'+' * (len(data) > shard.bytes)} != "
-                                     f"{shard.sha256[:12]}…/{shard.bytes} listed in the shard index: the file was "
-                                     "modified", path=str(source), expected=shard.sha256, actual=digest)
-    return data
-
-
 def _decode_chunk_into(source: Path, shard: ShardRecord, cells: PinnedCells, tokens_path: Path, offsets_path: Path,
                        *, verify: bool) -> None:
     """Decode a pinned cache's data chunk file into ``.npy`` files, from the bytes that were hashed.
@@ -369,12 +336,10 @@ def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_pa
         ShardChecksumError: ``verify`` and its SHA-256 or size differ from the index's.
         ShardFormatError: unreadable, or its document/token counts differ from the index's.
     """
-    if not source.exists():
+    if verify:
+        check_shard_file(source, shard)
+    elif not source.exists():
         raise ShardMissingError(f"shard of subset {shard.subset!r} is not on local disk", path=str(source))
-    if verify and (actual := sha256_file(source)) != (shard.sha256, shard.bytes):
-        raise ShardChecksumError(f"sha256/size {actual[0][:12]}…/{actual[1]} != {shard.sha256[:12]}…/{shard.bytes} "
-                                 "listed in the shard index: the file was modified", path=str(source),
-                                 expected=shard.sha256, actual=actual[0])
     try:
         with open_parquet(source) as pf:
             check_schema(pf.schema_arrow, source)  # the values are written out as uint32 unconverted
@@ -385,10 +350,7 @@ def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_pa
         raise ShardFormatError(f"not a readable shard: {e}", path=str(source)) from e
     spans = [(np.asarray(c.offsets, dtype=np.int64), c) for c in column.chunks]
     docs, tokens = len(column), sum(int(o[-1] - o[0]) for o, _ in spans)
-    if (docs, tokens) != (shard.docs, shard.tokens):
-        raise ShardFormatError(f"holds {docs} documents / {tokens} tokens, the index says {shard.docs} / "
-                               f"{shard.tokens}", path=str(source), expected=(shard.docs, shard.tokens),
-                               actual=(docs, tokens))
+    check_shard_counts(source, shard, docs, tokens)
     # Plain writes into the page cache: *measured* 4-8x faster than storing through a memory map of a new file
     # (every first touch of a page is a fault). The publisher's fsync puts them on disk.
     with open(tokens_path, "wb") as f:
