@@ -74,10 +74,10 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
     show_retries()
     hf = {k: v for k, v in {"endpoint": endpoint, "token": token}.items() if v}
     options = {**store_kwargs(endpoint_url, profile, anonymous, requester_pays), **hf}
-    from marin_data.levanter.detect import CORPUS, detect
+    from marin_data.levanter.detect import detect, unpinned_cache
 
-    found = detect(source, **options)
-    if found.kind != CORPUS:
+    found = unpinned_cache(lambda: detect(source, **options))  # a corpus (or a failing source): as always
+    if found is not None:
         if manifest_sha256:
             raise click.UsageError("--manifest-sha256 pins a corpus; this Levanter cache has no manifest yet "
                                    "(`marin-data adopt` makes one)")

@@ -20,7 +20,7 @@ from marin_data.levanter.source import read_file
 from marin_data.stores import open_store
 from marin_data.stores.base import METADATA_LIMIT, Store
 
-__all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells", "refuse_unpinned"]
+__all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells", "refuse_unpinned", "unpinned_cache"]
 
 CORPUS = "corpus"
 CACHE = "cache"
@@ -94,14 +94,21 @@ def find_cells(store: Store) -> tuple[str, ...]:
     return tuple(roots)
 
 
-def refuse_unpinned(find: Callable[[], Source], where: str, why: str) -> None:
-    """Raise `UnpinnedCacheError` (saying ``why`` a pin is needed) if what ``find`` detects, where no manifest
-    was found, is a Levanter cache or store; return if it is anything else or nothing (the caller's own
-    error then says what is missing)."""
+def unpinned_cache(find: Callable[[], Source]) -> Source | None:
+    """What ``find`` detects if it is a Levanter cache or store with no manifest; None for a corpus, for
+    anything else, and when the source cannot be read or told (the caller's corpus path then reports what
+    is wrong, and tries its mirrors)."""
     try:
         found = find()
     except (UnknownSourceError, OSError, ValueError):  # OSError: RemoteError too
-        return
-    if found.kind != CORPUS:
+        return None
+    return None if found.kind == CORPUS else found
+
+
+def refuse_unpinned(find: Callable[[], Source], where: str, why: str) -> None:
+    """Raise `UnpinnedCacheError` (saying ``why`` a pin is needed) if what ``find`` detects, where no manifest
+    was found, is a Levanter cache or store (`unpinned_cache`)."""
+    found = unpinned_cache(find)
+    if found is not None:
         raise UnpinnedCacheError(f"an unpinned Levanter {found.kind}: no SHA-256 vouches for its chunk files, and "
-                                 f"{why}", path=where, actual=found.kind) from None
+                                 f"{why}", path=where, actual=found.kind)
