@@ -116,7 +116,8 @@ def _partial_sizes(dest: Path) -> dict[str, int]:
 def interrupt_download(args: list[str], proxy: FaultProxy, dest: Path, shards, sig: int) -> int:
     """Run ``marin-data download ARGS --to DEST --workers 1`` slowly through ``proxy``; once one shard is final
     and another partial, send ``sig`` (SIGINT, SIGKILL). Returns the exit code."""
-    proxy.add(Fault("slow", match="/data/", times=100, delay=0.004))
+    # ~0.4 s a shard: slow enough that a loaded machine still sees one shard final and the next in flight
+    proxy.add(Fault("slow", match="/data/", times=100, delay=0.02))
     cmd = [sys.executable, "-m", "marin_data", "download", *args, "--to", str(dest), "--workers", "1"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **LOCAL_S3_ENV}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
