@@ -14,7 +14,8 @@
 // - __nv_bfloat16 and __half hold their bits and convert with the device's round-to-nearest-even (a NaN
 //   becomes the canonical 0x7FFF, as on the GPU). Build with -ffp-contract=off: __fmul_rn and __fadd_rn are
 //   plain * and +. expf/logf are the host's (the device's differ in the last bits; docs/cuda.md).
-// - The multiprocessor count is small ($CUDA_EMU_SMS, default 2) so grid-stride loops go round.
+// - The multiprocessor count is small ($CUDA_EMU_SMS, default 2) and one block of any kernel fits on one
+//   ($CUDA_EMU_RESIDENT_BLOCKS), so a persistent grid is 2 blocks and its grid-stride loops go round.
 // - Launches go through MARIN_LAUNCH(grid, block, stream, kernel)(args...), which nvcc spells <<<>>>.
 #pragma once
 
@@ -70,11 +71,12 @@ cudaError_t cudaRuntimeGetVersion(int* version);
 namespace cuda_emu {
 int env_int(const char* name, int fallback);
 }
-// The emulation has no registers: threads bound the resident blocks, unless CUDA_EMU_RESIDENT_BLOCKS says
-// otherwise (tests set it to reach the code that sizes a grid from it; a negative value fails the call).
+// The emulation has no registers: it answers one resident block per multiprocessor, the smallest grid a
+// launcher sizes by occupancy, whose grid-stride loops then go round most often; CUDA_EMU_RESIDENT_BLOCKS
+// says otherwise (tests set it to reach the code that sizes a grid from it; a negative value fails the call).
 template <typename Kernel>
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int block_size, size_t) {
-  const int resident = cuda_emu::env_int("CUDA_EMU_RESIDENT_BLOCKS", block_size > 0 ? 2048 / block_size : 0);
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int, size_t) {
+  const int resident = cuda_emu::env_int("CUDA_EMU_RESIDENT_BLOCKS", 1);
   if (resident < 0) return cudaErrorInvalidValue;
   *blocks = resident;
   return cudaSuccess;
