@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import itertools
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +62,7 @@ def host_lib():
                               extra_flags=tuple(os.environ.get("MARIN_EMU_EXTRA_FLAGS", "").split()))
     with dispatch.host_library(path) as lib:
         lib.cuda_emu_set_seed.argtypes = (ctypes.c_uint64,)
-        lib.cuda_emu_last_grid_blocks.restype = ctypes.c_uint64
+        lib.cuda_emu_last_grid_blocks.restype = lib.cuda_emu_last_kernel_offset.restype = ctypes.c_uint64
         yield lib
 
 
@@ -152,6 +154,21 @@ def assert_grid_looped(host_lib, tokens):
     """The latest launch, a persistent route kernel (a token per warp, 4 warps a block), had fewer warps than
     tokens: its grid-stride loop went round, so a loop that skips or repeats a stride fails the test."""
     assert host_lib.cuda_emu_last_grid_blocks() * 4 < tokens
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_symbols(library: str) -> dict:
+    """Offset in `library` -> name (template arguments included) of its functions, as nm gives them."""
+    listing = subprocess.run(["nm", "--defined-only", "-C", library], capture_output=True, text=True, check=True)
+    rows = (line.split(" ", 2) for line in listing.stdout.splitlines())
+    return {int(row[0], 16): row[2] for row in rows if len(row) == 3}
+
+
+def assert_launched(host_lib, pattern):
+    """The kernel of the latest emulated launch, named with its template arguments (the access width among
+    them), matches the regular expression `pattern`."""
+    name = kernel_symbols(host_lib._name)[host_lib.cuda_emu_last_kernel_offset()]  # noqa: SLF001 - its path
+    assert re.search(pattern, name), name
 
 
 # ---------------------------------------------------------------------------------------------- route_topk
@@ -377,6 +394,45 @@ def test_unpermute_offset_views(kern):
     used = used_rows(src_of)
     assert_bitwise(got_routed[used], want_routed[used])
     torch.testing.assert_close(got_w, want_w, rtol=1e-4, atol=1e-4)
+
+
+def widest_vector(most, elements, *operands):
+    """The access width the row kernels must take: the largest of most, most/2, ..., 1 elements that divides a
+    row of `elements` and for which every operand's base address (ptr, element size) is aligned."""
+    vec = most
+    while vec > 1 and (elements % vec or any(ptr % (vec * size) for ptr, size in operands)):
+        vec //= 2
+    return vec
+
+
+@pytest.mark.parametrize("grad_dtype", ["same", torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H", [64, 36, 10, 3])
+@pytest.mark.parametrize("shift", [0, 1])  # rows that start one element past an aligned address
+def test_row_kernels_take_the_widest_access_the_rows_allow(kern, host_lib, H, dtype, grad_dtype, shift):
+    """The access width (16, 8, 4, 2 or 1 bytes) changes only the speed, so results cannot show it: the name of
+    the launched kernel does."""
+    grad_dtype = dtype if grad_dtype == "same" else grad_dtype
+    g = gen(H)
+    ids = torch.randint(-1, 5, (12, 2), generator=g, dtype=torch.int32)
+    x = torch.randn(12 * H + shift, generator=g).to(dtype)[shift:].view(12, H)
+    routed, row_of, src_of, _ = kern.permute(x, ids, 5, 4, 0)
+    bytes_ = widest_vector(16, H * x.element_size(), (x.data_ptr(), 1), (routed.data_ptr(), 1))
+    vector = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}[bytes_]
+    assert_launched(host_lib, rf"::permute_scatter_kernel<{vector}>\(")
+
+    routed = torch.randn(routed.numel() + shift, generator=g).to(dtype)[shift:].view(routed.shape)
+    out = kern.unpermute(routed, row_of, src_of, None)
+    size = routed.element_size()
+    vec = widest_vector(16 // size, H, (routed.data_ptr(), size), (out.data_ptr(), size))
+    assert_launched(host_lib, rf"::unpermute_kernel<[\w ]+, {vec}>\(")
+
+    grad = torch.randn(12 * H + shift, generator=g).to(grad_dtype)[shift:].view(12, H)
+    grad_routed, _ = kern.unpermute_backward(grad, routed, row_of, src_of, None)
+    most = 16 // max(size, grad.element_size())
+    vec = widest_vector(most, H, (grad.data_ptr(), grad.element_size()), (routed.data_ptr(), size),
+                        (grad_routed.data_ptr(), size))
+    assert_launched(host_lib, rf"::unpermute_backward_kernel<[\w ]+, [\w ]+, {vec}>\(")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

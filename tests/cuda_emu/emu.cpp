@@ -1,6 +1,7 @@
 // The scheduler behind emu.h: blocks in sequence, the threads of a block as fibers on one OS thread.
 #include "emu.h"
 
+#include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -136,6 +137,7 @@ cudaError_t last_error = cudaSuccess;
 std::string last_message;
 uint64_t seed = 0;
 uint64_t launches = 0;
+const void* last_kernel = nullptr;
 
 
 // Switches from the running fiber (or the scheduler when `from` < 0) to `to` (the scheduler when < 0).
@@ -412,7 +414,8 @@ const uint64_t* warp_exchange(unsigned mask, uint64_t bits, const char* what) {
   return warp.slots[generation & 1];
 }
 
-void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* context) {
+void run_grid(const void* kernel, dim3 grid, dim3 block, void (*body)(void*), void* context) {
+  last_kernel = kernel;
   const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
   if (threads == 0 || threads > kMaxThreads || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
       grid.z > 65535) {
@@ -507,6 +510,14 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
 // Blocks in the grid of the latest launch (tests check how a launcher sized it).
 extern "C" uint64_t cuda_emu_last_grid_blocks() {
   return static_cast<uint64_t>(cuda_emu::grid_dim.x) * cuda_emu::grid_dim.y * cuda_emu::grid_dim.z;
+}
+
+// The kernel of the latest launch, as its offset in the library that holds it (0 before any launch): nm
+// names it, template arguments included.
+extern "C" uint64_t cuda_emu_last_kernel_offset() {
+  Dl_info info;
+  if (cuda_emu::last_kernel == nullptr || dladdr(cuda_emu::last_kernel, &info) == 0) return 0;
+  return reinterpret_cast<uintptr_t>(cuda_emu::last_kernel) - reinterpret_cast<uintptr_t>(info.dli_fbase);
 }
 
 // The seed of the thread order at barriers and of the shared-memory garbage (tests vary it).

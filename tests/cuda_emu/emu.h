@@ -16,6 +16,8 @@
 //   plain * and +. expf/logf are the host's (the device's differ in the last bits; docs/cuda.md).
 // - The multiprocessor count is small ($CUDA_EMU_SMS, default 2) and one block of any kernel fits on one
 //   ($CUDA_EMU_RESIDENT_BLOCKS), so a persistent grid is 2 blocks and its grid-stride loops go round.
+// - cuda_emu_last_kernel_offset() names the kernel of the latest launch, template arguments included (the
+//   access width a launcher chose, say), as its offset in the library.
 // - Launches go through MARIN_LAUNCH(grid, block, stream, kernel)(args...), which nvcc spells <<<>>>.
 #pragma once
 
@@ -98,7 +100,7 @@ void block_barrier();
 // Each lane of `mask` deposits `bits`; once all have, every lane gets all deposits (and the mask).
 const uint64_t* warp_exchange(unsigned mask, uint64_t bits, const char* what);
 void fail(const char* message);
-void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* context);
+void run_grid(const void* kernel, dim3 grid, dim3 block, void (*body)(void*), void* context);
 
 template <typename T>
 uint64_t to_bits(T v) {
@@ -137,7 +139,7 @@ struct Launch {
       void (*kernel)(Params...);
       Tuple params;
     } context{kernel, Tuple(std::forward<Args>(args)...)};
-    run_grid(grid, block, [](void* raw) {
+    run_grid(reinterpret_cast<const void*>(kernel), grid, block, [](void* raw) {
       auto* c = static_cast<Context*>(raw);
       std::apply(c->kernel, c->params);
     }, &context);
