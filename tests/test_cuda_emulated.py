@@ -30,7 +30,7 @@ import torch
 from marin_model import ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_emu"))
-from host_build import asan_runtime, build_host_library  # noqa: E402
+from host_build import build_host_library, sanitizer_runtime  # noqa: E402
 from op_checks import opcheck_cases, opcheck_specified  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,17 +50,20 @@ def build_dir() -> Path:
     return Path(os.environ.get("MARIN_EMU_BUILD_DIR") or ROOT / "cuda" / "build" / "host")
 
 
+def host_build(flavour: str) -> Path:
+    """The host build of cuda/ (or of $MARIN_EMU_CUDA_DIR: scripts/mutate_kernels.py) in `flavour`."""
+    cuda_dir = os.environ.get("MARIN_EMU_CUDA_DIR")
+    return build_host_library(build_dir(), cuda_dir=Path(cuda_dir) if cuda_dir else None, flavour=flavour,
+                              extra_flags=tuple(os.environ.get("MARIN_EMU_EXTRA_FLAGS", "").split()))
+
+
 @pytest.fixture(scope="session")
 def host_lib():
-    """The host build of cuda/ (or of $MARIN_EMU_CUDA_DIR: scripts/mutate_kernels.py), bound to the entry
-    points. A missing g++ fails the suite: without it nothing here would check the kernels."""
+    """The host build of cuda/, bound to the entry points (the flavour of $MARIN_EMU_FLAVOUR: the sanitizer
+    tests' child processes). A missing g++ fails the suite: without it nothing here would check the kernels."""
     from marin_model.cuda import dispatch
 
-    cuda_dir = os.environ.get("MARIN_EMU_CUDA_DIR")
-    path = build_host_library(build_dir(), cuda_dir=Path(cuda_dir) if cuda_dir else None,
-                              flavour=os.environ.get("MARIN_EMU_FLAVOUR", "plain"),
-                              extra_flags=tuple(os.environ.get("MARIN_EMU_EXTRA_FLAGS", "").split()))
-    with dispatch.host_library(path) as lib:
+    with dispatch.host_library(host_build(os.environ.get("MARIN_EMU_FLAVOUR", "plain"))) as lib:
         lib.cuda_emu_set_seed.argtypes = (ctypes.c_uint64,)
         lib.cuda_emu_last_grid_blocks.restype = lib.cuda_emu_last_kernel_offset.restype = ctypes.c_uint64
         yield lib
@@ -702,23 +705,66 @@ def test_occupancy_query_lists_every_kernel_family(host_lib):
 ASAN_SUBSET = ("equals_the_reference and (512-16-1-1 or 100-6-4-2 or 7-5-1-1) or any_row_width or offset_views or "
                "out_of_range or scales_an_fp32 or nan or one_expert or unwritten or "
                "(unpermute_and_backward and (60-2-7-33 or 30-5-20-2))")
+# Every kernel, grouped routing and not, several tiles of permute's ranking, counts summed across blocks.
+TSAN_SUBSET = ("route_topk_equals_the_reference and (100-6-4-2 or 7-5-1-1) and sigmoid or "
+               "route_topk_backward and True-sigmoid-dtype0 or one_hot_bias or "
+               "permute_equals_the_reference and (37-2-7 or 129-8-512) and (1-0 or 16-3) or "
+               "unpermute_and_backward and 60-2-7-33 and True")
+SANITIZERS = {  # flavour: (options of its runtime, what a finding prints)
+    "asan": (dict(ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:detect_odr_violation=0:abort_on_error=0",
+                  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"), ("ERROR: AddressSanitizer", "runtime error:")),
+    # one torch thread: torch's own threads synchronise in ways ThreadSanitizer does not see
+    "tsan": (dict(TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0", OMP_NUM_THREADS="1"),
+             ("WARNING: ThreadSanitizer",)),
+}
+
+
+def sanitizer_env(flavour: str) -> dict:
+    """The environment of a child process that loads the `flavour` build (its runtime preloaded: Python itself
+    is not instrumented)."""
+    runtime = sanitizer_runtime(flavour)
+    assert runtime, f"g++ has no runtime for {flavour} (Debian: libasan8, libtsan2): install it"
+    host_build(flavour)  # build errors surface here, not in the child
+    return dict(os.environ, LD_PRELOAD=runtime, MARIN_EMU_FLAVOUR=flavour, **SANITIZERS[flavour][0])
+
+
+def run_under_sanitizer(flavour: str, subset: str) -> None:
+    """Runs the tests of this file that `subset` selects in a child process on the `flavour` build."""
+    if os.environ.get("MARIN_EMU_FLAVOUR"):
+        pytest.skip("already a sanitizer run")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-s", "--noconftest", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", __file__, "-k", subset], env=sanitizer_env(flavour),  # -s: the report
+                          capture_output=True, text=True, timeout=600)
+    report = done.stdout[-6000:] + done.stderr[-6000:]
+    assert done.returncode == 0 and " passed" in done.stdout, report
+    assert not any(finding in report for finding in SANITIZERS[flavour][1]), report
 
 
 @pytest.mark.slow
 def test_kernels_are_clean_under_address_and_undefined_behaviour_sanitizers():
-    """x86 forgives out-of-bounds and misaligned accesses; ASan and UBSan do not. A subset of this file runs
-    in a child process on the "asan" build (libasan preloaded: Python itself is not instrumented)."""
+    """x86 forgives out-of-bounds and misaligned accesses; ASan and UBSan do not."""
+    run_under_sanitizer("asan", ASAN_SUBSET)
+
+
+@pytest.mark.slow
+def test_kernels_have_no_data_race_under_the_thread_sanitizer():
+    """A plain read-modify-write where an atomic belongs gives the right answer here, where threads switch
+    only at barriers, and loses updates on a GPU; ThreadSanitizer reports it whatever the thread order."""
+    run_under_sanitizer("tsan", TSAN_SUBSET)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which,race", [(3, False), (4, True), (5, True)])
+def test_thread_sanitizer_build_reports_a_race_the_emulation_forgives(which, race):
+    """The self-test kernel counts threads and blocks with atomicAdd (3), with a plain += in shared memory (4)
+    or in global memory by the same thread of each block (5): the counts are right in all three, and only
+    the last two are reported."""
     if os.environ.get("MARIN_EMU_FLAVOUR"):
-        pytest.skip("already the sanitizer run")
-    runtime = asan_runtime()
-    assert runtime, "g++ has no libasan.so: install it (Debian: libasan8) to run the sanitizer flavour"
-    build_host_library(build_dir(), flavour="asan")  # build errors surface here, not in the child
-    env = dict(os.environ, LD_PRELOAD=runtime, MARIN_EMU_FLAVOUR="asan",
-               ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:detect_odr_violation=0:abort_on_error=0",
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "--noconftest", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", __file__, "-k", ASAN_SUBSET], env=env, capture_output=True, text=True,
-                          timeout=600)
-    report = done.stdout[-6000:] + done.stderr[-6000:]
-    assert done.returncode == 0 and " passed" in done.stdout, report
-    assert "ERROR: AddressSanitizer" not in report and "runtime error:" not in report, report
+        pytest.skip("already a sanitizer run")
+    probe = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); out = (ctypes.c_int * 128)(); "
+             f"assert lib.emu_selftest({which}, out) == 0 and out[0] == 2 * 128, list(out[:2])")
+    done = subprocess.run([sys.executable, "-c", probe, str(host_build("tsan"))], env=sanitizer_env("tsan"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == (66 if race else 0), done.stderr[-4000:]  # 66: ThreadSanitizer found something
+    if race:
+        assert "SUMMARY: ThreadSanitizer: data race" in done.stderr and "in selftest_kernel" in done.stderr
