@@ -292,6 +292,20 @@ def test_route_topk_backward_equals_the_reference(kern, host_lib, mode, renormal
         torch.testing.assert_close(got, want, **tol)
 
 
+@pytest.mark.parametrize("bad", [8, -1])
+def test_route_topk_backward_refuses_expert_ids_that_name_no_expert(kern, bad):
+    """The kernel reads each chosen expert's logit, so an id outside [0, E) would read another token's or past
+    the logits; the reference raises, and so does the entry point."""
+    g = gen(3)
+    logits = torch.randn(5, 8, generator=g)
+    ids, weights, _, _ = ops.route_topk(logits, None, 2, "sigmoid", 1.0, True, 1, 1)
+    ids[4, 1] = bad
+    args = (torch.randn(5, 2, generator=g), torch.randn(5, generator=g), logits, ids, weights, "sigmoid", 1.0, True)
+    for op in (ops.route_topk_backward, kern.route_topk_backward):
+        with pytest.raises(RuntimeError, match="out of bounds|expert_ids"):
+            op(*args)
+
+
 # ------------------------------------------------------------------------------------------------- permute
 PERMUTE_CASES = [  # (T, K, E): T*K > 1024 spans several tiles of the ranking kernel
     (1, 1, 7), (37, 2, 7), (300, 5, 257), (129, 8, 512), (2100, 2, 384), (90, 16, 100),
