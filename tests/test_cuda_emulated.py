@@ -413,6 +413,21 @@ def test_unpermute_offset_views(kern):
     torch.testing.assert_close(got_w, want_w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("T,K,E,align", [(32, 2, 4, 17), (30, 3, 5, 4)])  # R = 128 rows, then 105
+def test_row_kernels_launch_a_block_per_token_and_per_128_rows(kern, host_lib, T, K, E, align):
+    """The row kernels' grids: a block per token, plus a block per 128 rows for the padding in permute and
+    unpermute's backward. A block more does no harm but takes a slot (only the launch shows it)."""
+    g = gen(T)
+    ids = torch.randint(-1, E, (T, K), generator=g, dtype=torch.int32)
+    routed, row_of, src_of, _ = kern.permute(torch.randn(T, 8, generator=g), ids, E, align, 0)
+    R = routed.shape[0]
+    assert host_lib.cuda_emu_last_grid_blocks() == T + -(-R // 128)
+    kern.unpermute(routed, row_of, src_of, None)
+    assert host_lib.cuda_emu_last_grid_blocks() == T
+    kern.unpermute_backward(torch.randn(T, 8, generator=g), routed, row_of, src_of, None)
+    assert host_lib.cuda_emu_last_grid_blocks() == T + -(-R // 128)
+
+
 def widest_vector(most, elements, *operands):
     """The access width the row kernels must take: the largest of most, most/2, ..., 1 elements that divides a
     row of `elements` and for which every operand's base address (ptr, element size) is aligned."""
@@ -631,10 +646,19 @@ def test_entry_points_validate_before_allocating_and_for_empty_batches(kern):
 
 
 def test_launchers_refuse_invalid_sizes_without_launching(host_lib):
-    """The C ABI checks its sizes itself (a caller other than dispatch.py gets cudaErrorInvalidValue, 1),
-    with buffers large enough that a launch would otherwise succeed."""
+    """The C ABI checks its sizes itself (a caller other than dispatch.py gets cudaErrorInvalidValue, 1) and
+    writes nothing then, with buffers large enough that a launch would otherwise succeed."""
     buf = [torch.zeros(4096, dtype=torch.float32) for _ in range(8)]
     p = [ctypes.c_void_p(b.data_ptr()) for b in buf]
+
+    def refused(launcher, *args):
+        for b in buf:
+            b.fill_(7)
+        code, untouched = launcher(*args), all(bool((b == 7).all()) for b in buf)
+        for b in buf:
+            b.zero_()  # the calls that follow read some of them as ids
+        return code == 1 and untouched
+
     route = lambda T, E, k, mode=0, n_group=1, topk_group=1: host_lib.marin_route_topk(  # noqa: E731
         p[0], 0, None, T, E, k, mode, 1.0, 1, n_group, topk_group, p[1], p[2], p[3], p[4], None)
     assert route(4, 8, 2) == 0 and route(4, 8, 2, 0, 2, 2) == 0  # every group kept is allowed
@@ -642,33 +666,33 @@ def test_launchers_refuse_invalid_sizes_without_launching(host_lib):
     assert route(0, 8, 2) == 0 and buf[3][:8].view(torch.int32).tolist() == [0] * 8  # no tokens: counts zeroed
     for args in ((4, 8, 0), (4, 64, 17), (4, 8, 9), (4, 8, 2, 3), (4, 8, 2, -1), (4, 9, 2, 0, 2), (4, 8, 2, 0, 2, 0),
                  (4, 8, 2, 0, 2, 3), (4, 0, 1), (4, 513, 2)):
-        assert route(*args) == 1, args
+        assert refused(route, *args), args
     backward = lambda T, E, k, mode=0: host_lib.marin_route_topk_backward(  # noqa: E731
         p[0], p[1], p[2], 0, p[3], T, E, k, mode, 1.0, 1, p[4], None)
     assert backward(4, 8, 2) == 0 and backward(0, 8, 2) == 0
     for args in ((4, 8, 0), (4, 8, 9), (4, 64, 17), (4, 8, 2, 3)):
-        assert backward(*args) == 1, args
+        assert refused(backward, *args), args
     permute = lambda T, H, size, K, E, align=1, capacity=0: host_lib.marin_permute(  # noqa: E731
         p[0], T, H, size, p[1], K, E, align, capacity, p[2], p[3], p[4], p[5], p[6], None)
     assert permute(4, 8, 4, 2, 8) == 0 and permute(4, 0, 4, 2, 8) == 0  # rows of width 0 are allowed
     assert permute(4, 8, 4, 2, 1) == 0  # one expert
     for args in ((4, -1, 4, 2, 8), (4, 8, 0, 2, 8), (4, 8, 4, 17, 8), (4, 8, 4, -1, 8), (4, 8, 4, 2, 0),
                  (4, 8, 4, 2, 513), (4, 8, 4, 2, 8, 0), (4, 8, 4, 2, 8, 1, -1)):
-        assert permute(*args) == 1, args
+        assert refused(permute, *args), args
     unpermute = lambda R, H, T, K, dtype=0: host_lib.marin_unpermute(  # noqa: E731
         p[0], dtype, R, H, p[1], T, K, None, p[2], None)
     assert unpermute(8, 8, 4, 2) == 0 and unpermute(8, 0, 4, 2) == 0 and unpermute(0, 8, 4, 2) == 0  # empty rows
     buf[2].fill_(7)
     assert unpermute(8, 8, 4, 0) == 0 and buf[2][:32].tolist() == [0] * 32  # no experts per token: zeros
     for args in ((-1, 8, 4, 2), (8, -1, 4, 2), (8, 8, 4, -1), (8, 8, 4, 17), (8, 8, 4, 2, 3)):
-        assert unpermute(*args) == 1, args
+        assert refused(unpermute, *args), args
     unpermute_backward = lambda R, H, T, K, grad_dtype=0, dtype=0: host_lib.marin_unpermute_backward(  # noqa: E731
         p[0], grad_dtype, p[1], dtype, R, H, p[2], p[3], T, K, None, p[4], None, None)
     assert unpermute_backward(8, 8, 4, 2) == 0 and unpermute_backward(8, 8, 4, 2, 0, 1) == 0  # fp32 grad, bf16 rows
     assert unpermute_backward(0, 8, 4, 2) == 0 and unpermute_backward(8, 0, 4, 2) == 0
     assert unpermute_backward(8, 8, 4, 0) == 0
     for args in ((-1, 8, 4, 2), (8, -1, 4, 2), (8, 8, 4, -1), (8, 8, 4, 17), (8, 8, 4, 2, 2, 1), (8, 8, 4, 2, 1, 0)):
-        assert unpermute_backward(*args) == 1, args
+        assert refused(unpermute_backward, *args), args
 
 
 # ---------------------------------------------------------------------------------------- the emulator itself
