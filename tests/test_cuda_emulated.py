@@ -178,7 +178,7 @@ def assert_launched(host_lib, pattern):
 ROUTE_SHAPES = [  # (E, k, n_group, topk_group): every scores-per-lane path (1, 2, 4, 8, 12, 16)
     (7, 1, 1, 1), (7, 5, 1, 1), (32, 8, 1, 1), (64, 8, 8, 3), (65, 4, 1, 1), (100, 6, 4, 2), (129, 8, 1, 1),
     (256, 8, 8, 4), (257, 16, 1, 1), (384, 8, 1, 1), (384, 16, 12, 6), (385, 8, 5, 2), (512, 16, 1, 1),
-    (512, 8, 16, 4),
+    (512, 8, 16, 4), (512, 8, 512, 64),  # the last: groups of one, as many as the warp's scratch row holds
 ]
 
 
@@ -682,6 +682,7 @@ def test_launchers_refuse_invalid_sizes_without_launching(host_lib):
     unpermute = lambda R, H, T, K, dtype=0: host_lib.marin_unpermute(  # noqa: E731
         p[0], dtype, R, H, p[1], T, K, None, p[2], None)
     assert unpermute(8, 8, 4, 2) == 0 and unpermute(8, 0, 4, 2) == 0 and unpermute(0, 8, 4, 2) == 0  # empty rows
+    assert unpermute(8, 8, 0, 2) == 0  # no tokens
     buf[2].fill_(7)
     assert unpermute(8, 8, 4, 0) == 0 and buf[2][:32].tolist() == [0] * 32  # no experts per token: zeros
     for args in ((-1, 8, 4, 2), (8, -1, 4, 2), (8, 8, 4, -1), (8, 8, 4, 17), (8, 8, 4, 2, 3)):
@@ -690,6 +691,7 @@ def test_launchers_refuse_invalid_sizes_without_launching(host_lib):
         p[0], grad_dtype, p[1], dtype, R, H, p[2], p[3], T, K, None, p[4], None, None)
     assert unpermute_backward(8, 8, 4, 2) == 0 and unpermute_backward(8, 8, 4, 2, 0, 1) == 0  # fp32 grad, bf16 rows
     assert unpermute_backward(0, 8, 4, 2) == 0 and unpermute_backward(8, 0, 4, 2) == 0
+    assert unpermute_backward(8, 8, 0, 2) == 0  # no tokens
     assert unpermute_backward(8, 8, 4, 0) == 0
     for args in ((-1, 8, 4, 2), (8, -1, 4, 2), (8, 8, 4, -1), (8, 8, 4, 17), (8, 8, 4, 2, 2, 1), (8, 8, 4, 2, 1, 0)):
         assert refused(unpermute_backward, *args), args
@@ -744,7 +746,7 @@ ASAN_SUBSET = ("equals_the_reference and (512-16-1-1 or 100-6-4-2 or 7-5-1-1) or
                "out_of_range or scales_an_fp32 or nan or one_expert or unwritten or "
                "(unpermute_and_backward and (60-2-7-33 or 30-5-20-2))")
 # Every kernel, grouped routing and not, several tiles of permute's ranking, counts summed across blocks.
-TSAN_SUBSET = ("route_topk_equals_the_reference and (100-6-4-2 or 7-5-1-1) and sigmoid or "
+TSAN_SUBSET = ("route_topk_equals_the_reference and (100-6-4-2 or 7-5-1-1 or 512-8-512-64) and sigmoid or "
                "route_topk_backward and True-sigmoid-dtype0 or one_hot_bias or "
                "permute_equals_the_reference and (37-2-7 or 129-8-512) and (1-0 or 16-3) or "
                "unpermute_and_backward and 60-2-7-33 and True")
