@@ -39,11 +39,12 @@ from host_build import HostBuildError, build_host_library  # noqa: E402
 CUDA = ROOT / "cuda"
 FILES = ("common.cuh", "device.cuh", "route_topk.cuh", "permute.cuh", "route_topk.cu", "permute.cu", "unpermute.cu")
 # Lines whose constants only tune speed (any value in range is correct: scores per lane, unrolling, launch
-# bounds, batch sizes, the route grid's resident blocks) or only report (the occupancy table).
+# bounds, batch sizes, permute's rounds per tile, the route grid's resident blocks) or only report (the
+# occupancy table and its size).
 SPEED_ONLY = re.compile(r"MARIN_UNROLL|__launch_bounds__|kRouteBlocksPerSM\s*=|kPullBatch\s*=|kRowMinBlocks\s*=|"
                         r"route_backward_blocks|route_forward_blocks|resident|needed|kScanBatch\s*=|"
-                        r"multiprocessor_count|cached\[|static_assert|#|return 132|count = 132|"
-                        r"occupancy|choices\[\]|launch\(std::integral_constant")
+                        r"kPermuteRounds\s*=|multiprocessor_count|cached\[|static_assert|#|return 132|count = 132|"
+                        r"(?i:occupancy)|choices\[\]|launch\(std::integral_constant")
 SKIP_LINE = re.compile(r"^\s*(//|\*|namespace|}|template|using|#|extern \"C\"|case \d+: return|default:)")
 
 # The bugs the previous host tests let through: (file, old, new).
@@ -109,8 +110,8 @@ def candidates(cuda: Path) -> list[Mutant]:
                 replacement = str(value + 1) if value != 1 else "0"
                 found.append(Mutant(name, number, "constant", line, line[:m.start()] + replacement + line[m.end():]))
             for m in re.finditer(r"\[([^\[\]]+)\]", code):  # index offsets
-                if re.fullmatch(r"\s*k\w+\s*", m.group(1)) and "__shared__" in code:
-                    continue  # array sizes of declarations
+                if "__shared__" in code:
+                    continue  # array sizes of declarations: a larger array is never wrong
                 found.append(Mutant(name, number, "index", line,
                                     line[:m.start()] + f"[{m.group(1)} + 1]" + line[m.end():]))
             if code.rstrip().endswith(";") and not re.match(r"\s*(return|const |int |float |bool |uint|__shared__)",
