@@ -2,8 +2,9 @@
 
 tests/cuda_emu builds cuda/*.cu with g++ under a small CUDA execution model (blocks in sequence, the threads
 of a block as fibers with real barriers, lock-step warp collectives, garbage-filled shared memory, a random
-thread order at every barrier, two multiprocessors so grid-stride loops go round). The library is served
-through the same Python entry points as the GPU build, so their checks run too. The cases are the ones
+thread order at every barrier, two multiprocessors holding one block each so grid-stride loops go round).
+The library is served through the same Python entry points as the GPU build, so their checks run too; a
+subset runs again on the ASan + UBSan and ThreadSanitizer builds. The cases are the ones
 tests/test_cuda_ops.py runs on a GPU. What must be bitwise and what has a tolerance is docs/cuda.md's table
 ("Exactness"): ids, counts, every permute output, unpermute's output and grad_routed bitwise (softmax_topk's
 ids up to near-ties); weights, lse and gradients of the logits within fp32 tolerance; NaN compares as NaN.

@@ -1,4 +1,5 @@
-// The scheduler behind emu.h: blocks in sequence, the threads of a block as fibers on one OS thread.
+// The scheduler behind emu.h: blocks in sequence, the threads of a block as fibers on one OS thread (an OS
+// thread per block in the "tsan" build).
 #include "emu.h"
 
 #include <dlfcn.h>
