@@ -677,6 +677,7 @@ def test_launchers_refuse_invalid_sizes_without_launching(host_lib):
         p[0], T, H, size, p[1], K, E, align, capacity, p[2], p[3], p[4], p[5], p[6], None)
     assert permute(4, 8, 4, 2, 8) == 0 and permute(4, 0, 4, 2, 8) == 0  # rows of width 0 are allowed
     assert permute(4, 8, 4, 2, 1) == 0  # one expert
+    assert permute(0, 8, 4, 2, 8) == 0 and permute(4, 8, 4, 0, 8) == 0  # no tokens, no experts per token
     for args in ((4, -1, 4, 2, 8), (4, 8, 0, 2, 8), (4, 8, 4, 17, 8), (4, 8, 4, -1, 8), (4, 8, 4, 2, 0),
                  (4, 8, 4, 2, 513), (4, 8, 4, 2, 8, 0), (4, 8, 4, 2, 8, 1, -1)):
         assert refused(permute, *args), args
