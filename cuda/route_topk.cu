@@ -19,7 +19,7 @@ constexpr int kRouteBlocksPerSM = 8;  // a persistent grid: fewer blocks, fewer 
 constexpr int route_forward_blocks(int vpt) { return vpt <= 4 ? 8 : vpt <= 8 ? 6 : vpt <= 12 ? 5 : 4; }
 constexpr int route_backward_blocks(int vpt) { return vpt <= 12 ? 8 : 7; }
 
-// Device-limited routing: experts outside the topk_group best groups get score -inf. `row` and `groups` are
+// Group-limited routing: experts outside the topk_group best groups get score -inf. `row` and `groups` are
 // this warp's shared scratch of kMaxExperts floats each.
 template <int VPT>
 __device__ __forceinline__ void limit_groups(float (&score)[VPT], float* row, float* groups, int num_experts,

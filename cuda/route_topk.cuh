@@ -57,7 +57,7 @@ MARIN_HD void lane_best(const uint32_t (&key)[VPT], uint32_t& best_key, int& bes
 // away from an integer, far more than fp32's error for e < 512, so the floor is exact (no integer division).
 MARIN_HD int group_of(int e, float inv_size) { return static_cast<int>((static_cast<float>(e) + 0.5f) * inv_size); }
 
-// Group score of device-limited routing: the sum of the group's two largest selection scores (the single
+// Group score of group-limited routing: the sum of the group's two largest selection scores (the single
 // score for a group of one). NaN if the group holds a NaN: the reference takes torch.topk, which ranks
 // NaN highest.
 MARIN_HD float group_score(const float* score, int size) {

@@ -22,7 +22,7 @@ class MoEConfig:
     routing: str = "sigmoid"          # "sigmoid" | "softmax_topk" (OLMoE, DeepSeek-V2) | "topk_softmax" (Mixtral)
     route_scale: float = 2.5          # combine weights sum to this after renormalisation
     renormalize: bool = True          # divide the k chosen gates by their sum (ignored by "topk_softmax")
-    n_group: int = 1                  # device-limited routing: expert groups (1 = off)
+    n_group: int = 1                  # group-limited routing: expert groups (1 = off)
     topk_group: int = 1               # groups each token may use when n_group > 1
     z_loss: float = 1e-4              # router z-loss coefficient: z_loss * mean(logsumexp(logits)**2)
     bias_update: str = "quantile"     # "quantile" (Marin) | "sign" (DeepSeek-V3) | "none"

@@ -5,7 +5,7 @@ and ``benchmarks/bench_moe_cpu.py`` times them side by side. Two loops: by defau
 tokens routed to it and ``index_add``s its weighted output back (Mixtral's reference code); ``dense_mask``
 runs each expert on every token and multiplies its output by a dense [T,E] gate that is zero where the token
 is not routed to that expert (the formulation of simple MoE reference code, "naive per-expert
-masking": E/k times the expert FLOPs, but no data-dependent shapes). Device-limited routing (n_group > 1) is not
+masking": E/k times the expert FLOPs, but no data-dependent shapes). Group-limited routing (n_group > 1) is not
 covered here; the ops tests check it against their own reference.
 """
 
@@ -32,7 +32,7 @@ def naive_moe_forward(moe: MoE, x_TD: Tensor, index_stacked: bool = False,
     (zero if not routed there, or dropped by the capacity limit) instead of gathering the routed tokens."""
     m, (T, _) = moe.cfg, x_TD.shape
     if m.n_group > 1:
-        raise ValueError("naive_moe_forward does not implement device-limited routing (n_group > 1)")
+        raise ValueError("naive_moe_forward does not implement group-limited routing (n_group > 1)")
     logits_TE = moe.router(x_TD)
     probs_TE = torch.softmax(logits_TE, dim=-1) if m.routing == "softmax_topk" else None
     score_TE = (probs_TE if probs_TE is not None else logits_TE) + moe.bias_E

@@ -22,8 +22,9 @@
 #   sanitize   rest  a probe (a tiny CUDA program under compute-sanitizer: a sandbox that refuses the device is
 #                    reported and the sanitizers skipped), then memcheck (PYTORCH_NO_CUDA_MEMORY_CACHING=1, so
 #                    an overrun inside what would be one of torch's cached segments is seen) and racecheck over
-#                    a few small tests -> sanitize.log. With --cpu, the host build of the kernels under ASan
-#                    and UBSan in their place (tests/test_cuda_emulated.py's sanitizer test).
+#                    a few small tests -> sanitize.log. With --cpu, the host builds of the kernels in their
+#                    place: ASan and UBSan for memcheck, ThreadSanitizer for racecheck
+#                    (tests/test_cuda_emulated.py's sanitizer tests, the two at once).
 # Each file is written as its step runs, so a run cut short still leaves what finished. summary.txt is the
 # file to read first: the environment, then one line per step (verdict, time, limit). 7 files in all (the
 # device tool brings back 8). Exit status: non-zero if the build, the occupancy check or the tests fail; a
@@ -145,8 +146,9 @@ SMALL='tiny_batches or misaligned or one_expert or serve or (equals_the_referenc
 SANITIZE=("$SANITIZER" --error-exitcode 3 --report-api-errors no --launch-timeout 0)
 SANITIZED_TESTS=("$PY" -m pytest --noconftest -p no:cacheprovider -p no:xdist -q -rfEs tests/test_cuda_ops.py -k "$SMALL")
 if [ "$DRY_RUN" = 1 ]; then
-  step sanitize_host sanitize.log $((BUDGET - (SECONDS - START))) "$PY" -m pytest --noconftest -p no:cacheprovider \
-    -q -rfEs tests/test_cuda_emulated.py -k test_kernels_are_clean_under_address_and_undefined_behaviour_sanitizers
+  HOST_SANITIZERS=("$PY" -m pytest --noconftest -p no:cacheprovider -q -rfEs tests/test_cuda_emulated.py -k sanitizer)
+  if "$PY" -c "import xdist" 2>/dev/null; then HOST_SANITIZERS+=(-n 2); fi
+  step sanitize_host sanitize.log $((BUDGET - (SECONDS - START))) "${HOST_SANITIZERS[@]}"
 elif [ ! -x "$SANITIZER" ]; then
   echo "sanitize: skipped (no compute-sanitizer next to nvcc or on the PATH)" | tee -a "$SUMMARY"
 else

@@ -4,10 +4,13 @@
 Applies one simple mutation at a time to the code lines of cuda/*.cu and cuda/*.cuh (an arithmetic or logical
 operator, a comparison, an index offset, an integer constant, a dropped statement), builds the host library
 (tests/cuda_emu), runs the emulated suite on it with -x and a per-mutant timeout, and reports how many
-mutants compiled, how many the tests killed, and which survived. Constants and lines that only tune speed
-(unrolling, launch bounds, blocks per SM, batch sizes, scores per lane, access widths, the SM-count cache)
-and the occupancy report are left out. Slow (about ten
-minutes for 60 mutants on two cores): not part of `make test`; docs/cuda.md records its figure.
+mutants compiled, how many the tests killed, and which survived. A mutant that survives the plain build is
+then run under the sanitizer builds (ASan + UBSan, ThreadSanitizer: tests/test_cuda_emulated.py's sanitizer
+tests), which see what the plain build forgives (a read past an array, a race). Constants and lines that only
+tune speed (unrolling, launch bounds, blocks per SM, batch sizes, scores per lane, the SM-count cache) and
+the occupancy report are left out; the access widths are in, as a test names the kernel each launch took.
+Slow (about ten minutes for 60 mutants on two cores): not part of `make test`; docs/cuda.md records its
+figures.
 
     .venv/bin/python scripts/mutate_kernels.py                   # 60 mutants, seed 0
     .venv/bin/python scripts/mutate_kernels.py --count 80 --seed 1
@@ -35,13 +38,13 @@ from host_build import HostBuildError, build_host_library  # noqa: E402
 
 CUDA = ROOT / "cuda"
 FILES = ("common.cuh", "device.cuh", "route_topk.cuh", "permute.cuh", "route_topk.cu", "permute.cu", "unpermute.cu")
-# Lines whose constants only tune speed (any value in range is correct: scores per lane, access widths,
-# unrolling, launch bounds, batch sizes, the route grid's resident blocks) or only report (the occupancy table).
+# Lines whose constants only tune speed (any value in range is correct: scores per lane, unrolling, launch
+# bounds, batch sizes, permute's rounds per tile, the route grid's resident blocks) or only report (the
+# occupancy table and its size).
 SPEED_ONLY = re.compile(r"MARIN_UNROLL|__launch_bounds__|kRouteBlocksPerSM\s*=|kPullBatch\s*=|kRowMinBlocks\s*=|"
                         r"route_backward_blocks|route_forward_blocks|resident|needed|kScanBatch\s*=|"
-                        r"multiprocessor_count|cached\[|static_assert|#|return 132|count = 132|"
-                        r"occupancy|choices\[\]|launch\(std::integral_constant|with_vector<|kMaxVec =|"
-                        r"row_vector\(\d|row_vector\(kMaxVec|row_vector\(16")
+                        r"kPermuteRounds\s*=|multiprocessor_count|cached\[|static_assert|#|return 132|count = 132|"
+                        r"(?i:occupancy)|choices\[\]|launch\(std::integral_constant")
 SKIP_LINE = re.compile(r"^\s*(//|\*|namespace|}|template|using|#|extern \"C\"|case \d+: return|default:)")
 
 # The bugs the previous host tests let through: (file, old, new).
@@ -107,8 +110,8 @@ def candidates(cuda: Path) -> list[Mutant]:
                 replacement = str(value + 1) if value != 1 else "0"
                 found.append(Mutant(name, number, "constant", line, line[:m.start()] + replacement + line[m.end():]))
             for m in re.finditer(r"\[([^\[\]]+)\]", code):  # index offsets
-                if re.fullmatch(r"\s*k\w+\s*", m.group(1)) and "__shared__" in code:
-                    continue  # array sizes of declarations
+                if "__shared__" in code:
+                    continue  # array sizes of declarations: a larger array is never wrong
                 found.append(Mutant(name, number, "index", line,
                                     line[:m.start()] + f"[{m.group(1)} + 1]" + line[m.end():]))
             if code.rstrip().endswith(";") and not re.match(r"\s*(return|const |int |float |bool |uint|__shared__)",
@@ -127,10 +130,30 @@ def apply(mutant: Mutant, directory: Path) -> None:
 
 # The tests that exercise a file most directly run first, so that most mutants die within seconds.
 FOCUS = {"route_topk": "route_topk", "permute": "permute and not unpermute", "unpermute": "unpermute"}
+# The tests that run a subset of the suite on the sanitizer builds (each builds its flavour of the mutant).
+SANITIZER_TESTS = ("clean_under_address_and_undefined_behaviour", "no_data_race_under_the_thread_sanitizer")
+SANITIZER_TIMEOUT = 900  # two builds and two runs of a subset: minutes on two shared cores
 
 
-def run_suite(cuda_dir: Path, build_dir: Path, timeout: float, selection: str, focus: str = "") -> str:
-    """'killed', 'survived' or 'no-compile' for the sources in cuda_dir."""
+def outcome(part: str, env: dict, timeout: float) -> str:
+    """'failed', 'passed' or 'timeout' for the emulated tests that `part` selects."""
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--noconftest", "-p", "no:xdist",
+           str(ROOT / "tests" / "test_cuda_emulated.py"), "-k", part]
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(timeout, 1))
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    if done.returncode in (1, 3) or done.returncode < 0:  # test failures, internal errors, crashes
+        return "failed"
+    if done.returncode not in (0, 5):  # 5: nothing selected
+        raise RuntimeError(f"pytest exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return "passed"
+
+
+def run_suite(cuda_dir: Path, build_dir: Path, timeout: float, selection: str, focus: str = "",
+              sanitizers: bool = True) -> str:
+    """'killed', 'sanitizers' (killed by the sanitizer builds only), 'survived' or 'no-compile' for the
+    sources in cuda_dir."""
     try:
         build_host_library(build_dir, cuda_dir=cuda_dir, extra_flags=("-Wno-error",))  # warnings: still code
     except HostBuildError:
@@ -139,17 +162,15 @@ def run_suite(cuda_dir: Path, build_dir: Path, timeout: float, selection: str, f
                MARIN_EMU_EXTRA_FLAGS="-Wno-error")
     deadline = time.time() + timeout
     for part in ([f"({selection}) and ({focus})", f"({selection}) and not ({focus})"] if focus else [selection]):
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--noconftest", "-p", "no:xdist",
-               str(ROOT / "tests" / "test_cuda_emulated.py"), "-k", part]
-        try:
-            done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=max(deadline - time.time(), 1))
-        except subprocess.TimeoutExpired:
-            return "killed"  # a hang or a crawl: the suite notices
-        if done.returncode in (1, 3) or done.returncode < 0:  # test failures, internal errors, crashes
+        if outcome(part, env, deadline - time.time()) != "passed":  # a hang or a crawl counts: the suite notices
             return "killed"
-        if done.returncode not in (0, 5):  # 5: nothing selected
-            raise RuntimeError(f"pytest exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    if not sanitizers:
+        return "survived"
+    start = time.time()
+    for test in SANITIZER_TESTS:
+        # past its limit a sanitizer run is the machine's load, not the mutant's doing: no kill is counted
+        if outcome(test, env, SANITIZER_TIMEOUT - (time.time() - start)) == "failed":
+            return "sanitizers"
     return "survived"
 
 
@@ -158,8 +179,10 @@ def main(argv=None) -> int:
     parser.add_argument("--count", type=int, default=60, help="mutants to sample (default 60)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--timeout", type=float, default=120, help="seconds per mutant (default 120)")
-    parser.add_argument("--select", default="not sanitizers", help="pytest -k expression for the subset "
-                        "(default: all but the sanitizer run)")
+    parser.add_argument("--select", default="not sanitizer", help="pytest -k expression for the subset "
+                        "(default: all but the sanitizer runs)")
+    parser.add_argument("--no-sanitizers", action="store_true",
+                        help="do not run the survivors under the sanitizer builds")
     parser.add_argument("--known-bugs", action="store_true", help="run the three known bugs instead")
     parser.add_argument("--list", action="store_true", help="list the candidate mutations and exit")
     parser.add_argument("--replay", type=Path, default=None,
@@ -190,7 +213,7 @@ def main(argv=None) -> int:
             mutants = random.Random(args.seed).sample(pool, min(args.count, len(pool)))
             print(f"{len(pool)} candidate mutations; sampled {len(mutants)} with seed {args.seed}")
 
-    results: dict[str, list[Mutant]] = {"killed": [], "survived": [], "no-compile": []}
+    results: dict[str, list[Mutant]] = {"killed": [], "sanitizers": [], "survived": [], "no-compile": []}
     start = time.time()
     with snapshot_dir:
         build_dir = tmp / "build"
@@ -200,17 +223,17 @@ def main(argv=None) -> int:
             apply(mutant, work)
             t0 = time.time()
             focus = FOCUS.get(mutant.file.split(".")[0], "")
-            verdict = run_suite(work, build_dir, args.timeout, args.select, focus)
+            verdict = run_suite(work, build_dir, args.timeout, args.select, focus, not args.no_sanitizers)
             results[verdict].append(mutant)
             print(f"[{i}/{len(mutants)}] {verdict:10s} {time.time() - t0:5.1f}s  {mutant.describe()}", flush=True)
             shutil.rmtree(work)
             for stale in build_dir.glob("libmarin_kernels_host-*"):
                 stale.unlink()
-    compiled = len(results["killed"]) + len(results["survived"])
-    killed = len(results["killed"])
+    killed = len(results["killed"]) + len(results["sanitizers"])
+    compiled = killed + len(results["survived"])
     print(f"\n{len(mutants)} mutants, {compiled} compiled, {killed} killed "
-          f"({100.0 * killed / max(compiled, 1):.1f}% of those that compiled), {len(results['survived'])} survived; "
-          f"{time.time() - start:.0f}s")
+          f"({100.0 * killed / max(compiled, 1):.1f}% of those that compiled; {len(results['sanitizers'])} of them "
+          f"only by the sanitizer builds), {len(results['survived'])} survived; {time.time() - start:.0f}s")
     for mutant in results["survived"]:
         print("  survived:", mutant.describe())
     if args.known_bugs:

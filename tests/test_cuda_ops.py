@@ -130,6 +130,26 @@ def test_route_topk_backward_equals_the_reference(mode, renormalize, dtype):
         torch.testing.assert_close(got.float(), want.float(), rtol=max(rtol, 1e-4), atol=max(atol, 1e-5))
 
 
+@pytest.mark.parametrize("mode", ["sigmoid", "softmax_topk"])
+@pytest.mark.parametrize("E,k,n_group,topk_group", [(384, 8, 1, 1), (256, 8, 8, 4)])
+def test_route_topk_and_backward_loop_over_a_long_batch(E, k, n_group, topk_group, mode):
+    """More tokens than the persistent grid holds at once (at most 8 blocks of 4 warps per SM, a token per
+    warp): both kernels' grid-stride loops go round, so a loop that skips or repeats a stride fails."""
+    T = 12_289
+    assert T > torch.cuda.get_device_properties(0).multi_processor_count * 8 * 4
+    g = gen(T + E)
+    logits = torch.randn(T, E, generator=g) * 2
+    bias = torch.randn(E, generator=g) * (0.01 if mode == "softmax_topk" else 0.5)
+    got, want = both(ops.route_topk, logits, bias, k, mode, 2.5, True, n_group, topk_group)
+    assert_same_experts(got, want, logits, bias, mode)
+    same = (got[0] == want[0]).all(-1)
+    assert_close(got[1][same], want[1][same])
+    assert_close(got[3], want[3])
+    grad_w, grad_lse = torch.randn(T, k, generator=g), torch.randn(T, generator=g)
+    got, want = both(ops.route_topk_backward, grad_w, grad_lse, logits, want[0], want[1], mode, 2.5, True)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------------- permute
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("T,K,E", [(1, 1, 7), (4096, 8, 384), (3000, 16, 512), (2048, 2, 257), (513, 5, 7)])

@@ -131,6 +131,9 @@ def route_topk_backward(grad_weights: Tensor, grad_lse: Tensor, logits: Tensor, 
     if logits.dtype not in _DTYPES or E > MAX_EXPERTS or k > MAX_TOP_K:
         return _reference("route_topk_backward", grad_weights, grad_lse, logits, expert_ids, weights, mode, scale,
                           renormalize)
+    # The kernel reads logits[t, expert_ids[t, j]]. Checked on the device, as the reference's gather does: on
+    # the CPU it raises, on a GPU a failure is a device-side assert, and there is no host synchronisation.
+    torch._assert_async(((expert_ids >= 0) & (expert_ids < E)).all(), f"expert_ids must be in [0, E={E})")
     dtype, logits = _DTYPES[logits.dtype], logits.contiguous()
     grad_weights, grad_lse = grad_weights.to(torch.float32).contiguous(), grad_lse.to(torch.float32).contiguous()
     expert_ids, grad_logits = expert_ids.contiguous(), torch.empty_like(logits)

@@ -3,9 +3,10 @@
 ``S`` is an op's accumulation dtype: fp32, or fp64 when any input is fp64 (so ``gradcheck`` runs).
 
 * ``route_topk(logits[T,E], bias[E]?, k, mode, scale, renormalize, n_group, topk_group)
-  -> (expert_ids[T,k] int32, weights[T,k] S, counts[E] int32, lse[T] S)``: choose on ``score + bias`` (the
-  bias gets no gradient), ties to the lower expert id, ids best first; ``n_group > 1`` keeps the
-  ``topk_group`` groups with the largest sum of their top-2 scores. Modes and weights: docs/design.md.
+  -> (expert_ids[T,k] int32, weights[T,k] S, counts[E] int32, lse[T] S)``: choose on ``s + bias``, s the
+  logit or, in mode softmax_topk, the probability (the bias gets no gradient), ties to the lower expert id,
+  ids best first; ``n_group > 1`` keeps the ``topk_group`` groups with the largest sum of their top-2
+  ``s + bias``. Modes and weights: docs/design.md.
 * ``permute(x[T,H], expert_ids[T,K], num_experts, align, capacity) -> (routed[R,H], row_of[T,K],
   src_of[R], offsets[E+1])``, all int32 but routed, ``R = T*K + E*(align-1)``: a stable counting sort by
   expert, -1 ids (and entries ranked >= capacity when capacity > 0) dropped, groups padded to ``align``;

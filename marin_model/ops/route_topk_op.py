@@ -1,7 +1,12 @@
 """``marin::route_topk``: choose k experts per token and their combine weights, and its backward.
 
-Modes: "sigmoid" (gates are sigmoid(logit)), "softmax_topk" (the softmax probability), both divided by their
-sum over the k chosen when ``renormalize``; "topk_softmax" (the softmax over the k chosen logits); then times
+Selection: the k largest of ``s + bias``, s the logit ("sigmoid", "topk_softmax") or the softmax probability
+("softmax_topk"); with ``n_group > 1``, among the ``topk_group`` groups whose two largest such scores sum
+highest (group-limited routing). The bias is a selection-only balancing term like DeepSeek-V3's, but
+DeepSeek-V3 adds it to the sigmoid of the logit (arXiv:2412.19437, section 2.1.2), not to the logit, and its
+group scores sum those biased sigmoids: the two choose the same experts only with no bias and no groups.
+Gates: "sigmoid" (sigmoid(logit)), "softmax_topk" (the softmax probability), both divided by their sum over
+the k chosen when ``renormalize``; "topk_softmax" (the softmax over the k chosen logits); then times
 ``scale``. ``lse`` (logsumexp of each token's logits) makes the router z-loss differentiable.
 """
 
@@ -16,7 +21,8 @@ __all__ = ["route_topk", "route_topk_backward"]
 
 
 def _limit_groups(score_TE: Tensor, n_group: int, topk_group: int) -> Tensor:
-    """Device-limited routing (DeepSeek-V3): experts outside the topk_group best groups get -inf."""
+    """Group-limited routing: experts outside the topk_group groups with the largest sum of their two best
+    selection scores get -inf (the module docstring says how this differs from DeepSeek-V3)."""
     T, E = score_TE.shape
     grouped_TGS = score_TE.view(T, n_group, E // n_group)
     group_score_TG = grouped_TGS.topk(min(2, E // n_group), dim=-1).values.sum(-1)

@@ -1,6 +1,8 @@
-// The scheduler behind emu.h: blocks in sequence, the threads of a block as fibers on one OS thread.
+// The scheduler behind emu.h: blocks in sequence, the threads of a block as fibers on one OS thread (an OS
+// thread per block in the "tsan" build).
 #include "emu.h"
 
+#include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -15,6 +17,10 @@
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define CUDA_EMU_ASAN 1
+#endif
+
+#if defined(CUDA_EMU_TSAN)
+#include <sanitizer/tsan_interface.h>
 #endif
 
 #if !defined(__x86_64__)
@@ -84,6 +90,20 @@ constexpr size_t kStackBytes = 128 * 1024;
 #endif
 constexpr int kMaxThreads = 1024;
 
+// The "tsan" build: ThreadSanitizer watches the kernels' memory (host_build.py compiles this file without its
+// instrumentation, with CUDA_EMU_TSAN: the scheduler's own bookkeeping is not the kernels'). Each thread of a
+// block is a fiber of its own to it, switched to without synchronisation, so that only what orders memory on
+// a GPU orders it here: a launch's start and end, __syncthreads() and __syncwarp(). The blocks of a launch
+// are concurrent on a GPU, and stay unordered here: each block runs on an OS thread of its own, so that its
+// __shared__ storage (that thread's TLS) is new memory, and consecutive blocks on two sets of fibers, each
+// with its own stacks, so that a race between blocks (the same thread of each adding to one global counter
+// without an atomic) is reported too.
+#if defined(CUDA_EMU_TSAN)
+constexpr int kFiberSets = 2;
+#else
+constexpr int kFiberSets = 1;
+#endif
+
 enum class Wait { kNone, kBlock, kWarp };
 
 struct Fiber {
@@ -96,7 +116,9 @@ struct Fiber {
 #endif
   bool done = false;
   Wait wait = Wait::kNone;
-  uint64_t warp_generation = 0;
+#if defined(CUDA_EMU_TSAN)
+  void* tsan = nullptr;  // its ThreadSanitizer fiber
+#endif
 };
 
 struct WarpState {
@@ -112,9 +134,11 @@ struct Scheduler {
   std::vector<WarpState> warps;
   std::vector<int> runnable;
   std::vector<int> block_waiters;
-  std::vector<int> rank;  // a block run "ahead": fiber t's priority (lower runs first), else empty
+  std::vector<int> rank;  // a block run "ahead": thread t's priority (lower runs first), else empty
   int live = 0, threads = 0;
+  int base = 0;  // the running block's thread t is fibers[base + t]
   int running = -1;
+  uint64_t barrier_generation = 0;  // __syncthreads() of the running block completed so far
 #if defined(__x86_64__)
   void* main_sp = nullptr;
 #else
@@ -129,6 +153,10 @@ struct Scheduler {
   const void* main_stack_bottom = nullptr;
   size_t main_stack_size = 0;
 #endif
+#if defined(CUDA_EMU_TSAN)
+  void* main_tsan = nullptr;  // the ThreadSanitizer fiber of the OS thread running the block
+  std::vector<char> sync;     // the running block's synchronisation objects (block_sync), new for each block
+#endif
 };
 
 Scheduler sched;
@@ -136,6 +164,23 @@ cudaError_t last_error = cudaSuccess;
 std::string last_message;
 uint64_t seed = 0;
 uint64_t launches = 0;
+const void* last_kernel = nullptr;
+
+// Happens-before edges for ThreadSanitizer (nothing in the other builds): what a thread did before
+// release(o) happens before what a thread does after a later acquire(o).
+char launch_begin, launch_end;
+#if defined(CUDA_EMU_TSAN)
+void release(void* object) { __tsan_release(object); }
+void acquire(void* object) { __tsan_acquire(object); }
+// Object i of the running block: 0 and 1 for its __syncthreads() (by parity of the generation), 2 + 2w and
+// 3 + 2w for warp w's __syncwarp(). Two per barrier: a thread past one may reach the next before a slower
+// one has left the first, and must not hand it what it did in between.
+void* block_sync(size_t i) { return &sched.sync[i]; }
+#else
+void release(void*) {}
+void acquire(void*) {}
+void* block_sync(size_t) { return nullptr; }
+#endif
 
 
 // Switches from the running fiber (or the scheduler when `from` < 0) to `to` (the scheduler when < 0).
@@ -148,6 +193,9 @@ void switch_to(int from, int to, bool final = false) {
   __sanitizer_start_switch_fiber(final ? nullptr : &fake_stack, bottom, size);
 #else
   (void)final;
+#endif
+#if defined(CUDA_EMU_TSAN)
+  __tsan_switch_to_fiber(to < 0 ? sched.main_tsan : sched.fibers[to].tsan, __tsan_switch_to_fiber_no_sync);
 #endif
 #if defined(__x86_64__)
   void** save = from < 0 ? &sched.main_sp : &sched.fibers[from].sp;
@@ -194,13 +242,20 @@ void release_warp(WarpState& warp) {
   wake(warp.waiters);
 }
 
+void open_block_barrier() {
+  sched.barrier_generation += 1;
+  wake(sched.block_waiters);
+}
+
 void fiber_main(void*) {
 #ifdef CUDA_EMU_ASAN
   __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);  // the first entry completes a switch too
 #endif
   const int self = sched.running;
   current = &sched.fibers[self].state;
+  acquire(&launch_begin);
   sched.body(sched.context);
+  release(&launch_end);
   Fiber& fiber = sched.fibers[self];
   fiber.done = true;
   sched.live -= 1;
@@ -211,7 +266,7 @@ void fiber_main(void*) {
   if (warp.arrived != 0 && ((warp.expected >> (fiber.state.tid % 32)) & 1u))
     fail("a lane exited while its warp waited for it in a *_sync collective");
   if (!sched.block_waiters.empty() && static_cast<int>(sched.block_waiters.size()) == sched.live)
-    wake(sched.block_waiters);
+    open_block_barrier();
   switch_to(self, -1, true);
   abort();  // never resumed
 }
@@ -296,10 +351,10 @@ TlsRange shared_storage() {
 void scribble_shared(uint64_t block) {
   static const unsigned char patterns[] = {0xff, 0x7f, 0xa5, 0x80, 0x01, 0xc3};
   static TlsRange range;
-  static pthread_t owner;
-  if (range.begin == nullptr || !pthread_equal(owner, pthread_self())) {  // TLS is per OS thread
+  static const char* anchor = nullptr;  // where tls_anchor was when range was found
+  if (anchor != &tls_anchor) {  // TLS is per OS thread (and each block of the "tsan" build has its own)
     range = shared_storage();
-    owner = pthread_self();
+    anchor = &tls_anchor;
   }
   memset(range.begin, patterns[(block + seed) % sizeof(patterns)], range.size);
 }
@@ -307,8 +362,14 @@ void scribble_shared(uint64_t block) {
 void run_block(uint64_t block_number) {
   const int n = sched.threads;
   sched.live = n;
+  sched.base = static_cast<int>(block_number % kFiberSets) * n;
+  sched.barrier_generation = 0;
   sched.runnable.clear();
   sched.block_waiters.clear();
+#if defined(CUDA_EMU_TSAN)
+  sched.main_tsan = __tsan_get_current_fiber();
+  sched.sync = std::vector<char>(2 + 2 * ((n + 31) / 32));  // freed objects take their history with them
+#endif
   for (int w = 0; w < (n + 31) / 32; ++w) {
     WarpState& warp = sched.warps[w];
     warp.arrived = warp.expected = 0;
@@ -318,15 +379,16 @@ void run_block(uint64_t block_number) {
     warp.exited = lanes == 32 ? 0u : ~((1u << lanes) - 1u);  // missing lanes of a partial warp
   }
   for (int t = 0; t < n; ++t) {
-    Fiber& fiber = sched.fibers[t];
+    Fiber& fiber = sched.fibers[sched.base + t];
     fiber.done = false;
     fiber.wait = Wait::kNone;
     fiber.state.tid = t;
     fiber.state.thread_idx = uint3{t % block_dim.x, (t / block_dim.x) % block_dim.y, t / (block_dim.x * block_dim.y)};
     prepare_stack(fiber);
-    sched.runnable.push_back(t);
+    sched.runnable.push_back(sched.base + t);
   }
   scribble_shared(block_number);
+  release(&launch_begin);  // what the launching thread did before the launch, and the garbage: before the block
   // Half the blocks pick at random among the runnable threads; the other half run "ahead": the warps in a
   // random order, each as far as it can go before the next one starts. That is the widest skew between
   // warps, which a missing __syncthreads() (one warp reading shared memory another has not written yet, or
@@ -343,8 +405,8 @@ void run_block(uint64_t block_number) {
     if (sched.runnable.empty()) {
       int at_block = 0, at_warp = 0;
       for (int t = 0; t < n; ++t) {
-        at_block += sched.fibers[t].wait == Wait::kBlock;
-        at_warp += sched.fibers[t].wait == Wait::kWarp;
+        at_block += sched.fibers[sched.base + t].wait == Wait::kBlock;
+        at_warp += sched.fibers[sched.base + t].wait == Wait::kWarp;
       }
       char text[200];
       snprintf(text, sizeof(text), "deadlock in block %u: %d threads wait at __syncthreads, %d at warp collectives",
@@ -356,7 +418,7 @@ void run_block(uint64_t block_number) {
     size_t pick = sched.rng() % sched.runnable.size();
     if (!sched.rank.empty()) {
       for (size_t i = 0; i < sched.runnable.size(); ++i)
-        if (sched.rank[sched.runnable[i]] < sched.rank[sched.runnable[pick]]) pick = i;
+        if (sched.rank[sched.runnable[i] - sched.base] < sched.rank[sched.runnable[pick] - sched.base]) pick = i;
     }
     const int next = sched.runnable[pick];
     sched.runnable[pick] = sched.runnable.back();
@@ -381,15 +443,18 @@ void fail(const char* message) {
 void block_barrier() {
   const int self = sched.running;
   if (self < 0) fail("__syncthreads outside a kernel");
+  void* sync = block_sync(sched.barrier_generation & 1);
+  release(sync);
   sched.fibers[self].wait = Wait::kBlock;
   sched.block_waiters.push_back(self);
   if (static_cast<int>(sched.block_waiters.size()) == sched.live) {
-    wake(sched.block_waiters);  // everyone (this thread too) runnable again, in random order
+    open_block_barrier();  // everyone (this thread too) runnable again, in random order
   }
   block_running();
+  acquire(sync);
 }
 
-const uint64_t* warp_exchange(unsigned mask, uint64_t bits, const char* what) {
+const uint64_t* warp_exchange(unsigned mask, uint64_t bits, const char* what, bool orders_memory) {
   const int self = sched.running;
   if (self < 0) fail("a warp collective outside a kernel");
   const int lane = sched.fibers[self].state.tid % 32;
@@ -403,29 +468,41 @@ const uint64_t* warp_exchange(unsigned mask, uint64_t bits, const char* what) {
     fail("lanes of a warp met in different *_sync collectives or with different masks");
   }
   const uint64_t generation = warp.generation;
+  void* sync = orders_memory ? block_sync(2 + 2 * (sched.fibers[self].state.tid / 32) + (generation & 1)) : nullptr;
+  if (orders_memory) release(sync);
   warp.slots[generation & 1][lane] = bits;
   warp.arrived |= 1u << lane;
   sched.fibers[self].wait = Wait::kWarp;
   warp.waiters.push_back(self);
   if (warp.arrived == warp.expected) release_warp(warp);
   block_running();
+  if (orders_memory) acquire(sync);
   return warp.slots[generation & 1];
 }
 
-void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* context) {
+void run_grid(const void* kernel, dim3 grid, dim3 block, void (*body)(void*), void* context) {
+  last_kernel = kernel;
   const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
   if (threads == 0 || threads > kMaxThreads || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
       grid.z > 65535) {
     last_error = cudaErrorInvalidConfiguration;
     return;
   }
-  if (sched.fibers.size() < threads) {
-    sched.fibers.resize(threads);
-    for (Fiber& fiber : sched.fibers)
+  if (sched.fibers.size() < threads * kFiberSets) {
+    sched.fibers.resize(threads * kFiberSets);
+    for (Fiber& fiber : sched.fibers) {
       if (fiber.stack.empty()) fiber.stack.resize(kStackBytes);
-    sched.warps.resize((threads + 31) / 32);
+#if defined(CUDA_EMU_TSAN)
+      if (fiber.tsan == nullptr) fiber.tsan = __tsan_create_fiber(0);
+#endif
+    }
   }
   if (sched.warps.size() < (threads + 31) / 32) sched.warps.resize((threads + 31) / 32);
+  // Room for every thread in the scheduler's lists, so that threads never reallocate them (the "tsan" build
+  // would see a thread's malloc and memmove touch memory another thread filled).
+  sched.runnable.reserve(threads * kFiberSets);
+  sched.block_waiters.reserve(threads * kFiberSets);
+  for (WarpState& warp : sched.warps) warp.waiters.reserve(32);
   sched.threads = static_cast<int>(threads);
   sched.body = body;
   sched.context = context;
@@ -440,8 +517,21 @@ void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* context) {
     const uint64_t b = backwards ? blocks - 1 - i : i;
     block_idx = uint3{static_cast<unsigned>(b % grid.x), static_cast<unsigned>((b / grid.x) % grid.y),
                       static_cast<unsigned>(b / (static_cast<uint64_t>(grid.x) * grid.y))};
+#if defined(CUDA_EMU_TSAN)
+    pthread_t thread;
+    if (pthread_create(&thread, nullptr, [](void* block) -> void* {
+          run_block(*static_cast<uint64_t*>(block));
+          return nullptr;
+        }, const_cast<uint64_t*>(&b)) != 0) {
+      fprintf(stderr, "cuda_emu: cannot start a thread for a block\n");
+      abort();
+    }
+    pthread_join(thread, nullptr);
+#else
     run_block(b);
+#endif
   }
+  acquire(&launch_end);  // what the threads did, the launching thread (and the next launch) sees
   current = nullptr;
   if (sched.failed) {
     last_error = cudaErrorLaunchFailure;
@@ -507,6 +597,14 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
 // Blocks in the grid of the latest launch (tests check how a launcher sized it).
 extern "C" uint64_t cuda_emu_last_grid_blocks() {
   return static_cast<uint64_t>(cuda_emu::grid_dim.x) * cuda_emu::grid_dim.y * cuda_emu::grid_dim.z;
+}
+
+// The kernel of the latest launch, as its offset in the library that holds it (0 before any launch): nm
+// names it, template arguments included.
+extern "C" uint64_t cuda_emu_last_kernel_offset() {
+  Dl_info info;
+  if (cuda_emu::last_kernel == nullptr || dladdr(cuda_emu::last_kernel, &info) == 0) return 0;
+  return reinterpret_cast<uintptr_t>(cuda_emu::last_kernel) - reinterpret_cast<uintptr_t>(info.dli_fbase);
 }
 
 // The seed of the thread order at barriers and of the shared-memory garbage (tests vary it).

@@ -10,11 +10,15 @@
 //   waiting mask, different masks in one collective, or a block that cannot progress is reported as a
 //   launch failure (cudaErrorLaunchFailure, with a message from cudaGetErrorString), never a hang.
 // - __shared__ variables are static storage (thread-local: the library's TLS segment), overwritten with a
-//   garbage byte pattern before each block. Integer atomics are plain read-modify-writes (fibers share one OS thread).
+//   garbage byte pattern before each block. Atomics are real (relaxed) atomic operations: the "tsan" build
+//   (ThreadSanitizer, emu.cpp) reports a plain read-modify-write that threads race on, as a lost update.
 // - __nv_bfloat16 and __half hold their bits and convert with the device's round-to-nearest-even (a NaN
 //   becomes the canonical 0x7FFF, as on the GPU). Build with -ffp-contract=off: __fmul_rn and __fadd_rn are
 //   plain * and +. expf/logf are the host's (the device's differ in the last bits; docs/cuda.md).
-// - The multiprocessor count is small ($CUDA_EMU_SMS, default 2) so grid-stride loops go round.
+// - The multiprocessor count is small ($CUDA_EMU_SMS, default 2) and one block of any kernel fits on one
+//   ($CUDA_EMU_RESIDENT_BLOCKS), so a persistent grid is 2 blocks and its grid-stride loops go round.
+// - cuda_emu_last_kernel_offset() names the kernel of the latest launch, template arguments included (the
+//   access width a launcher chose, say), as its offset in the library.
 // - Launches go through MARIN_LAUNCH(grid, block, stream, kernel)(args...), which nvcc spells <<<>>>.
 #pragma once
 
@@ -70,11 +74,12 @@ cudaError_t cudaRuntimeGetVersion(int* version);
 namespace cuda_emu {
 int env_int(const char* name, int fallback);
 }
-// The emulation has no registers: threads bound the resident blocks, unless CUDA_EMU_RESIDENT_BLOCKS says
-// otherwise (tests set it to reach the code that sizes a grid from it; a negative value fails the call).
+// The emulation has no registers: it answers one resident block per multiprocessor, the smallest grid a
+// launcher sizes by occupancy, whose grid-stride loops then go round most often; CUDA_EMU_RESIDENT_BLOCKS
+// says otherwise (tests set it to reach the code that sizes a grid from it; a negative value fails the call).
 template <typename Kernel>
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int block_size, size_t) {
-  const int resident = cuda_emu::env_int("CUDA_EMU_RESIDENT_BLOCKS", block_size > 0 ? 2048 / block_size : 0);
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int, size_t) {
+  const int resident = cuda_emu::env_int("CUDA_EMU_RESIDENT_BLOCKS", 1);
   if (resident < 0) return cudaErrorInvalidValue;
   *blocks = resident;
   return cudaSuccess;
@@ -94,9 +99,11 @@ extern dim3 block_dim, grid_dim;
 
 void block_barrier();
 // Each lane of `mask` deposits `bits`; once all have, every lane gets all deposits (and the mask).
-const uint64_t* warp_exchange(unsigned mask, uint64_t bits, const char* what);
+// `orders_memory`: the lanes' memory accesses before it happen before theirs after it (__syncwarp's
+// guarantee, which shuffles, votes and reductions do not give; it matters to the "tsan" build).
+const uint64_t* warp_exchange(unsigned mask, uint64_t bits, const char* what, bool orders_memory = false);
 void fail(const char* message);
-void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* context);
+void run_grid(const void* kernel, dim3 grid, dim3 block, void (*body)(void*), void* context);
 
 template <typename T>
 uint64_t to_bits(T v) {
@@ -135,7 +142,7 @@ struct Launch {
       void (*kernel)(Params...);
       Tuple params;
     } context{kernel, Tuple(std::forward<Args>(args)...)};
-    run_grid(grid, block, [](void* raw) {
+    run_grid(reinterpret_cast<const void*>(kernel), grid, block, [](void* raw) {
       auto* c = static_cast<Context*>(raw);
       std::apply(c->kernel, c->params);
     }, &context);
@@ -159,7 +166,7 @@ Launch<Params...> launch(dim3 grid, dim3 block, cudaStream_t, void (*kernel)(Par
 
 // ----------------------------------------------------------------------------------------- intrinsics
 inline void __syncthreads() { cuda_emu::block_barrier(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) { cuda_emu::warp_exchange(mask, 0, "__syncwarp"); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { cuda_emu::warp_exchange(mask, 0, "__syncwarp", true); }
 
 template <typename T>
 T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
@@ -271,35 +278,42 @@ inline float __int_as_float(int v) { return cuda_emu::from_bits<float>(cuda_emu:
 template <typename T>
 T __ldg(const T* p) { return *p; }
 
+// Real atomic operations (relaxed, as CUDA's), so that the ThreadSanitizer build (emu.cpp) tells them from a
+// plain read-modify-write, which it reports when two threads race on it.
+namespace cuda_emu {
+template <typename T, typename Op>
+T atomic_update(T* address, Op op) {
+  T old;
+  __atomic_load(address, &old, __ATOMIC_RELAXED);
+  T desired = op(old);
+  while (!__atomic_compare_exchange(address, &old, &desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    desired = op(old);
+  return old;
+}
+}  // namespace cuda_emu
+
 template <typename T>
 T atomicAdd(T* address, T v) {
-  const T old = *address;
-  *address = old + v;
-  return old;
+  return cuda_emu::atomic_update(address, [v](T old) { return old + v; });
 }
 template <typename T>
 T atomicMax(T* address, T v) {
-  const T old = *address;
-  *address = old > v ? old : v;
-  return old;
+  return cuda_emu::atomic_update(address, [v](T old) { return old > v ? old : v; });
 }
 template <typename T>
 T atomicMin(T* address, T v) {
-  const T old = *address;
-  *address = old < v ? old : v;
-  return old;
+  return cuda_emu::atomic_update(address, [v](T old) { return old < v ? old : v; });
 }
 template <typename T>
 T atomicExch(T* address, T v) {
-  const T old = *address;
-  *address = v;
+  T old;
+  __atomic_exchange(address, &v, &old, __ATOMIC_RELAXED);
   return old;
 }
 template <typename T>
 T atomicCAS(T* address, T compare, T v) {
-  const T old = *address;
-  if (old == compare) *address = v;
-  return old;
+  __atomic_compare_exchange(address, &compare, &v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  return compare;  // the old value, whether or not it was replaced
 }
 
 // ------------------------------------------------------------------------------------ 16-bit floats

@@ -1,9 +1,12 @@
 """Builds cuda/*.cu with g++ against the CUDA emulation of this directory: the kernels' own lines, run on
 the CPU (see emu.h). Used by tests/test_cuda_emulated.py and scripts/mutate_kernels.py.
 
-Flavours: "plain" (-O1) and "asan" (AddressSanitizer + UndefinedBehaviorSanitizer, which catch what x86
-forgives: out-of-bounds and misaligned accesses). Builds are cached by the hash of the sources and flags, and
-appear by atomic rename, so parallel test workers build once.
+Flavours: "plain" (-O1), "asan" (AddressSanitizer + UndefinedBehaviorSanitizer, which catch what x86
+forgives: out-of-bounds and misaligned accesses) and "tsan" (ThreadSanitizer, which reports two threads of a
+launch racing on memory with nothing ordering them: a plain read-modify-write where an atomic belongs, a
+missing barrier, whatever the thread order of the run; emu.cpp says how). A Python process must preload the
+sanitizer's runtime (:func:`sanitizer_runtime`) to load the last two. Builds are cached by the hash of the
+sources and flags, and appear by atomic rename, so parallel test workers build once.
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ COMMON_FLAGS = ["-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-
 FLAVOURS = {
     "plain": ["-O1"],
     "asan": ["-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"],
+    "tsan": ["-O1", "-fsanitize=thread"],
 }
+# The emulator's own source where it differs: under "tsan" not instrumented (the scheduler's bookkeeping is
+# not the kernels' memory), its happens-before annotations on.
+EMULATOR_FLAVOURS = {"tsan": ["-O1", "-DCUDA_EMU_TSAN"]}
+RUNTIMES = {"asan": "libasan.so", "tsan": "libtsan.so"}
 
 
 class HostBuildError(RuntimeError):
@@ -56,10 +64,12 @@ def build_host_library(out_dir: Path, *, flavour: str = "plain", cuda_dir: Optio
     """The host build of cuda_dir (default: the repository's cuda/) as a shared library under out_dir."""
     compiler = find_compiler()
     cuda_dir = Path(cuda_dir or ROOT / "cuda")
-    flags = COMMON_FLAGS + FLAVOURS[flavour] + list(extra_flags) + [f"-I{EMU_DIR}", f"-I{cuda_dir}"]
+    tail = list(extra_flags) + [f"-I{EMU_DIR}", f"-I{cuda_dir}"]
+    flags = COMMON_FLAGS + FLAVOURS[flavour] + tail
+    emulator_flags = COMMON_FLAGS + EMULATOR_FLAVOURS.get(flavour, FLAVOURS[flavour]) + tail
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    library = out_dir / f"libmarin_kernels_host-{flavour}-{_digest(cuda_dir, flags, compiler)}.so"
+    library = out_dir / f"libmarin_kernels_host-{flavour}-{_digest(cuda_dir, flags + emulator_flags, compiler)}.so"
     with open(out_dir / ".host-build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if library.exists():
@@ -68,7 +78,8 @@ def build_host_library(out_dir: Path, *, flavour: str = "plain", cuda_dir: Optio
             def compile_one(source: Path) -> Path:
                 obj = Path(tmp) / (source.name + ".o")
                 language = ["-x", "c++"] if source.suffix == ".cu" else []
-                done = subprocess.run([compiler, *flags, *language, "-c", str(source), "-o", str(obj)],
+                own = emulator_flags if source.name == "emu.cpp" else flags
+                done = subprocess.run([compiler, *own, *language, "-c", str(source), "-o", str(obj)],
                                       capture_output=True, text=True)
                 if done.returncode != 0:
                     raise HostBuildError(f"g++ failed on {source.name}:\n{done.stderr[-6000:]}")
@@ -85,8 +96,9 @@ def build_host_library(out_dir: Path, *, flavour: str = "plain", cuda_dir: Optio
     return library
 
 
-def asan_runtime() -> Optional[str]:
-    """The path of g++'s libasan.so, which a Python process must preload to load the "asan" flavour."""
-    done = subprocess.run([find_compiler(), "-print-file-name=libasan.so"], capture_output=True, text=True)
+def sanitizer_runtime(flavour: str) -> Optional[str]:
+    """The path of g++'s libasan.so or libtsan.so, which a Python process must preload to load the "asan" or
+    "tsan" flavour; None when g++ has none."""
+    done = subprocess.run([find_compiler(), f"-print-file-name={RUNTIMES[flavour]}"], capture_output=True, text=True)
     path = done.stdout.strip()
     return path if os.path.isabs(path) and os.path.exists(path) else None

@@ -8,9 +8,14 @@ namespace {
 
 // case 0: lane 0 waits at __syncthreads while its warp waits for it in a shuffle: a deadlock.
 // case 1: lane 0 returns, the rest of its warp shuffles with a full mask: undefined on the device.
-// case 2: the upper half of the block returns; the lower half meets at __syncthreads and sums shared memory.
+// case 2: the upper half of the block returns; the lower half meets at __syncthreads and sums shared memory
+//         into out[block].
+// case 3, 4, 5: counts of the threads of the block (in shared memory) and of the blocks (out[0], by thread 0
+// of each), with atomicAdd (3); with a plain += in shared memory (4) or across the blocks (5), a lost update
+// on a GPU: the results are right here, and the "tsan" build reports the race.
 __global__ void selftest_kernel(int which, int* out) {
   __shared__ int values[128];
+  __shared__ int count;
   const int t = threadIdx.x;
   if (which == 0) {
     if (t == 0) __syncthreads();
@@ -22,13 +27,23 @@ __global__ void selftest_kernel(int which, int* out) {
     out[t] = __shfl_xor_sync(0xffffffffu, t, 1);
     return;
   }
+  if (which >= 3) {
+    if (t == 0) count = 0;
+    __syncthreads();
+    if (which == 4) count += 1;
+    else atomicAdd(&count, 1);
+    __syncthreads();
+    if (t == 0 && which == 5) out[0] += count;
+    else if (t == 0) atomicAdd(&out[0], count);
+    return;
+  }
   if (t >= 64) return;
   values[t] = t;
   __syncthreads();
   if (t == 0) {
     int sum = 0;
     for (int i = 0; i < 64; ++i) sum += values[i];
-    out[0] = sum;
+    out[blockIdx.x] = sum;
   }
 }
 
