@@ -113,14 +113,17 @@ def _partial_sizes(dest: Path) -> dict[str, int]:
     return out
 
 
-def interrupt_download(args: list[str], proxy: FaultProxy, dest: Path, shards, sig: int) -> int:
+def interrupt_download(args: list[str], proxy: FaultProxy, dest: Path, shards, sig: int) -> tuple[int, str]:
     """Run ``marin-data download ARGS --to DEST --workers 1`` slowly through ``proxy``; once one shard is final
-    and another partial, send ``sig`` (SIGINT, SIGKILL). Returns the exit code."""
+    and another partial, send ``sig`` (SIGINT, SIGKILL). Returns the exit code and, for an assertion's
+    message, the child's signal masks when it was signalled and what it wrote to stderr."""
     # ~0.4 s a shard: slow enough that a loaded machine still sees one shard final and the next in flight
     proxy.add(Fault("slow", match="/data/", times=100, delay=0.02))
     cmd = [sys.executable, "-m", "marin_data", "download", *args, "--to", str(dest), "--workers", "1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **LOCAL_S3_ENV}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    log = dest.parent / f"{dest.name}.stderr"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **LOCAL_S3_ENV}, stdout=subprocess.DEVNULL,
+                                stderr=err)
     size = {s.path: s.bytes for s in shards}
     try:
         deadline = time.monotonic() + 60
@@ -131,12 +134,21 @@ def interrupt_download(args: list[str], proxy: FaultProxy, dest: Path, shards, s
             if finals and partials:
                 break
             time.sleep(0.02)
+        masks = _signal_masks(proc.pid)
         assert proc.poll() is None, "the download finished before it could be interrupted"
         os.kill(proc.pid, sig)
-        return proc.wait(timeout=30)
+        code = proc.wait(timeout=30)
+        return code, f"signal masks at the kill: {masks}; stderr:\n{log.read_text(errors='replace')[-4000:]}"
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def _signal_masks(pid: int) -> str:
+    """The blocked and ignored signal masks of process ``pid``'s main thread, as ``/proc`` shows them."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        return " ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn")))
+    return "unknown"
 
 
 def kill_and_resume(args: list[str], proxy: FaultProxy, dest: Path, shards, resume) -> None:

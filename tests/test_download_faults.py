@@ -161,9 +161,9 @@ def test_a_store_that_keeps_failing_is_reported_and_a_mirror_takes_over(publishe
 @pytest.mark.slow
 def test_ctrl_c_stops_promptly_and_keeps_the_partial_file(published, proxy, fault_corpus, tmp_path):
     url, _ = published
-    code = interrupt_download([url, "--endpoint-url", proxy.endpoint], proxy, tmp_path / "d", fault_corpus.shards,
-                              signal.SIGINT)
-    assert code == 130
+    code, seen = interrupt_download([url, "--endpoint-url", proxy.endpoint], proxy, tmp_path / "d",
+                                    fault_corpus.shards, signal.SIGINT)
+    assert code == 130, seen
     (partial,) = [p for p in (tmp_path / "d").rglob(f"*{PARTIAL_SUFFIX}") if p.stat().st_size > 0]
     assert not partial.with_name(partial.name.removesuffix(PARTIAL_SUFFIX)).exists()
 
