@@ -113,13 +113,19 @@ def _partial_sizes(dest: Path) -> dict[str, int]:
     return out
 
 
+# `marin-data` with Python's own Ctrl-C handler, as a terminal starts it: a suite started in the background
+# by a shell without job control (`make test &` in a script) inherits SIGINT ignored, and so would the child.
+_AS_FROM_A_TERMINAL = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                       "from marin_data.cli import main; main(sys.argv[1:])")
+
+
 def interrupt_download(args: list[str], proxy: FaultProxy, dest: Path, shards, sig: int) -> tuple[int, str]:
     """Run ``marin-data download ARGS --to DEST --workers 1`` slowly through ``proxy``; once one shard is final
     and another partial, send ``sig`` (SIGINT, SIGKILL). Returns the exit code and, for an assertion's
     message, the child's signal masks when it was signalled and what it wrote to stderr."""
     # ~0.4 s a shard: slow enough that a loaded machine still sees one shard final and the next in flight
     proxy.add(Fault("slow", match="/data/", times=100, delay=0.02))
-    cmd = [sys.executable, "-m", "marin_data", "download", *args, "--to", str(dest), "--workers", "1"]
+    cmd = [sys.executable, "-c", _AS_FROM_A_TERMINAL, "download", *args, "--to", str(dest), "--workers", "1"]
     log = dest.parent / f"{dest.name}.stderr"
     with open(log, "wb") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **LOCAL_S3_ENV}, stdout=subprocess.DEVNULL,
