@@ -31,11 +31,11 @@ class SafeDir:
     """A folder below a destination root, opened without following a symbolic link below that root.
 
     The root and its ancestors are the user's choice and may be links (a dangling one, or a file, where the
-    root must be a folder is refused, naming it); every folder below it is opened
-    with ``O_NOFOLLOW`` relative to the one above (``openat``), so swapping a folder for a link midway
-    redirects nothing. Files in it are opened, replaced and removed relative to the open folder, and a
-    link or a file of the wrong kind where marin writes is refused (`UnsafeDestinationError`, naming the
-    path), never followed, renamed or removed. Use it as a context manager, or `close` it.
+    root must be a folder is refused, naming it); every folder below it is opened with ``O_NOFOLLOW``
+    relative to the one above (``openat``), so swapping a folder for a link midway redirects nothing, and a
+    ``..`` part is refused, never walked. Files in it are opened, replaced and removed relative to the open
+    folder, and a link or a file of the wrong kind where marin writes is refused (`UnsafeDestinationError`,
+    naming the path), never followed, renamed or removed. Use it as a context manager, or `close` it.
     """
 
     def __init__(self, root: str | os.PathLike, rel: str | os.PathLike = "", *, create: bool = True) -> None:
@@ -49,6 +49,9 @@ class SafeDir:
         self.fd = _open_dir(None, os.fspath(root), root)
         try:
             for part in Path(rel).parts:
+                if part in ("..", "/"):  # a caller's unchecked name: never walk out of the root
+                    raise UnsafeDestinationError("leaves the destination folder: refusing to follow it",
+                                                 path=str(root / rel), expected=f"a path below {root}")
                 self.path = self.path / part
                 if create:
                     with contextlib.suppress(FileExistsError):

@@ -232,6 +232,22 @@ def test_an_s3_listing_without_end_is_refused_at_its_bound(server, monkeypatch):
     assert info.value.path == "s3://bkt/corpus/"
 
 
+def test_an_s3_listing_that_names_keys_outside_its_prefix_is_refused(server):
+    """ListObjectsV2 answers only keys under the prefix asked for; one that does not is no name to cut a path
+    from (cut blindly, ``corpusx/a`` would become ``a``)."""
+    from marin_data.errors import RemoteError
+    from marin_data.stores import open_store
+
+    store = open_store(server.s3_url, **server.store_options("s3"))
+    server.prefix = "corpusx"  # every key listed now starts with "corpusx/", outside "corpus/"
+    try:
+        with pytest.raises(RemoteError, match="outside 'corpus/'") as info:
+            list(store.list())
+    finally:
+        server.prefix = "corpus"
+    assert "corpusx/" in info.value.message
+
+
 CONTROLS = "\x1b]0;owned\x07\r\x1b[2KDownloaded: 0 failed\u202e"
 
 

@@ -95,6 +95,28 @@ def test_a_dry_run_lists_the_chosen_cells_files_and_a_pin_is_refused(store, tmp_
     assert done.returncode == 2 and "adopt" in done.stderr
 
 
+ESCAPE = "../" * 7 + "escaped"  # from DEST/<cell>/<folder>/, seven levels up is the test's own folder
+
+
+@pytest.mark.parametrize("planted, single", [
+    (f"cluster=1/quality=4/{ESCAPE}", False), (f"cluster=1/quality=4/shard_ledger.json/{ESCAPE}", False),
+    ("cluster=1/quality=4/input_ids/data/c/0.part", False), (f"input_ids/{ESCAPE}", True), (".marin.lock", True)])
+def test_a_listed_name_that_would_land_outside_the_copy_or_on_marins_own_files_is_refused(
+        planted, single, store, moto, bucket_url, tmp_path):  # noqa: F811
+    """A store lists what it likes: a listed name becomes a local path only once it is a clean relative path
+    inside its cell and no name marin writes (the lock, a partial file); nothing is written before that."""
+    cell = "cluster=1/quality=4"
+    upload(store / cell if single else store, moto, bucket_url)
+    bucket, prefix = bucket_url[len("s3://"):].split("/", 1)
+    s3_client(moto).put_object(Bucket=bucket, Key=f"{prefix}/{planted}", Body=b"planted")
+    dest = tmp_path / "a" / "b" / "c" / "d"
+    done = run_cli("download", bucket_url, "--endpoint-url", moto, "--to", str(dest),
+                   *([] if single else ["--subset", cell]))
+    assert done.returncode == 2, done.stderr
+    assert "refusing" in done.stderr and planted.rsplit("/", 1)[-1] in done.stderr
+    assert not (tmp_path / "escaped").exists() and not dest.exists()
+
+
 def test_publish_refuses_an_unpinned_store_naming_adopt(store, tmp_path):
     before = tree_bytes(store)
     done = run_cli("publish", str(store), "--to", "s3://bucket/never", "--endpoint-url", "http://127.0.0.1:9")

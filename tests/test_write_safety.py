@@ -169,6 +169,15 @@ def test_atomic_writes_refuse_links_below_the_root_but_not_the_root(tmp_path):
     assert sorted(p.name for p in (tmp_path / "root" / "sub").iterdir()) == ["f", "new"]  # no temporary left
 
 
+def test_a_name_that_climbs_out_of_the_root_is_refused_whatever_let_it_through(tmp_path):
+    """The last guard under every writer: a ``..`` below the root is never walked, even inside a folder."""
+    (tmp_path / "root").mkdir()
+    for name in ("../escaped", "sub/../../escaped", "sub/deeper/../../../escaped"):
+        with pytest.raises(UnsafeDestinationError, match="leaves the destination folder"):
+            atomic_write_bytes(tmp_path / "root" / name, b"x", root=tmp_path / "root")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["root"]
+
+
 @pytest.mark.parametrize("size", [1 << 40, 1 << 62], ids=["1TiB", "2^62"])
 @pytest.mark.parametrize("part_mb", ["0", "1"], ids=["one-get", "ranges"])
 def test_a_listed_size_the_disk_cannot_hold_is_refused_before_anything_is_allocated(source, tmp_path, size, part_mb):

@@ -14,20 +14,21 @@ so that every later read is checked by SHA-256.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from marin_data.corpus.names import select_subsets
+from marin_data.corpus.names import is_reserved, safe_relpath, select_subsets
 from marin_data.corpus.verify import VerifyReport
-from marin_data.errors import UnknownSubsetError
+from marin_data.errors import UnknownSubsetError, UnsafePathError, shown
 from marin_data.levanter.cache import open_cache
 from marin_data.levanter.detect import CACHE, Source
 from marin_data.levanter.verify import REMOTE_WORKERS, verify_source
 from marin_data.lock import corpus_lock
 from marin_data.retry import RetryPolicy
 from marin_data.stores import open_store
+from marin_data.stores.base import Store
 from marin_data.transfer.download import DownloadReport, fetch_all
 from marin_data.transfer.fetch import PART_BYTES
 from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, FileTask
@@ -67,6 +68,7 @@ def download_cache(source: Source, *, subsets: Sequence[str] | None, dest: str |
 
     Raises:
         UnknownSubsetError: a pattern matches no cell, or ``subsets`` given for a single cache.
+        UnsafePathError: the listing names a file outside its cell, a name marin writes, or one file twice.
         CacheUnfinishedError, CacheFormatError: a chosen cell is unfinished or unreadable: nothing fetched.
         RemoteError: the source cannot be read or listed.
         CorpusLockedError: another process is writing ``dest``.
@@ -80,8 +82,7 @@ def download_cache(source: Source, *, subsets: Sequence[str] | None, dest: str |
         cells = select_subsets(source.cells, list(subsets or []), what="cell")
     with ThreadPoolExecutor(max_workers=max(1, min(REMOTE_WORKERS, len(cells)))) as pool:
         caches = list(pool.map(lambda c: open_cache(store, c), cells))  # refuses what is unfinished or unreadable
-    files = tuple(FileTask(o.path, o.size, o.sha256, cell) for cell in cells
-                  for o in store.list(cell))
+    files = tuple(task for cell in cells for task in _listed(store, cell))
     plan = DownloadPlan(source=store.url, manifest_sha256="", subsets=tuple(c for c in cells if c), files=files,
                         tokens=sum(c.tokens for c in caches))
     root = Path(dest)
@@ -94,3 +95,20 @@ def download_cache(source: Source, *, subsets: Sequence[str] | None, dest: str |
     if not report.ok:
         return CacheDownload(report, None)
     return CacheDownload(report, verify_source(root, subsets=list(plan.subsets) or None, progress=False))
+
+
+def _listed(store: Store, cell: str) -> Iterator[FileTask]:
+    """The files of ``cell`` ("" for a single cache) as ``store`` lists them, each name checked before it
+    becomes a local path: a clean relative path inside the cell, no name marin keeps beside a copy (its lock,
+    a partial file: `is_reserved`), and listed once. A listing is the server's word, like a manifest."""
+    seen: set[str] = set()
+    where = store.describe(cell)
+    for o in store.list(cell):
+        path = safe_relpath(o.path, where=where)
+        if cell and not path.startswith(f"{cell}/"):
+            raise UnsafePathError(f"the listing names {shown(path)}, outside the cell", path=where, actual=path)
+        if is_reserved(path) or path in seen:
+            why = "a name marin writes beside a copy" if path not in seen else "listed twice"
+            raise UnsafePathError(f"the listing names {shown(path)}: {why}", path=where, actual=path)
+        seen.add(path)
+        yield FileTask(path, o.size, o.sha256, cell)

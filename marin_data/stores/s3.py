@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from marin_data.corpus.names import safe_relpath
-from marin_data.errors import MarinDataError, NoSuchBucketError, RemoteError, RetryableRemoteError
+from marin_data.errors import MarinDataError, NoSuchBucketError, RemoteError, RetryableRemoteError, shown
 from marin_data.retry import parse_retry_after, status_error
 from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_span, range_header
 from marin_data.stores.limits import ListingBudget, RequestClock
@@ -118,6 +118,9 @@ class S3Store(Store):
                 contents = page.get("Contents", [])
                 budget.take(entries=len(contents), nbytes=sum(len(o.get("Key", "")) for o in contents), page=True)
                 for obj in contents:
+                    if not obj.get("Key", "").startswith(root):
+                        raise RemoteError(f"the listing answered {shown(obj.get('Key'))}, outside {shown(root)}",
+                                          path=self.describe(prefix))
                     yield ObjectInfo(obj["Key"][len(root):], obj["Size"])
 
     def head(self, path: str) -> ObjectInfo | None:
