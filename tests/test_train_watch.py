@@ -112,6 +112,11 @@ def test_tensorboard_and_wandb_get_every_step_across_a_resume(corpus, tmp_path, 
         assert [e.step for e in events.Scalars(key)] == [1, 2, 3]
         assert [e.value for e in events.Scalars(key)] == pytest.approx([r[key] for r in records], rel=1e-6)
 
+    import wandb
+
+    # `finish` ends a run, but W&B's service process may still be writing its file: a run's last history row
+    # was once missing when read at once on a loaded machine. `teardown` waits until everything is written.
+    wandb.teardown()
     run_id = (tmp_path / "run" / "wandb-run-id").read_text()
     runs = sorted((tmp_path / "wandb-root" / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(runs) == 2  # the resumed run continued the same W&B run (`wandb sync` merges them)
