@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -85,9 +86,11 @@ def test_two_ranks_under_torchrun_read_disjoint_data_and_end_with_identical_weig
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(tests=str(ROOT / "tests"), corpus=str(corpus.root), cache=str(tmp_path / "c"),
                                     out=str(tmp_path)))
+    # PYTHONFAULTHANDLER: a rank that crashes (aborts at exit, say) prints every thread's Python stack.
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert run.returncode == 0, run.stderr[-3000:]
+                          str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    assert run.returncode == 0, run.stderr[-8000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     a, b = (set(r["seen"]) for r in ranks)
     assert not a & b and len(a) == len(b) == 6 * CFG.batch_size

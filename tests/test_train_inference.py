@@ -143,8 +143,8 @@ def test_eval_on_two_ranks_equals_one_rank_to_the_bit(trained):
                               str(ranks), "-m", "marin_train", "eval", str(trained["run"]), "--data",
                               str(trained["corpus"].root), "--batch-size", "4", "--json"],
                              capture_output=True, text=True, timeout=600, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert run.returncode == 0, run.stderr[-3000:]
+                             env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"})
+        assert run.returncode == 0, run.stderr[-8000:]  # a crashed rank's threads, from the fault handler
         results.append(json.loads(run.stdout))
     assert results[0] == results[1]
     assert np.isfinite(results[0]["overall"]["loss"]) and results[0]["overall"]["sequences"] > 30
