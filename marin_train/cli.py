@@ -23,6 +23,7 @@ from marin_train.distributed import shutdown_distributed
 from marin_train.evaluate import EvalResult
 from marin_train.loop import TrainResult
 from marin_train.schedule import load_schedule
+from marin_train.threads import set_threads
 
 __all__ = ["command", "evaluate", "export", "format_eval", "generate", "group", "main", "plot", "summary"]
 
@@ -89,6 +90,12 @@ def corpus_options(fn):
     return store_options(fn)
 
 
+threads_option = click.option(
+    "--threads", type=click.IntRange(min=1), metavar="N",
+    help="Torch's intra-op threads per process (default: 1 under torchrun, else the usable cores less one; "
+         "OMP_NUM_THREADS also sets it). Processes agree to the last bit only at equal counts.")
+
+
 def data_config(source, *, mirrors, manifest_sha256, endpoint, cache_dir, cache_gb, endpoint_url, profile, anonymous,
                 requester_pays, **fields) -> DataConfig:
     """The `DataConfig` of `corpus_options` (and any other fields)."""
@@ -135,10 +142,11 @@ def data_config(source, *, mirrors, manifest_sha256, endpoint, cache_dir, cache_
                    "results join metrics.jsonl (eval/loss, eval/bpb, per subset eval/SUBSET/loss).")
 @click.option("--eval-tokens", type=int, metavar="N", help="Held-out target tokens per evaluation (default: all).")
 @click.option("--seed", type=int, help="Model init and data order.")
+@threads_option
 @corpus_options
 def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute, steps, until, batch_size,
             accumulation, seq_len, lr, checkpoint_dir, checkpoint_every, no_resume, keep_checkpoints, tensorboard_dir,
-            wandb_project, log_every, eval_every, eval_tokens, seed, **corpus) -> None:
+            wandb_project, log_every, eval_every, eval_tokens, seed, threads, **corpus) -> None:
     """Train the Marin MoE model on a corpus, streaming it from S3 or a Hub mirror when remote.
 
     Logs loss, tokens/s, time waiting for data and router statistics; every step's metrics go to
@@ -147,8 +155,8 @@ def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute,
     process trains on its slice of every global batch (gloo on CPU, NCCL on GPU). Checkpoints (sharded: model,
     optimizer, loader position, balancing bias, RNG, step) are atomic, and a run resumes from the newest, also
     at another world size or --ep, keeping the global batch. Without --checkpoint-dir nothing is saved. Torch's
-    threads: the usable cores per local process less one, at least 1 (OMP_NUM_THREADS overrides), as the
-    first log line says.
+    threads: --threads, else OMP_NUM_THREADS, else 1 per process under torchrun, else the usable cores less
+    one, as the first log line says.
 
     \b
     EXAMPLES
@@ -189,7 +197,7 @@ def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute,
         cfg = dataclasses.replace(base, data=data, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    result = run_training(cfg, resume=not no_resume, until=until, log=lambda line: click.echo(line))
+    result = run_training(cfg, resume=not no_resume, until=until, threads=threads, log=lambda line: click.echo(line))
     rank = dist.get_rank()
     shutdown_distributed()  # this process joined a process group; it leaves it, so exit is clean
     if result.records and rank == 0:
@@ -254,8 +262,9 @@ def plot(run, out) -> None:
               help="Sequences per forward (part of what the numbers are; not of the ranks).")
 @click.option("--seq-len", type=int, help="Tokens per sequence (default: the run's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@threads_option
 @corpus_options
-def evaluate(model, source, subsets, max_tokens, batch_size, seq_len, as_json, **corpus) -> None:
+def evaluate(model, source, subsets, max_tokens, batch_size, seq_len, as_json, threads, **corpus) -> None:
     """Held-out loss and bits per byte of a model, per subset and overall.
 
     MODEL is a checkpoint (step-NNNNNNNN/), a run directory (its latest checkpoint) or an exported model.
@@ -264,8 +273,9 @@ def evaluate(model, source, subsets, max_tokens, batch_size, seq_len, as_json, *
     in nats per target token. Bits per byte = total nats / ln 2 / total bytes, where the bytes are the
     UTF-8 bytes of the decoded target tokens (each token's own bytes under a byte-level BPE; EOS and other
     special tokens count 0), so models with different tokenizers compare. Under torchrun the ranks split
-    the sequences and report the same numbers as one process, to the last bit, when every process uses as
-    many intra-op threads (torchrun gives each one; OMP_NUM_THREADS=1 for a lone process).
+    the sequences and report the same numbers as any other process count, to the last bit: every process
+    uses one intra-op thread under torchrun (--threads or OMP_NUM_THREADS sets another count; a lone process
+    without torchrun matches with --threads 1). The choice goes to stderr.
 
     \b
     EXAMPLES
@@ -279,11 +289,13 @@ def evaluate(model, source, subsets, max_tokens, batch_size, seq_len, as_json, *
     for flag, value in (("--max-tokens", max_tokens), ("--batch-size", batch_size), ("--seq-len", seq_len)):
         if value is not None and value < 1:
             raise click.UsageError(f"{flag} must be >= 1, got {value}")
+    choice = set_threads(threads)
     result = evaluate_saved(model, source, subsets=list(subsets) or None, max_tokens=max_tokens,
                             batch_size=batch_size, seq_len=seq_len, data=data_config(source, **corpus))
     rank = dist.get_rank()
     shutdown_distributed()
     if rank == 0:
+        click.echo(choice.describe(), err=True)
         click.echo(json.dumps(result.to_json(), indent=1) if as_json else format_eval(result))
 
 

@@ -167,13 +167,14 @@ def _evaluator(cfg: TrainConfig, stream: TokenStream, device) -> Callable:
     return run
 
 
-def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = None,
+def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = None, threads: int | None = None,
                  log: Callable[[str], None] = print) -> TrainResult:
-    """Set torch's threads (`marin_train.threads`), build the loader, then `marin_train.loop.train` (joining
-    ``torchrun``'s process group if there is one). A resume keeps the checkpoint's global batch: the per-rank
-    batch follows the world size. The first log line says the threads chosen."""
+    """Set torch's threads (`marin_train.threads`; ``threads`` is ``--threads``), build the loader, then
+    `marin_train.loop.train` (joining ``torchrun``'s process group if there is one). A resume keeps the
+    checkpoint's global batch: the per-rank batch follows the world size. The first log line says the threads
+    chosen."""
     started = time.perf_counter()
-    threads = set_threads()
+    threads = set_threads(threads)
     rank, world, device = init_distributed()
     if rank == 0:
         log(threads.describe())

@@ -71,7 +71,8 @@ def evaluate_saved(path: str, source: str, *, subsets: Sequence[str] | None = No
         if hasattr(stream, "close"):  # a remote stream: its cache's threads and directory lock
             stream.close()
     meta = {"model": str(saved.path), "step": saved.step, "data": source, "tokenizer": tokenizer.info.name,
-            "val_fraction": val_fraction, "batch_size": batch_size, "max_tokens": max_tokens}
+            "val_fraction": val_fraction, "batch_size": batch_size, "max_tokens": max_tokens,
+            "threads": torch.get_num_threads()}  # the bits of the loss follow it (marin_train.threads)
     return EvalResult(result.subsets, result.overall, result.seq_len, result.seconds, meta)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import platform
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +21,20 @@ from marin_data.raw.tokenizer import TokenizerInfo
 
 VOCAB = 1000
 EOS = 0
+
+
+def pytest_report_header(config) -> list[str]:
+    """The machine at the top of every run, so a red suite names it: the CPU model and the SIMD path torch's
+    CPU kernels take (bits of a float reduction may differ between AVX2 and AVX-512)."""
+    import torch
+
+    model = platform.processor() or platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    forced = os.environ.get("ATEN_CPU_CAPABILITY")
+    return [f"cpu: {model}, {os.cpu_count()} cores; torch {torch.__version__} CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}" + (f" (ATEN_CPU_CAPABILITY={forced})" if forced else "")]
 
 
 def build_corpus(

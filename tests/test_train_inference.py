@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +47,20 @@ def trained(tmp_path_factory):
     corpus, docs = build_text_corpus(tmp / "corpus", {"code": 300, "prose/a": 300})
     cfg = TrainConfig(steps=4, batch_size=4, seq_len=SEQ, log_every=100, eval_every=2, eval_batch=8,
                       checkpoint_dir=str(tmp / "run"), data=DataConfig(source=str(corpus.root), val_fraction=0.05))
-    run_training(cfg, resume=False, log=lambda _: None)
+    run_training(cfg, resume=False, threads=1, log=lambda _: None)  # the count the bit-equal checks below use
     return {"corpus": corpus, "docs": docs, "run": tmp / "run", "tmp": tmp}
+
+
+@contextmanager
+def torch_threads(n: int):
+    """Run the block at ``n`` intra-op threads: the bits of a forward follow the count (marin_train.threads),
+    and another test of this worker may have left it elsewhere."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_token_bytes_sum_to_each_documents_utf8_length(trained):
@@ -97,7 +110,8 @@ def test_eval_every_records_what_eval_reports_afterwards(trained):
     records = [json.loads(line) for line in (trained["run"] / "metrics.jsonl").read_text().splitlines()]
     assert ["eval/loss" in r for r in records] == [False, True, False, True]
     last = records[-1]
-    result = evaluate_saved(str(trained["run"]), str(trained["corpus"].root), batch_size=8)  # the run's latest
+    with torch_threads(1):  # as the run evaluated
+        result = evaluate_saved(str(trained["run"]), str(trained["corpus"].root), batch_size=8)  # its latest
     assert result.meta["step"] == 4
     # The sharded training model and the whole loaded one compute the same bits (fp32, no expert parallelism).
     assert {k: v for k, v in result.metrics().items() if k != "eval/seconds"} == \
@@ -134,19 +148,24 @@ def test_eval_command_prints_a_table_and_json_and_maps_its_errors(trained, tmp_p
 
 
 @pytest.mark.slow
-def test_eval_on_two_ranks_equals_one_rank_to_the_bit(trained):
-    """Real gloo processes; torchrun gives each process one intra-op thread (the CPU grouped GEMM's sums follow
-    the thread count, so both runs use the same)."""
+@pytest.mark.parametrize("threads", [None, 2])
+def test_eval_on_two_ranks_equals_one_rank_to_the_bit(trained, threads):
+    """Real gloo processes, with the product's own thread policy (one per process under torchrun, whatever the
+    process count; torchrun sets OMP_NUM_THREADS only for several) or an explicit --threads: the CPU kernels'
+    sums follow the thread count, so both runs must use the same, whatever the CPU's SIMD width."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     results = []
     for ranks in (1, 2):
         run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                               str(ranks), "-m", "marin_train", "eval", str(trained["run"]), "--data",
-                              str(trained["corpus"].root), "--batch-size", "4", "--json"],
+                              str(trained["corpus"].root), "--batch-size", "4", "--json",
+                              *(["--threads", str(threads)] if threads else [])],
                              capture_output=True, text=True, timeout=600, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"})
+                             env={**env, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"})
         assert run.returncode == 0, run.stderr[-8000:]  # a crashed rank's threads, from the fault handler
+        assert f"torch intra-op threads: {threads or 1} " in run.stderr
         results.append(json.loads(run.stdout))
-    assert results[0] == results[1]
+    assert results[0] == results[1] and results[0]["threads"] == (threads or 1)
     assert np.isfinite(results[0]["overall"]["loss"]) and results[0]["overall"]["sequences"] > 30
 
 
