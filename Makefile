@@ -42,7 +42,7 @@ quickstart: $(VENV)/.installed-dev
 	$(BIN)/python scripts/quickstart.py
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --durations=25 $(PYTEST_ARGS)
 
 # Builds cuda/ into cuda/build/libmarin_kernels.so for sm_90 and sm_100 (plus PTX); needs nvcc, not a GPU.
 cuda: $(VENV)/.installed

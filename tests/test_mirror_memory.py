@@ -61,7 +61,9 @@ def test_a_stalled_download_is_cut_after_the_send_timeout_and_a_reading_one_gets
     with running_mirror(tmp_path / "root", limits=Limits(send_timeout=1.0)) as mirror:
         host, port = urlsplit(mirror.url).hostname, urlsplit(mirror.url).port
         with stalled_downloads(host, port, BIG, 1) as (stalled,):
-            time.sleep(4)  # the server waits 1 s for the client to take a piece, then cuts the connection
+            # A stalled client reads nothing, so nothing on this side can see the cut before it happens: wait out
+            # the server's send timeout (1 s for the client to take a piece, then it cuts) with room for a load.
+            time.sleep(4)
             got = 0
             try:
                 while chunk := stalled.recv(1 << 20):

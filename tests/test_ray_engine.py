@@ -87,7 +87,7 @@ def _ray_processes(session_pid: int) -> list[str]:
 def _gone(session_pid: int, within: float = 30) -> list[str]:
     end = time.monotonic() + within
     while (left := _ray_processes(session_pid)) and time.monotonic() < end:
-        time.sleep(0.2)
+        time.sleep(0.2)  # a poll with a deadline: Ray's processes exit on their own time, and announce nothing
     return left
 
 
@@ -150,7 +150,7 @@ def _flaky(fn, log: str, mode: str, job):
     if mode == "stall-first-unit" and isinstance(job, UnitJob) and job.input.name == "f0.jsonl":
         end = time.monotonic() + 60
         while len(list(Path(job.staging).glob("*.json"))) < N_INPUTS - 1 and time.monotonic() < end:
-            time.sleep(0.05)
+            time.sleep(0.05)  # a poll with a deadline: the other tasks run in other processes
         raise RuntimeError("injected failure after the other units finished")
     return fn(job)
 
