@@ -94,13 +94,15 @@ def find_cells(store: Store) -> tuple[str, ...]:
     return tuple(roots)
 
 
-def unpinned_cache(find: Callable[[], Source]) -> Source | None:
+def unpinned_cache(find: Callable[[], Source], failed: list[Exception] | None = None) -> Source | None:
     """What ``find`` detects if it is a Levanter cache or store with no manifest; None for a corpus, for
     anything else, and when the source cannot be read or told (the caller's corpus path then reports what
-    is wrong, and tries its mirrors)."""
+    is wrong, and tries its mirrors; ``failed``, when given, receives what stopped the telling)."""
     try:
         found = find()
-    except (UnknownSourceError, OSError, ValueError):  # OSError: RemoteError too
+    except (UnknownSourceError, OSError, ValueError) as e:  # OSError: RemoteError too
+        if failed is not None:
+            failed.append(e)
         return None
     return None if found.kind == CORPUS else found
 
