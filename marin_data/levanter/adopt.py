@@ -51,7 +51,7 @@ class AdoptReport:
     subsets: tuple[str, ...]
     files: int
     bytes: int
-    seconds: float  # hashing
+    seconds: float | None  # hashing; None: a killed run's pin, moved in (nothing hashed again)
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def _finish(root: Path) -> AdoptReport:
         raise CorpusConflictError(f"already a marin corpus ({MANIFEST} is there): nothing to adopt", path=str(root))
     return AdoptReport(root=str(root), manifest_sha256=corpus.manifest_sha256,
                        subsets=tuple(sorted(corpus.manifest.subsets)), files=len(corpus.shards),
-                       bytes=sum(r.bytes for r in corpus.shards), seconds=0.0)
+                       bytes=sum(r.bytes for r in corpus.shards), seconds=None)
 
 
 def cache_rows(cache: LevanterCache) -> dict[str, tuple[str, int, int]]:
