@@ -8,6 +8,7 @@ into place; the temporary file is removed whatever happens (as huggingface_hub's
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat
@@ -15,9 +16,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from marin_data.errors import UnsafeDestinationError
+from marin_data.errors import InsufficientSpaceError, MarinDataError, UnsafeDestinationError
 
-__all__ = ["SafeDir", "atomic_path", "atomic_write_bytes", "sha256_file", "pieces", "HASH_CHUNK", "WRITE_BYTES"]
+__all__ = ["SafeDir", "atomic_path", "atomic_write_bytes", "sha256_file", "pieces", "space_errors", "write_all",
+           "HASH_CHUNK", "NO_SPACE", "WRITE_BYTES"]
 
 HASH_CHUNK = 8 << 20  # 8 MiB reads: bounded memory whatever the file size, large enough for ~1 GB/s
 # The largest single write of downloaded bytes (`pieces`, used by `marin_data.transfer.partial`). On the VM this was
@@ -138,8 +140,7 @@ class SafeDir:
         """Write ``data`` to ``name`` in place (no rename: for files a crash may leave half-written)."""
         fd = self.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
-            for _, piece in pieces(data):
-                os.write(fd, piece)
+            write_all(fd, data)
         finally:
             os.close(fd)
 
@@ -193,15 +194,13 @@ def atomic_path(target: str | os.PathLike, *, root: str | os.PathLike | None = N
 def atomic_write_bytes(target: str | os.PathLike, data, *, root: str | os.PathLike | None = None) -> None:
     """Write ``data`` to ``target`` atomically (see `atomic_path` for ``root``)."""
     with _atomic(target, root) as (_, _, fd):
-        with os.fdopen(fd, "wb", buffering=0, closefd=False) as f:
-            for _, piece in pieces(data):
-                f.write(piece)
+        write_all(fd, data)
 
 
 @contextlib.contextmanager
 def _atomic(target: str | os.PathLike, root: str | os.PathLike | None) -> Iterator[tuple[SafeDir, str, int]]:
     target = Path(target)
-    with SafeDir.of(target, root) as folder:
+    with SafeDir.of(target, root) as folder, space_errors(target):
         folder.regular(target.name)  # refused before any work, not only at the rename
         tmp = f"{target.name}.{uuid.uuid4().hex[:8]}.part"
         fd = folder.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -237,6 +236,31 @@ def sha256_file(
             if on_bytes is not None:
                 on_bytes(n)
     return h.hexdigest(), size
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full file system, a quota, a file too large for it
+
+
+@contextlib.contextmanager
+def space_errors(path: str | os.PathLike | None) -> Iterator[None]:
+    """Raise a full disk, a quota or a file too large for the file system met inside the block (pyarrow's
+    writes too) as `InsufficientSpaceError` naming ``path``; a re-run resumes once there is room."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in NO_SPACE or isinstance(e, MarinDataError):
+            raise
+        raise InsufficientSpaceError(e.strerror or str(e), path=None if path is None else str(path)) from e
+
+
+def write_all(fd: int, data, offset: int | None = None) -> None:
+    """Write every byte of ``data`` to ``fd`` at ``offset`` (None: at its position), in `pieces`. A write may
+    take fewer bytes than it is given (a file system filling up, a file-size limit) and only the next one
+    says why (ENOSPC, EFBIG): the rest is written again, so a file never ends short under its final name."""
+    for at, piece in pieces(data):
+        while piece:
+            n = os.write(fd, piece) if offset is None else os.pwrite(fd, piece, offset + at)
+            piece, at = piece[n:], at + n
 
 
 def pieces(data) -> Iterator[tuple[int, memoryview]]:

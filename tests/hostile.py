@@ -18,6 +18,8 @@ answers the ways a broken or malicious server can:
 ``missing``        404 (a file the store lacks)
 ``endless_tree``   tree pages (and ListObjectsV2 pages) of `PAGE_ENTRIES` entries, each naming a next page
 
+``listed_sizes`` rewrites what ListObjectsV2 says of a file's size: ``{path: "-5"}``, or None for no ``<Size>``.
+
 Endless answers stop after `CAP` bytes (and endless listings after `CAP_PAGES` pages) so that a client
 without bounds fills memory for the test to see, not the machine. ``served`` counts body bytes sent.
 """
@@ -68,6 +70,7 @@ class HostileServer(LoopbackServer):
         self.files = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
         self.repo, self.bucket, self.prefix = repo, bucket, prefix
         self.hostility: Hostility | None = None
+        self.listed_sizes: dict[str, str | None] = {}
         self.served = 0
         self.lock = threading.Lock()
         super().__init__(_handler(self))
@@ -152,7 +155,9 @@ def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
             s3 = f"/{srv.bucket}/{srv.prefix}/"
             rel = path[len(resolve):] if path.startswith(resolve) else path[len(s3):] if path.startswith(s3) else None
             if path == f"/{srv.bucket}" or path == f"/{srv.bucket}/":
-                return _list_page(srv, list(srv.files), None), 200, {"Content-Type": "application/xml"}
+                below = parse_qs(query).get("prefix", [""])[0].partition("/")[2]  # the asked part below the root
+                keys = [k for k in srv.files if k.startswith(below)]
+                return _list_page(srv, keys, None), 200, {"Content-Type": "application/xml"}
             if rel is None or rel not in srv.files:
                 return b"", 404, {"X-Error-Message": "no such file"}
             data = srv.files[rel]
@@ -305,12 +310,12 @@ def _list_page(srv: HostileServer, keys: list[str], next_token: str | None, *, r
     rows = []
     for key in keys:
         full = key if raw else f"{srv.prefix}/{key}"
-        size = 1 if raw else len(srv.files[key])
-        rows.append(f"<Contents><Key>{quote(full)}</Key><Size>{size}</Size></Contents>")
+        size = "1" if raw else srv.listed_sizes.get(key, str(len(srv.files[key])))
+        rows.append(f"<Contents><Key>{quote(full)}</Key>{'' if size is None else f'<Size>{size}</Size>'}</Contents>")
     more = f"<IsTruncated>true</IsTruncated><NextContinuationToken>{next_token}</NextContinuationToken>" \
         if next_token else "<IsTruncated>false</IsTruncated>"
     return (f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>{srv.bucket}</Name>'
-            f"<KeyCount>{len(keys)}</KeyCount>{more}{''.join(rows)}</ListBucketResult>").encode()
+            f"<KeyCount>{len(keys)}</KeyCount><EncodingType>url</EncodingType>{more}{''.join(rows)}</ListBucketResult>").encode()
 
 
 def serve_commands() -> None:

@@ -69,11 +69,23 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_tiny(tmp_path_factory.mktemp("tok") / "tiny-bpe")
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
+            max_file_bytes: int | None = None) -> subprocess.CompletedProcess:
     """``python -m marin_data ARGS`` in a fresh process, as a user would run it. A crash (a signal) prints
-    every thread's Python stack to its stderr (``PYTHONFAULTHANDLER``), which a failed assertion shows."""
+    every thread's Python stack to its stderr (``PYTHONFAULTHANDLER``), which a failed assertion shows.
+    ``max_file_bytes`` makes the disk full for it: the kernel refuses to grow any file past that size
+    (``RLIMIT_FSIZE``: a short write, then EFBIG, the path ENOSPC takes), where no test may fill a disk."""
     return subprocess.run([sys.executable, "-m", "marin_data", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env={"PYTHONFAULTHANDLER": "1", **os.environ, **(env or {})}, timeout=timeout)
+                          cwd=ROOT, env={"PYTHONFAULTHANDLER": "1", **os.environ, **(env or {})}, timeout=timeout,
+                          preexec_fn=None if max_file_bytes is None else lambda: _file_size_limit(max_file_bytes))
+
+
+def _file_size_limit(nbytes: int) -> None:
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.RLIM_INFINITY))
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:

@@ -77,6 +77,18 @@ def test_the_systems_refusals_name_the_path_and_exit_with_their_documented_code(
     assert describe(OSError(errno.EIO, "Input/output error", "/data/x")) is None  # not a refusal: a bug or a disk
 
 
+def test_a_full_disk_from_any_writer_exits_with_the_free_space_code():
+    """Not only marin's own writes: a folder made, a lock taken, pyarrow's writes (an OSError with no path)."""
+    import errno
+
+    documented = _documented_codes()
+    for exc in (OSError(errno.ENOSPC, "No space left on device", "/data/x"),
+                OSError(errno.EDQUOT, "Disk quota exceeded", "/data/x"), OSError(errno.EFBIG, "File too large")):
+        message, code = describe(exc)
+        assert message.startswith(f"{exc.filename or 'cannot write'}: {exc.strerror}") and code == 17
+        assert "free space" in documented[code] and "run the same command again" in message
+
+
 def test_errors_are_also_stdlib_errors_and_keep_their_fields():
     e = E.ShardChecksumError("sha256 differs", path="p", expected="aa", actual="bb")
     assert isinstance(e, ValueError) and isinstance(e, E.MarinDataError)

@@ -1,11 +1,12 @@
-"""``kill -9`` at every file-system step of a ``shard`` commit: readers see the corpus before or after it,
-never a mix, and the re-run finishes the run with the bytes of an uninterrupted one."""
+"""``kill -9`` at every file-system step of a ``shard`` commit, and of an ``adopt``: readers see the corpus
+before or after it, never a mix, and the re-run finishes the run with the bytes of an uninterrupted one."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,11 @@ KILLED = 99
 _STEPS = ("replace", "rename", "unlink", "rmdir", "mkdir", "open")  # open: for writing
 
 
-def _crash_after(n: int, args: tuple) -> None:
-    """In a forked child: run the shard, and ``os._exit`` right after the ``n``-th file-system step of its
-    commit (from placing the shards on); exit 0 when the run finishes first."""
+def _crash_after(n: int, run: Callable[[], object], counted_from: tuple[object, str] | None) -> None:
+    """In a forked child: ``run()``, and ``os._exit`` right after its ``n``-th file-system step (counted from
+    the call of ``counted_from``, a module and a function's name, when given); exit 0 when it finishes first."""
     count = [0]
-    counting = [False]
+    counting = [counted_from is None]
 
     def wrap(real):
         opens = real is os.open
@@ -41,14 +42,16 @@ def _crash_after(n: int, args: tuple) -> None:
 
     for name in _STEPS:
         setattr(os, name, wrap(getattr(os, name)))
-    place = build.place_shards
+    if counted_from is not None:
+        module, name = counted_from
+        start = getattr(module, name)
 
-    def counted_place(*a, **k):
-        counting[0] = True
-        return place(*a, **k)
+        def counted(*a, **k):
+            counting[0] = True
+            return start(*a, **k)
 
-    build.place_shards = counted_place
-    _shard(*args)
+        setattr(module, name, counted)
+    run()
     os._exit(0)
 
 
@@ -57,7 +60,12 @@ def _shard(inputs: Path, tokenizer: Path, out: Path) -> None:
 
 
 def _run_killed(n: int, args: tuple) -> int:
-    child = multiprocessing.get_context("fork").Process(target=_crash_after, args=(n, args))
+    """A shard killed at the ``n``-th step of its commit, from placing the shards on."""
+    return _killed(n, lambda: _shard(*args), (build, "place_shards"))
+
+
+def _killed(n: int, run: Callable[[], object], counted_from: tuple[object, str] | None = None) -> int:
+    child = multiprocessing.get_context("fork").Process(target=_crash_after, args=(n, run, counted_from))
     child.start()
     child.join(120)
     return child.exitcode
@@ -132,3 +140,43 @@ def test_publish_finishes_a_commit_a_kill_left_moving_in(tiny_tokenizer, tmp_pat
             assert not (work / COMMIT).exists()
         shutil.rmtree(work)
     assert moving > 0  # some kill left a commit moving in
+
+
+def test_an_adopt_killed_at_any_step_is_finished_by_its_rerun_with_the_pin_of_an_uninterrupted_one(
+        tiny_tokenizer, tmp_path):
+    """``adopt`` writes its files into the commit journal and moves them in with the commit, the manifest last:
+    a kill before the commit point leaves the caches as they were (and a journal the re-run discards), one after
+    it a commit the re-run moves in. Either way the folder is still a store or already a corpus to every reader
+    (never "files lie outside every Levanter cache"), and the re-run pins what an uninterrupted adopt pins."""
+    from levanter_env import make_store
+
+    from marin_data.errors import CorpusConflictError
+    from marin_data.levanter import adopt, detect
+    from marin_data.levanter.adopt import AdoptReport
+    from marin_data.levanter.detect import CORPUS, STORE
+
+    make_store(tmp_path / "store", {"cluster=0/quality=1": 60, "cluster=1/quality=4": 40})
+    reference = tmp_path / "reference"
+    shutil.copytree(tmp_path / "store", reference)
+
+    def pin(root: Path) -> AdoptReport:
+        return adopt(root, tokenizer=str(tiny_tokenizer), name="cells", workers=1)
+
+    want = pin(reference).manifest_sha256
+    kinds = set()
+    for n in range(1, 500):
+        work = tmp_path / f"kill-{n}"
+        shutil.copytree(tmp_path / "store", work)
+        code = _killed(n, lambda: pin(work))
+        if code == 0:
+            break
+        assert code == KILLED
+        kinds.add(kind := detect(work).kind)
+        try:
+            report = pin(work)
+            assert report.manifest_sha256 == want and (report.seconds is None) == (kind == CORPUS), n
+        except CorpusConflictError:  # killed after its last step: the pin was whole, and a pin is adopted once
+            assert not (work / STAGING).exists() and load_corpus(work).manifest_sha256 == want, n
+        assert _files(work) == _files(reference), n
+        shutil.rmtree(work)
+    assert n > 10 and kinds == {STORE, CORPUS}  # kills before the commit point and after it

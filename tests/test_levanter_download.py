@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from hostile import HostileServer
 from levanter_env import make_store
 from s3_env import FAST, bucket_url, moto, proxy, run_cli, s3_client  # noqa: F401 - fixtures
 from shard_env import tree_bytes
@@ -115,6 +116,32 @@ def test_a_listed_name_that_would_land_outside_the_copy_or_on_marins_own_files_i
     assert done.returncode == 2, done.stderr
     assert "refusing" in done.stderr and planted.rsplit("/", 1)[-1] in done.stderr
     assert not (tmp_path / "escaped").exists() and not dest.exists()
+
+
+@pytest.mark.parametrize("size", [None, "-5", "12x"], ids=["no-size", "negative", "not-a-number"])
+def test_a_listing_entry_without_a_size_a_file_can_have_is_a_remote_error_before_anything_is_written(
+        store, tmp_path, size):
+    """Each listed size is what a file is fetched against: without one (or with one no file has) there is nothing
+    to fetch; a resume could never finish it."""
+    cell = "cluster=1/quality=4"
+    dest = tmp_path / "d"
+    with HostileServer(store) as srv:
+        srv.listed_sizes = {f"{cell}/input_ids/offsets/zarr.json": size}
+        for command in (["info"], ["verify"], ["download", "--subset", cell, "--to", str(dest)]):
+            done = run_cli(command[0], *srv.store_args("s3"), *command[1:])
+            assert done.returncode == 8 and "malformed" in done.stderr, (command, done.stderr)
+            assert "Traceback" not in done.stderr and "manifest.json" not in done.stderr
+    assert not dest.exists()
+
+
+def test_a_listing_naming_a_file_where_it_names_a_folder_is_refused_before_anything_is_written(store, tmp_path):
+    cell = "cluster=1/quality=4"
+    dest = tmp_path / "d"
+    with HostileServer(store) as srv:
+        srv.files[f"{cell}/input_ids"] = b"a key beside the keys below it"
+        done = run_cli("download", *srv.store_args("s3"), "--subset", cell, "--to", str(dest))
+    assert done.returncode == 2 and f"'{cell}/input_ids' as a file and as the folder of" in done.stderr, done.stderr
+    assert not dest.exists()
 
 
 def test_publish_refuses_an_unpinned_store_naming_adopt(store, tmp_path):

@@ -10,6 +10,7 @@ import errno
 from collections.abc import Callable
 
 from marin_data import errors as E
+from marin_data.atomic import NO_SPACE
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "EXIT_DENIED", "EXIT_LIMIT", "ERROR_TABLE", "describe"]
 
@@ -118,6 +119,7 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
 
 EXIT_DENIED = 18  # the system refused access to a path: permissions, or a read-only file system
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+EXIT_NO_SPACE = 17  # as `InsufficientSpaceError`: a full file system, a quota, a file too large for it
 
 
 def describe(exc: BaseException) -> tuple[str, int] | None:
@@ -126,6 +128,11 @@ def describe(exc: BaseException) -> tuple[str, int] | None:
         where = exc.filename if exc.filename is not None else "a path"
         return (f"{where}: {exc.strerror}\n  -> check the permissions of that path (or choose another destination), "
                 "then run the same command again: finished work is kept"), EXIT_DENIED
+    if isinstance(exc, OSError) and not isinstance(exc, E.MarinDataError) and exc.errno in NO_SPACE:
+        # any writer's, pyarrow's too: every write is atomic, so what is under a final name is whole
+        where = f"{exc.filename}: " if exc.filename is not None else "cannot write: "
+        return (f"{where}{exc.strerror or exc}\n  -> free space on that file system (or choose another destination), "
+                "then run the same command again to resume: finished work is kept"), EXIT_NO_SPACE
     for etype, fmt, code in ERROR_TABLE:
         if isinstance(exc, etype):
             return fmt(exc), code

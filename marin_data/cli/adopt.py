@@ -37,5 +37,6 @@ def command(path: Path, tokenizer: str, name: str | None, license_: str, workers
     from marin_data.levanter.adopt import adopt
 
     report = adopt(path, tokenizer=tokenizer, name=name, license=license_, workers=workers)
+    how = f"hashed in {report.seconds:.2f}s" if report.seconds is not None else "hashed by the run that was stopped"
     echo(f"pinned {plural(len(report.subsets), 'subset')}, {plural(report.files, 'file')}, "
-         f"{human_bytes(report.bytes)} hashed in {report.seconds:.2f}s; manifest sha256 {report.manifest_sha256}")
+         f"{human_bytes(report.bytes)} {how}; manifest sha256 {report.manifest_sha256}")

@@ -8,7 +8,7 @@ import click
 
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import check_s3_flags, check_sha256, show_retries, store_kwargs, store_options
-from marin_data.errors import VerificationFailedError
+from marin_data.errors import RemoteError, VerificationFailedError
 from marin_data.layout import RECORD
 from marin_data.transfer.download import DownloadReport, download
 from marin_data.transfer.fetch import PART_BYTES
@@ -76,7 +76,8 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
     options = {**store_kwargs(endpoint_url, profile, anonymous, requester_pays), **hf}
     from marin_data.levanter.detect import detect, unpinned_cache
 
-    found = unpinned_cache(lambda: detect(source, **options))  # a corpus (or a failing source): as always
+    failed: list[Exception] = []
+    found = unpinned_cache(lambda: detect(source, **options), failed)  # a corpus (or a failing source): as always
     if found is not None:
         if manifest_sha256:
             raise click.UsageError("--manifest-sha256 pins a corpus; this Levanter cache has no manifest yet "
@@ -84,9 +85,14 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
         _download_cache(found, subsets=list(subsets), dest=dest, mirrors=list(mirrors), workers=workers,
                         part_bytes=part_mb << 20, dry_run=dry_run, **options)
         return
-    report = download(source, subsets=list(subsets) or None, dest=dest, mirrors=list(mirrors),
-                      manifest_sha256=manifest_sha256, workers=workers, part_bytes=part_mb << 20, dry_run=dry_run,
-                      **options)
+    try:
+        report = download(source, subsets=list(subsets) or None, dest=dest, mirrors=list(mirrors),
+                          manifest_sha256=manifest_sha256, workers=workers, part_bytes=part_mb << 20,
+                          dry_run=dry_run, **options)
+    except RemoteError as e:
+        if e.status == 404 and failed and isinstance(failed[0], RemoteError):
+            raise failed[0] from e  # no manifest where the listing failed: the listing's failure is the news
+        raise
     echo(_dry_run(report) if dry_run else _summary(report))
     for note in report.notes:
         echo(f"note: {note}", err=True)

@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -66,7 +66,7 @@ def assign_repos(shards: Iterable[ShardRecord], *, meta_files: int, previous: di
 
 def commit_corpus(
     root: str | os.PathLike, manifest: Manifest, shards: Sequence[ShardRecord], extra_files: Sequence[str] = (),
-    *, max_files_per_repo: int = MAX_FILES_PER_REPO,
+    *, max_files_per_repo: int = MAX_FILES_PER_REPO, staged: Mapping[str, bytes] | None = None,
 ) -> str:
     """Write the shard index, ``SHA256SUMS`` and finally ``manifest.json``; return the manifest's sha256.
 
@@ -75,17 +75,23 @@ def commit_corpus(
     from what is on disk: ``tokenizer.json``, the index, ``SHA256SUMS`` and ``extra_files`` (dataset card,
     Croissant, datasheets...), and ``manifest.repos`` is extended to new subsets (`assign_repos`, with room
     kept in the main repo for the generated documentation). Every shard must already be in place under its
-    final name.
+    final name. ``staged`` files (name at the root -> bytes) go into the journal and move in with the commit,
+    before the manifest: a crash leaves none of them at the root without a committed manifest listing them.
     """
     root = Path(root)
     journal = root / COMMIT
     shutil.rmtree(journal, ignore_errors=True)  # an unfinished journal: the corpus is still as before it
+    staged = staged or {}
+    for name, data in staged.items():
+        if "/" in safe_relpath(name) or name in (SHARDS_INDEX, SUMS, MANIFEST):
+            raise ValueError(f"{name!r}: a commit stages files at the root only, and none it writes itself")
+        atomic_write_bytes(journal / name, data, root=root)
     shards = sorted(shards, key=lambda s: (s.subset, s.path))
     write_shard_index(journal / SHARDS_INDEX, shards, root=root)
     files: dict[str, FileRecord] = {}
-    for rel in [TOKENIZER, SHARDS_INDEX, *extra_files]:
+    for rel in dict.fromkeys([TOKENIZER, SHARDS_INDEX, *extra_files, *staged]):
         rel = safe_relpath(rel)
-        path = journal / rel if rel == SHARDS_INDEX else root / rel
+        path = journal / rel if rel == SHARDS_INDEX or rel in staged else root / rel
         if path.exists():
             files[rel] = FileRecord(*reversed(sha256_file(path)))
     sums = sums_text([(s.path, s.sha256) for s in shards] + [(p, r.sha256) for p, r in files.items()])
@@ -105,15 +111,18 @@ def finish_commit(root: str | os.PathLike) -> None:
     """Move a complete commit journal (`COMMIT`, its manifest written) into place, or discard one a crash
     left incomplete (the corpus is then still as before it).
 
-    The index and ``SHA256SUMS`` move first and the manifest last, each rename persisted before the next, so
-    a crash at any point leaves a journal that the next writer finishes; a writer calls this under the corpus
-    lock before it reads the corpus, and `load_corpus` reads through a journal still moving in.
+    Staged files, the index and ``SHA256SUMS`` move first and the manifest last, each rename persisted before
+    the next, so a crash at any point leaves a journal that the next writer finishes; a writer calls this
+    under the corpus lock before it reads the corpus, and `load_corpus` reads through a journal still moving
+    in.
     """
     root = Path(root)
     journal = root / COMMIT
     if (journal / MANIFEST).exists():
         with SafeDir(root) as top, SafeDir(root, COMMIT, create=False) as moving:
-            for name in (SHARDS_INDEX, SUMS, MANIFEST):
+            staged = sorted(n for n in os.listdir(moving.fd) if n not in (SHARDS_INDEX, SUMS, MANIFEST)
+                            and not n.endswith(".part"))  # `commit_corpus`'s ``staged`` files
+            for name in (*staged, SHARDS_INDEX, SUMS, MANIFEST):
                 if moving.lstat(name) is not None:
                     top.regular(name)
                     os.replace(name, name, src_dir_fd=moving.fd, dst_dir_fd=top.fd)

@@ -5,9 +5,10 @@ After the structural checks (`check_cache`) pass, every file of every cell is ha
 inner chunks), an offsets chunk file an ``offsets`` row, every other file (ledgers, ``zarr.json``,
 ``.success``, ``.stats.json``) a ``meta`` row, all under the subset of their cell, so that a download of a
 subset fetches, and verify hashes, exactly its files. Then ``tokenizer.json``, the card, ``croissant.json``,
-``SHA256SUMS`` and last ``manifest.json`` (``format``: a store or a single cache) are written beside the
-cache's files (`commit_corpus`). From then on the folder is a corpus: verify, publish, download and serve
-it as any other. docs/design.md ("Levanter caches") says why a chunk file is the shard.
+``SHA256SUMS`` and last ``manifest.json`` (``format``: a store or a single cache) move in beside the
+cache's files as one commit (`commit_corpus`): a run killed before its manifest leaves the cache as it was,
+one killed after it is finished by the next run. From then on the folder is a corpus: verify, publish,
+download and serve it as any other. docs/design.md ("Levanter caches") says why a chunk file is the shard.
 """
 
 from __future__ import annotations
@@ -20,15 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.atomic import atomic_write_bytes, sha256_file
-from marin_data.corpus.commit import commit_corpus
-from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, Manifest, summarize_subsets
+from marin_data.atomic import sha256_file
+from marin_data.corpus.commit import commit_corpus, finish_commit
+from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, Manifest, load_corpus, summarize_subsets
 from marin_data.corpus.names import as_subset_name
 from marin_data.corpus.records import META, OFFSETS, SHARD, ShardRecord, SubsetInfo
 from marin_data.engines.local import default_workers
 from marin_data.errors import CorpusConflictError
-from marin_data.layout import CARD, CROISSANT, LISTED, LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, STAGING, \
-    SUMS, TOKENIZER, UNLISTED
+from marin_data.layout import CARD, COMMIT, CROISSANT, LISTED, LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, \
+    STAGING, SUMS, TOKENIZER, UNLISTED
 from marin_data.levanter.cache import LevanterCache, open_cache
 from marin_data.levanter.checks import check_cache, refuse_problems
 from marin_data.levanter.chunkfile import EMPTY, read_index
@@ -50,7 +51,7 @@ class AdoptReport:
     subsets: tuple[str, ...]
     files: int
     bytes: int
-    seconds: float  # hashing
+    seconds: float | None  # hashing; None: a killed run's pin, moved in (nothing hashed again)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, v
         InvalidTokenizerError: the tokenizer cannot be loaded.
     """
     root = Path(path)
+    if (root / COMMIT / MANIFEST).exists() or (root / MANIFEST).exists() and (root / STAGING).exists():
+        return _finish(root)  # a run killed past its commit point (its journal not yet cleared): finish it
     found = detect(root)
     if found.kind == CORPUS:
         raise CorpusConflictError(f"already a marin corpus ({MANIFEST} is there): nothing to adopt", path=str(root))
@@ -103,13 +106,24 @@ def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, v
         manifest = Manifest(name=name, version=version, tokenizer=loaded.info,
                             subsets={s: SubsetInfo(0, 0, 0, 0, license) for s in cells},
                             format=LEVANTER_CACHE if found.kind == CACHE else LEVANTER_STORE)
-        atomic_write_bytes(root / TOKENIZER, loaded.data, root=root)
         described = replace(manifest, subsets=summarize_subsets(rows, {s: license for s in cells}))
-        atomic_write_bytes(root / CARD, render_cache_card(described).encode(), root=root)
-        atomic_write_bytes(root / CROISSANT, render_cache_croissant(described, rows).encode(), root=root)
-        digest = commit_corpus(root, manifest, rows, extra_files=[CARD, CROISSANT])
+        staged = {TOKENIZER: loaded.data, CARD: render_cache_card(described).encode(),
+                  CROISSANT: render_cache_croissant(described, rows).encode()}
+        digest = commit_corpus(root, manifest, rows, staged=staged)  # one commit, the manifest last
     return AdoptReport(root=str(root), manifest_sha256=digest, subsets=tuple(sorted(cells)), files=len(rows),
                        bytes=sum(r.bytes for r in rows), seconds=seconds)
+
+
+def _finish(root: Path) -> AdoptReport:
+    """Move in the pin a killed run had committed (what its journal still holds), and report it."""
+    with corpus_lock(root):
+        finish_commit(root)
+        corpus = load_corpus(root)
+    if corpus.manifest.format not in (LEVANTER_CACHE, LEVANTER_STORE):
+        raise CorpusConflictError(f"already a marin corpus ({MANIFEST} is there): nothing to adopt", path=str(root))
+    return AdoptReport(root=str(root), manifest_sha256=corpus.manifest_sha256,
+                       subsets=tuple(sorted(corpus.manifest.subsets)), files=len(corpus.shards),
+                       bytes=sum(r.bytes for r in corpus.shards), seconds=None)
 
 
 def cache_rows(cache: LevanterCache) -> dict[str, tuple[str, int, int]]:

@@ -13,12 +13,13 @@ from pathlib import PurePosixPath
 from marin_data.corpus.manifest import Manifest
 from marin_data.corpus.names import check_subset_name
 from marin_data.errors import InvalidManifestError, UnknownSourceError, UnpinnedCacheError
-from marin_data.layout import CARD, LOCK_NAME, MANIFEST, STAGING
+from marin_data.layout import CARD, COMMIT, LOCK_NAME, MANIFEST, STAGING
 from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.pinned import is_pinned_cache
 from marin_data.levanter.source import read_file
 from marin_data.stores import open_store
 from marin_data.stores.base import METADATA_LIMIT, Store
+from marin_data.stores.local import LocalStore
 
 __all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells", "refuse_unpinned", "unpinned_cache"]
 
@@ -54,13 +55,21 @@ def detect_store(store: Store) -> Source:
         InvalidManifestError: a ``manifest.json`` that does not parse.
         RemoteError: the store cannot be listed.
     """
-    if store.head(MANIFEST) is not None:
-        data = read_file(store, MANIFEST, limit=METADATA_LIMIT)
-        manifest = Manifest.from_json(data or b"", store.describe(MANIFEST))
+    at = MANIFEST if store.head(MANIFEST) is not None else _moving_in(store)
+    if at is not None:
+        data = read_file(store, at, limit=METADATA_LIMIT)
+        manifest = Manifest.from_json(data or b"", store.describe(at))
         return Source(CORPUS, store, pinned_cache=is_pinned_cache(manifest))
     if store.head(LEDGER) is not None:
         return Source(CACHE, store)
     return Source(STORE, store, find_cells(store))
+
+
+def _moving_in(store: Store) -> str | None:
+    """The manifest of a local commit that a crash left moving in (`finish_commit`), which is the corpus's
+    until the next writer finishes it: ``adopt`` killed midway leaves its own files beside the caches."""
+    journal = f"{COMMIT}/{MANIFEST}"
+    return journal if isinstance(store, LocalStore) and store.head(journal) is not None else None
 
 
 def find_cells(store: Store) -> tuple[str, ...]:
@@ -94,13 +103,15 @@ def find_cells(store: Store) -> tuple[str, ...]:
     return tuple(roots)
 
 
-def unpinned_cache(find: Callable[[], Source]) -> Source | None:
+def unpinned_cache(find: Callable[[], Source], failed: list[Exception] | None = None) -> Source | None:
     """What ``find`` detects if it is a Levanter cache or store with no manifest; None for a corpus, for
     anything else, and when the source cannot be read or told (the caller's corpus path then reports what
-    is wrong, and tries its mirrors)."""
+    is wrong, and tries its mirrors; ``failed``, when given, receives what stopped the telling)."""
     try:
         found = find()
-    except (UnknownSourceError, OSError, ValueError):  # OSError: RemoteError too
+    except (UnknownSourceError, OSError, ValueError) as e:  # OSError: RemoteError too
+        if failed is not None:
+            failed.append(e)
         return None
     return None if found.kind == CORPUS else found
 

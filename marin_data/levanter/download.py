@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from marin_data.corpus.names import is_reserved, safe_relpath, select_subsets
 from marin_data.corpus.verify import VerifyReport
@@ -68,7 +68,8 @@ def download_cache(source: Source, *, subsets: Sequence[str] | None, dest: str |
 
     Raises:
         UnknownSubsetError: a pattern matches no cell, or ``subsets`` given for a single cache.
-        UnsafePathError: the listing names a file outside its cell, a name marin writes, or one file twice.
+        UnsafePathError: the listing names a file outside its cell, a name marin writes, one file twice, or a
+            file where it names a folder too.
         CacheUnfinishedError, CacheFormatError: a chosen cell is unfinished or unreadable: nothing fetched.
         RemoteError: the source cannot be read or listed.
         CorpusLockedError: another process is writing ``dest``.
@@ -83,6 +84,7 @@ def download_cache(source: Source, *, subsets: Sequence[str] | None, dest: str |
     with ThreadPoolExecutor(max_workers=max(1, min(REMOTE_WORKERS, len(cells)))) as pool:
         caches = list(pool.map(lambda c: open_cache(store, c), cells))  # refuses what is unfinished or unreadable
     files = tuple(task for cell in cells for task in _listed(store, cell))
+    _refuse_files_over_folders(files, store.url)
     plan = DownloadPlan(source=store.url, manifest_sha256="", subsets=tuple(c for c in cells if c), files=files,
                         tokens=sum(c.tokens for c in caches))
     root = Path(dest)
@@ -112,3 +114,14 @@ def _listed(store: Store, cell: str) -> Iterator[FileTask]:
             raise UnsafePathError(f"the listing names {shown(path)}: {why}", path=where, actual=path)
         seen.add(path)
         yield FileTask(path, o.size, o.sha256, cell)
+
+
+def _refuse_files_over_folders(files: Sequence[FileTask], where: str) -> None:
+    """A listing naming ``a/b`` as a file and ``a/b/c`` too (S3 keys are flat; no disk holds both) is refused
+    before anything is written: fetched, one of them would fail only halfway, blaming the destination."""
+    folders = {str(p) for task in files for p in PurePosixPath(task.path).parents}
+    clash = next((task.path for task in files if task.path in folders), None)
+    if clash is not None:
+        inside = next(task.path for task in files if task.path.startswith(f"{clash}/"))
+        raise UnsafePathError(f"the listing names {shown(clash)} as a file and as the folder of {shown(inside)}",
+                              path=where, actual=clash)

@@ -121,7 +121,11 @@ class S3Store(Store):
                     if not obj.get("Key", "").startswith(root):
                         raise RemoteError(f"the listing answered {shown(obj.get('Key'))}, outside {shown(root)}",
                                           path=self.describe(prefix))
-                    yield ObjectInfo(obj["Key"][len(root):], obj["Size"])
+                    size = obj.get("Size")
+                    if type(size) is not int or size < 0:  # no size, or one no file has: nothing to fetch against
+                        raise RemoteError(f"malformed listing entry: {shown(obj['Key'])} with size {shown(size)}",
+                                          path=self.describe(prefix))
+                    yield ObjectInfo(obj["Key"][len(root):], size)
 
     def head(self, path: str) -> ObjectInfo | None:
         with _mapped_errors(self.describe(path)):
@@ -238,3 +242,5 @@ def _mapped_errors(where: str, endpoint_url: str | None = None) -> Iterator[None
         raise RetryableRemoteError(f"{type(e).__name__}: {e}", path=where) from e
     except bx.BotoCoreError as e:  # bad profile, bad parameter, bad endpoint: retrying will not help
         raise RemoteError(f"{type(e).__name__}: {e}", path=where) from e
+    except ValueError as e:  # botocore's parser met a field it cannot read (a <Size> that is no number)
+        raise RemoteError(f"malformed answer: {shown(str(e))}", path=where) from e

@@ -18,7 +18,6 @@ cannot hold (`InsufficientSpaceError`).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
-from marin_data.atomic import HASH_CHUNK, SafeDir, pieces
+from marin_data.atomic import HASH_CHUNK, SafeDir, space_errors, write_all
 from marin_data.errors import InsufficientSpaceError, RetryableRemoteError, ShardChecksumError
 from marin_data.layout import PARTIAL_SUFFIX, RANGES_SUFFIX
 from marin_data.stores.base import Store
@@ -315,11 +314,8 @@ def _valid_record(record: dict, task: FileTask) -> bool:
 
 
 def _write(fd: int, data, offset: int | None) -> None:
-    """Write all of ``data`` at ``offset`` (None: at the file position), in `marin_data.atomic.pieces`."""
-    for at, piece in pieces(data):
-        n = _space_errors(os.write, fd, piece) if offset is None else _space_errors(os.pwrite, fd, piece, offset + at)
-        if n != len(piece):
-            raise OSError(f"short write: {n} of {len(piece)} bytes")
+    """Write all of ``data`` at ``offset`` (None: at the file position); a full disk is `InsufficientSpaceError`."""
+    _space_errors(write_all, fd, data, offset)
 
 
 def _check_space(fd: int, need: int, path: Path) -> None:
@@ -335,12 +331,8 @@ def _check_space(fd: int, need: int, path: Path) -> None:
 def _space_errors(call, *args, path: Path | None = None):
     """``call(*args)``, with a full disk, a quota or a file too large for the file system raised as
     `InsufficientSpaceError`."""
-    try:
+    with space_errors(path):
         return call(*args)
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise InsufficientSpaceError(e.strerror or str(e), path=None if path is None else str(path)) from e
-        raise
 
 
 def _start_writeback(fd: int, offset: int, length: int) -> None:
