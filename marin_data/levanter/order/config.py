@@ -101,11 +101,11 @@ def _components(data: dict, path: str | None) -> dict[str, Component]:
     for name, spec in _mapping(data.get("components") or {}, "data.components", path).items():
         key = f"data.components.{name}"
         spec = _mapping(spec, key, path)
+        if spec.get("type", "cached") != "cached":
+            raise _refuse(f"{key}.type", f"a {spec['type']!r} component", path)
         for k in spec:
             if k not in _COMPONENT_KEYS:
                 raise _refuse(f"{key}.{k}", "an unknown component key", path)
-        if spec.get("type", "cached") != "cached":
-            raise _refuse(f"{key}.type", f"a {spec['type']!r} component", path)
         if spec.get("pack"):
             raise _refuse(f"{key}.pack", "packed examples", path)
         fmt = spec.get("format")
