@@ -21,9 +21,9 @@ from marin_data.levanter.source import read_tail
 from marin_data.retry import retry_call
 from marin_data.transfer.plan import DOWNLOAD_POLICY
 
-__all__ = ["Offsets", "Document", "documents_in"]
+__all__ = ["Offsets", "InnerChunks", "Document", "documents_in"]
 
-_KEPT_INNER = 48  # decoded inner chunks kept (2 MB each)
+_KEPT_INNER = 32  # decoded inner chunks kept (2 MB each)
 
 
 @dataclass(frozen=True)
@@ -36,14 +36,32 @@ class Document:
     last: int
 
 
+class InnerChunks:
+    """Decoded inner chunks kept for reuse, the least recently used dropped first past ``kept`` (2 MB each):
+    one budget for every cache of a trace, so memory does not grow with the number of cells."""
+
+    def __init__(self, kept: int = _KEPT_INNER) -> None:
+        self.kept, self._values = kept, OrderedDict()
+
+    def get(self, key: tuple) -> np.ndarray | None:
+        if key in self._values:
+            self._values.move_to_end(key)
+        return self._values.get(key)
+
+    def put(self, key: tuple, values: np.ndarray) -> None:
+        self._values[key] = values
+        if len(self._values) > self.kept:
+            self._values.popitem(last=False)
+
+
 class Offsets:
     """Random access to one part's offsets array, one inner chunk at a time."""
 
-    def __init__(self, cache: LevanterCache, part: CachePart) -> None:
+    def __init__(self, cache: LevanterCache, part: CachePart, kept: InnerChunks | None = None) -> None:
         self.cache, self.part, self.meta = cache, part, part.offsets
         self.chunks = part.offsets_chunks()
         self._index: dict[int, np.ndarray] = {}
-        self._inner: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._inner = kept if kept is not None else InnerChunks()
         self.inner_reads = 0
 
     def _table(self, k: int) -> np.ndarray:
@@ -57,28 +75,28 @@ class Offsets:
         return self._index[k]
 
     def _inner_chunk(self, k: int, i: int) -> np.ndarray:
-        if (k, i) in self._inner:
-            self._inner.move_to_end((k, i))
-            return self._inner[(k, i)]
+        found = self._inner.get((id(self), k, i))
+        if found is not None:
+            return found
         offset, size = (int(v) for v in self._table(k)[i])
         path, where = self.chunks[k].path, f"{self.cache.where(self.chunks[k].path)} inner chunk {i}"
         frame = None if offset == EMPTY else retry_call(lambda: self._read(path, offset, size), policy=DOWNLOAD_POLICY,
                                                         what=where)
         values = decode_inner(frame, self.meta, where)
         self.inner_reads += 1
-        self._inner[(k, i)] = values
-        if len(self._inner) > _KEPT_INNER:
-            self._inner.popitem(last=False)
+        self._inner.put((id(self), k, i), values)
         return values
 
     def _read(self, path: str, offset: int, size: int) -> bytes:
         with self.cache.store.read(path, offset, offset + size) as stream:
-            skip, out = offset - stream.start, bytearray()
+            skip, pieces, got = offset - stream.start, [], 0
             for piece in stream:
-                out += piece
-                if len(out) >= skip + size:
+                pieces.append(piece)
+                got += len(piece)
+                if got >= skip + size:
                     break
-        return bytes(out[skip:skip + size])
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return data if (skip, len(data)) == (0, size) else data[skip:skip + size]
 
     def span(self, e: int) -> tuple[int, int, np.ndarray]:
         """The inner chunk holding element ``e``: its first element, one past its last, and its values."""

@@ -19,7 +19,7 @@ from marin_data.errors import MarinDataError, TrainConfigError
 from marin_data.layout import MANIFEST
 from marin_data.levanter.cache import LevanterCache, open_cache
 from marin_data.levanter.ledger import LEDGER
-from marin_data.levanter.order.offsets import Document, Offsets, documents_in
+from marin_data.levanter.order.offsets import Document, InnerChunks, Offsets, documents_in
 from marin_data.levanter.source import join
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
@@ -44,6 +44,7 @@ class ComponentCache:
     cache: LevanterCache
     cell: str | None = None
     pin: Pin | None = None
+    kept: InnerChunks = field(default_factory=InnerChunks)  # shared by the components of a trace
     _offsets: dict[int, Offsets] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -56,7 +57,7 @@ class ComponentCache:
 
     def offsets(self, k: int) -> Offsets:
         if k not in self._offsets:
-            self._offsets[k] = Offsets(self.cache, self.cache.parts[k])
+            self._offsets[k] = Offsets(self.cache, self.cache.parts[k], self.kept)
         return self._offsets[k]
 
     def _parts(self, start: int, stop: int):
@@ -119,27 +120,29 @@ def _pins(root: str) -> dict[str, Pin] | None:
     return {name: Pin(name, info.license, digests.get(name, {})) for name, info in corpus.manifest.subsets.items()}
 
 
-def open_components(cache_dirs: dict[str, str], *, store: str | None = None, **options) -> dict[str, ComponentCache]:
-    """Open each component's train cache (name -> cache root as the YAML names it).
+def open_components(cache_dirs: dict[str, str], *, store: str | Store | None = None,
+                    **options) -> dict[str, ComponentCache]:
+    """Open each component's train cache (name -> cache root as the YAML names it); ``store`` is a URL or an
+    opened `Store` (pins are read from a local folder's manifest only).
 
     Raises:
         TrainConfigError: a cache that is not where the YAML (or ``--store``) says.
         CacheFormatError, CacheUnfinishedError: a ledger or ``zarr.json`` that cannot be read.
     """
-    out = {}
-    root = open_store(store, **options) if store else None
-    pins = _pins(store) if store else None
+    out, kept = {}, InnerChunks()
+    root = store if isinstance(store, Store) else open_store(store, **options) if store else None
+    pins = _pins(store) if isinstance(store, str) else None
     for name, cache_dir in cache_dirs.items():
         if root is not None:
             cell = _find_cell(root, cache_dir)
             cache = open_cache(root, cell)
-            out[name] = ComponentCache(name, cache, cell, (pins or {}).get(cell))
+            out[name] = ComponentCache(name, cache, cell, (pins or {}).get(cell), kept)
             continue
         if "://" in cache_dir and not cache_dir.startswith(("s3://", "hf://")):
             raise TrainConfigError(f"component {name!r}: its cache {cache_dir!r} is on a store marin does not "
                                    "read; copy it and pass --store ROOT (the folder holding its cells)")
         try:
-            out[name] = ComponentCache(name, open_cache(open_store(cache_dir, **options)))
+            out[name] = ComponentCache(name, open_cache(open_store(cache_dir, **options)), kept=kept)
         except MarinDataError as e:
             if store is None and not e.path:
                 e.path = cache_dir

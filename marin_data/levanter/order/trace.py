@@ -16,6 +16,7 @@ from marin_data.errors import TrainConfigError
 from marin_data.levanter.order.config import DEFAULT_VERSION, VERSIONS, LevanterRun, load_run
 from marin_data.levanter.order.run import RunOrder
 from marin_data.levanter.order.sources import ComponentCache, open_components
+from marin_data.stores.base import Store
 
 __all__ = ["Trace", "open_trace", "parse_document_id"]
 
@@ -73,8 +74,12 @@ class Trace:
     def step(self, step: int, *, documents: bool = True) -> dict:
         """``{"step", "levanter", "batch": [slot, ...]}``, slots in batch order."""
         component, sequence = self.order.step(step)
-        return {"step": step, "levanter": self.version,
-                "batch": [self.slot(int(c), int(j), documents=documents) for c, j in zip(component, sequence)]}
+        batch: list = [None] * len(component)
+        # one component's windows at a time, in cache order: a shuffle window's sequences share offsets inner
+        # chunks, which a small cache then reads once
+        for n in np.lexsort((sequence, component)):
+            batch[n] = self.slot(int(component[n]), int(sequence[n]), documents=documents)
+        return {"step": step, "levanter": self.version, "batch": batch}
 
     def document(self, doc: str, *, until: int | None = None) -> dict:
         """Every (step, slot) before ``until`` that served a token of document ``doc``."""
@@ -116,7 +121,8 @@ class Trace:
                 "zero_weight": unweighted}
 
 
-def open_trace(config: str, *, store: str | None = None, version: str = DEFAULT_VERSION, **options) -> Trace:
+def open_trace(config: str, *, store: str | Store | None = None, version: str = DEFAULT_VERSION,
+               **options) -> Trace:
     """Read a ``train_lm`` YAML and open the train cache of each component it weights (options as
     `marin_data.stores.open_store`)."""
     if version not in VERSIONS:
