@@ -10,7 +10,8 @@ copy), so their exact sizes are known without compressing the ~200 GB; a real ca
 decode, so the run also times the decode of one real lz4 clevel 5 offsets inner chunk against a copy frame and
 reports the forward step's time without the simulation's own cost of making bytes and with that difference
 added for every inner chunk it read. The weights are
-placeholders (Marin's are not public): proportional to cell size, with a few cells below 1/49,152.
+placeholders (Marin's are not public): proportional to cell size, with a few cells below 1/49,152. The floor
+of a step with documents is bare blosc decoding the same number of inner chunks back to back.
 
     .venv/bin/python benchmarks/bench_trace.py --repeats 3
 """
@@ -166,6 +167,17 @@ def cell_rows() -> dict[str, int]:
     return {c: int(t // DOC_TOKENS) for c, t in zip(CELLS, tokens)}
 
 
+def decode_floor(store: SimStore, n: int) -> float:
+    """Seconds to decode ``n`` offsets inner chunks back to back, bare blosc: what a step's documents cannot
+    cost less than."""
+    frame = store._frame(CELLS[0], 0, 1)
+    out = np.empty(OFFSETS.inner, "<i8")
+    t0 = time.perf_counter()
+    for _ in range(n):
+        blosc.decompress(frame, out)
+    return time.perf_counter() - t0
+
+
 def decode_gap_ms() -> float:
     """ms more to decode a real lz4 clevel 5 offsets inner chunk than a clevel 0 frame (median of 20)."""
     values = np.cumsum(np.random.default_rng(2).integers(1, 2 * DOC_TOKENS, OFFSETS.inner)).astype("<i8")
@@ -211,6 +223,10 @@ def main() -> None:
                 results.setdefault("of which the simulated store", []).append(store.seconds - made0)
                 inner = sum(o.inner_reads for c in trace.caches.values() for o in c._offsets.values()) - inner0
                 results.setdefault("inner chunks read per step", []).append(inner)
+                floor = decode_floor(store, inner)
+                results.setdefault("floor: decoding those inner chunks", []).append(floor)
+                results.setdefault("ratio to the floor", []).append(
+                    (results["step with documents"][-1] - results["of which the simulated store"][-1]) / floor)
                 results.setdefault("MB read per step", []).append((store.bytes - bytes0) / 1e6)
                 slot = out["batch"][len(out["batch"]) // 2]
                 doc = f"{slot['component']}:{slot['documents'][0]['row']}"

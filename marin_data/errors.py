@@ -221,7 +221,7 @@ class UnsupportedOrderKeyError(TrainConfigError):
     """The run's YAML sets a key that changes Levanter's order and that marin does not reproduce (``key`` names
     it): refused, never answered differently."""
 
-    def __init__(self, message: str, *, key: str, path: str | None = None) -> None:
+    def __init__(self, message: str, *, key: str | None = None, path: str | None = None) -> None:
         super().__init__(message, path=path)
         self.key = key
 

@@ -87,7 +87,8 @@ def command(config: str, step: int | None, document: str | None, summary: bool, 
       marin-data trace --levanter-config run.yaml --step 1000 --json --store /data/store
       marin-data trace --levanter-config run.yaml --document c3q4:81234 --until 108000
       marin-data trace --levanter-config run.yaml --document cluster=3/quality=4:81234 --store s3://b/store
-      marin-data trace --levanter-config run.yaml --summary --until 108000 --no-documents
+      marin-data trace --levanter-config run.yaml --summary --until 108000
+      marin-data trace --levanter-config run.yaml --step 0 --no-documents --levanter-version 0.2.20
     """
     from marin_data.cli.info import remote_options
     from marin_data.levanter.order.trace import open_trace

@@ -86,11 +86,16 @@ def decode_chunk(data: bytes | memoryview, meta: ArrayMeta, count: int, where: s
     return out
 
 
-def decode_inner(frame: bytes | memoryview | None, meta: ArrayMeta, where: str) -> np.ndarray:
+def decode_inner(frame: bytes | memoryview | None, meta: ArrayMeta, where: str,
+                 out: np.ndarray | None = None) -> np.ndarray:
     """One inner chunk (``meta.inner`` elements) from its stored bytes; ``None`` (not stored) is all fill value.
-    What a ranged read of one index entry hands back, so a lookup never decodes a whole chunk file."""
-    out = np.full(meta.inner, meta.fill_value, np.dtype(meta.dtype).newbyteorder("<"))
+    What a ranged read of one index entry hands back, so a lookup never decodes a whole chunk file. ``out``
+    (``meta.inner`` elements of the array's dtype, little-endian) is reused when given."""
+    dtype = np.dtype(meta.dtype).newbyteorder("<")
+    if out is None or out.shape != (meta.inner,) or out.dtype != dtype:
+        out = np.empty(meta.inner, dtype)
     if frame is None:
+        out[:] = meta.fill_value
         return out
     frame, want = memoryview(frame), meta.inner * meta.itemsize
     if meta.blosc is None:
