@@ -216,12 +216,12 @@ def main() -> None:
                 trace.step(step, documents=False)
                 results.setdefault("step, no documents", []).append(time.perf_counter() - t0)
                 reads0, bytes0, made0 = store.reads, store.bytes, store.seconds
-                inner0 = sum(o.inner_reads for c in trace.caches.values() for o in c._offsets.values())
+                inner0 = sum(c.inner_reads for c in trace.caches.values())
                 t0 = time.perf_counter()
                 out = trace.step(step)
                 results.setdefault("step with documents", []).append(time.perf_counter() - t0)
                 results.setdefault("of which the simulated store", []).append(store.seconds - made0)
-                inner = sum(o.inner_reads for c in trace.caches.values() for o in c._offsets.values()) - inner0
+                inner = sum(c.inner_reads for c in trace.caches.values()) - inner0
                 results.setdefault("inner chunks read per step", []).append(inner)
                 floor = decode_floor(store, inner)
                 results.setdefault("floor: decoding those inner chunks", []).append(floor)

@@ -152,3 +152,22 @@ def test_a_pinned_store_names_cell_shard_sha256_and_license(tmp_path, tiny_token
         for shard in slot["shards"]:
             assert shard["path"].startswith(slot["cell"] + "/input_ids/data/c/")
             assert shard["sha256"] == hashlib.sha256((root / shard["path"]).read_bytes()).hexdigest()
+
+
+def test_with_text_decodes_exactly_the_window(tmp_path, tiny_tokenizer):
+    from marin_data.levanter import adopt
+    from marin_data.raw.tokenizer import load_tokenizer
+
+    root = tmp_path / "store"
+    docs = make_store(root, CELLS)
+    adopt(root, tokenizer=str(tiny_tokenizer))
+    trace = open_trace(run_yaml(tmp_path), store=str(root))
+    tok = load_tokenizer(str(tiny_tokenizer)).tokenizer
+    out = trace.step(6, text=tok)
+    cells = {"c0q1": "cluster=0/quality=1", "c0q2": "cluster=0/quality=2", "c1q1": "cluster=1/quality=1"}
+    for slot in out["batch"]:
+        flat = np.concatenate(docs[cells[slot["component"]]])
+        a, b = slot["tokens"]
+        assert slot["text"] == tok.decode(flat[a:b].tolist(), skip_special_tokens=False)
+    shown = run_cli("trace", "--levanter-config", run_yaml(tmp_path), "--step", "6", "--with-text", "--store", root)
+    assert shown.returncode == 0 and "== slot 0:" in shown.stdout

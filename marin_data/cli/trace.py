@@ -33,6 +33,9 @@ def _print_step(out: dict) -> None:
             row += [s["shards"][0]["path"], (s["shards"][0]["sha256"] or "")[:12], s["license"]]
     echo(f"step {out['step']:,}: {len(out['batch']):,} sequences (Levanter {out['levanter']})")
     echo(format_table(headers, rows))
+    for n, s in enumerate(out["batch"]):
+        if "text" in s:
+            echo(f"\n== slot {n}: {printable(s['component'])} sequence {s['sequence']:,}\n{s['text']}")
 
 
 def _print_document(out: dict) -> None:
@@ -68,11 +71,16 @@ def _print_summary(out: dict) -> None:
 @click.option("--levanter-version", "version", type=click.Choice(["0.2.20", "0.2.227"]), default="0.2.227",
               show_default=True, help="The Levanter the run used.")
 @click.option("--no-documents", is_flag=True, help="--step: components and sequences only (reads no offsets).")
+@click.option("--with-text", is_flag=True, help="--step: each window's tokens decoded (reads the data chunk files' "
+                                                "inner chunks it needs).")
+@click.option("--tokenizer", metavar="TOK", help="--with-text: the tokenizer the caches were built with (a "
+                                                 "tokenizer.json or a Hub id); a pinned --store carries its own.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @store_options
 @hf_options
 def command(config: str, step: int | None, document: str | None, summary: bool, until: int | None,
-            store: str | None, version: str, no_documents: bool, as_json: bool, endpoint_url: str | None,
+            store: str | None, version: str, no_documents: bool, with_text: bool, tokenizer: str | None,
+            as_json: bool, endpoint_url: str | None,
             profile: str | None, anonymous: bool, requester_pays: bool, endpoint: str | None,
             token: str | None) -> None:
     """Which documents a Levanter train_lm run read at a step, and at which steps it read a document,
@@ -85,25 +93,29 @@ def command(config: str, step: int | None, document: str | None, summary: bool, 
     EXAMPLES
       marin-data trace --levanter-config run.yaml --step 1000
       marin-data trace --levanter-config run.yaml --step 1000 --json --store /data/store
+      marin-data trace --levanter-config run.yaml --step 1000 --with-text --tokenizer meta-llama/Llama-3.1-8B
       marin-data trace --levanter-config run.yaml --document c3q4:81234 --until 108000
       marin-data trace --levanter-config run.yaml --document cluster=3/quality=4:81234 --store s3://b/store
       marin-data trace --levanter-config run.yaml --summary --until 108000
       marin-data trace --levanter-config run.yaml --step 0 --no-documents --levanter-version 0.2.20
     """
     from marin_data.cli.info import remote_options
-    from marin_data.levanter.order.trace import open_trace
+    from marin_data.levanter.order.trace import open_trace, run_tokenizer
 
     if sum([step is not None, document is not None, summary]) != 1:
         raise click.UsageError("pass exactly one of --step S, --document ID and --summary")
     if until is not None and step is not None:
         raise click.UsageError("--until applies to --document and --summary")
-    if no_documents and step is None:
-        raise click.UsageError("--no-documents applies to --step")
+    if (no_documents or with_text) and step is None:
+        raise click.UsageError("--no-documents and --with-text apply to --step")
+    if tokenizer and not with_text:
+        raise click.UsageError("--tokenizer applies to --with-text")
     options = remote_options(store, endpoint_url, profile, anonymous, requester_pays, endpoint, token) \
         if store and is_url(store) else {}
     trace = open_trace(config, store=store, version=version, **options)
     if step is not None:
-        out, show = trace.step(step, documents=not no_documents), _print_step
+        text = run_tokenizer(trace, tokenizer, store) if with_text else None
+        out, show = trace.step(step, documents=not no_documents, text=text), _print_step
     elif document is not None:
         out, show = trace.document(document, until=until), _print_document
     else:

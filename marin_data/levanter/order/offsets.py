@@ -1,4 +1,5 @@
-"""Which documents a window of a cache's flat tokens touches, from its offsets alone, read in ranges.
+"""Which documents a window of a cache's flat tokens touches, from its offsets alone, read in ranges (and, for
+``--with-text``, the window's tokens, read the same way).
 
 A cache part's ``input_ids/offsets`` holds ``rows + 1`` int64 values: ``[0]`` is the row count and ``[r+1]``
 the end of row ``r``. A trace needs the rows around a few thousand positions, not the array (~1 GB a cell
@@ -21,7 +22,7 @@ from marin_data.levanter.source import read_tail
 from marin_data.retry import retry_call
 from marin_data.transfer.plan import DOWNLOAD_POLICY
 
-__all__ = ["Offsets", "InnerChunks", "Document", "documents_in"]
+__all__ = ["Ranged", "Offsets", "InnerChunks", "Document", "documents_in"]
 
 _KEPT_INNER = 32  # decoded inner chunks kept (2 MB each)
 
@@ -57,12 +58,15 @@ class InnerChunks:
         self._values[key] = values
 
 
-class Offsets:
-    """Random access to one part's offsets array, one inner chunk at a time."""
+class Ranged:
+    """Random access to one array of a part (its offsets, or its tokens), one inner chunk at a time."""
 
-    def __init__(self, cache: LevanterCache, part: CachePart, kept: InnerChunks | None = None) -> None:
-        self.cache, self.part, self.meta = cache, part, part.offsets
-        self.chunks = part.offsets_chunks()
+    def __init__(self, cache: LevanterCache, part: CachePart, kept: InnerChunks | None = None, *,
+                 tokens: bool = False) -> None:
+        self.cache, self.part = cache, part
+        self.meta = part.data if tokens else part.offsets
+        self.chunks = part.data_chunks() if tokens else part.offsets_chunks()
+        self.count = part.tokens if tokens else part.rows + 1
         self._index: dict[int, np.ndarray] = {}
         self._inner = kept if kept is not None else InnerChunks()
         self.inner_reads = 0
@@ -72,7 +76,7 @@ class Offsets:
             path = self.chunks[k].path
             info = self.cache.store.head(path)
             if info is None:
-                raise CacheFormatError("offsets chunk file missing", path=self.cache.where(path))
+                raise CacheFormatError("chunk file missing", path=self.cache.where(path))
             tail = read_tail(self.cache.store, path, info.size, self.meta.index_bytes)
             self._index[k] = read_index(tail, info.size, self.meta, self.cache.where(path))
         return self._index[k]
@@ -106,18 +110,26 @@ class Offsets:
         k, within = divmod(e, self.meta.chunk)
         i = within // self.meta.inner
         lo = k * self.meta.chunk + i * self.meta.inner
-        hi = min(lo + self.meta.inner, self.part.rows + 1)
+        hi = min(lo + self.meta.inner, self.count)
         return lo, hi, self._inner_chunk(k, i)[:hi - lo]
 
     def values(self, lo: int, hi: int) -> np.ndarray:
-        """Elements ``[lo, hi)``, element 0 read as 0 (where row 0 starts)."""
-        out, e = [], lo
+        """Elements ``[lo, hi)`` as int64."""
+        out, e = [np.zeros(0, np.int64)], lo
         while e < hi:
             a, b, v = self.span(e)
             out.append(v[e - a:min(hi, b) - a])
             e = min(hi, b)
-        values = np.concatenate(out).astype(np.int64)
-        if lo == 0:
+        return np.concatenate(out).astype(np.int64)
+
+
+class Offsets(Ranged):
+    """A part's offsets: where its rows end, and which row holds a token."""
+
+    def values(self, lo: int, hi: int) -> np.ndarray:
+        """Elements ``[lo, hi)``, element 0 read as 0 (where row 0 starts)."""
+        values = super().values(lo, hi)
+        if lo == 0 and len(values):
             values[0] = 0
         return values
 

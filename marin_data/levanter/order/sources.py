@@ -19,7 +19,7 @@ from marin_data.errors import MarinDataError, TrainConfigError
 from marin_data.layout import MANIFEST
 from marin_data.levanter.cache import LevanterCache, open_cache
 from marin_data.levanter.ledger import LEDGER
-from marin_data.levanter.order.offsets import Document, InnerChunks, Offsets, documents_in
+from marin_data.levanter.order.offsets import Document, InnerChunks, Offsets, Ranged, documents_in
 from marin_data.levanter.source import join
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
@@ -45,20 +45,25 @@ class ComponentCache:
     cell: str | None = None
     pin: Pin | None = None
     kept: InnerChunks = field(default_factory=InnerChunks)  # shared by the components of a trace
-    _offsets: dict[int, Offsets] = field(default_factory=dict)
+    _arrays: dict = field(default_factory=dict)  # part -> Offsets, ("data", part) -> its tokens
 
     def __post_init__(self) -> None:
         self.token_starts = np.cumsum([0] + [p.tokens for p in self.cache.parts])
         self.row_starts = np.cumsum([0] + [p.rows for p in self.cache.parts])
 
     @property
+    def inner_reads(self) -> int:
+        """Inner chunks decoded so far (offsets and tokens)."""
+        return sum(a.inner_reads for a in self._arrays.values())
+
+    @property
     def tokens(self) -> int:
         return int(self.token_starts[-1])
 
     def offsets(self, k: int) -> Offsets:
-        if k not in self._offsets:
-            self._offsets[k] = Offsets(self.cache, self.cache.parts[k], self.kept)
-        return self._offsets[k]
+        if k not in self._arrays:
+            self._arrays[k] = Offsets(self.cache, self.cache.parts[k], self.kept)
+        return self._arrays[k]
 
     def _parts(self, start: int, stop: int):
         """(part number, part-local start, stop) of the parts that flat tokens ``[start, stop)`` touch."""
@@ -67,6 +72,16 @@ class ComponentCache:
             base = int(self.token_starts[k])
             yield k, max(start, base) - base, min(stop, int(self.token_starts[k + 1])) - base
             k += 1
+
+    def tokens_in(self, start: int, stop: int) -> np.ndarray:
+        """Flat tokens ``[start, stop)`` (uint32), read by inner chunk from the data chunk files."""
+        out = [np.zeros(0, np.uint32)]
+        for k, a, b in self._parts(start, stop):
+            key = ("data", k)
+            if key not in self._arrays:
+                self._arrays[key] = Ranged(self.cache, self.cache.parts[k], self.kept, tokens=True)
+            out.append(self._arrays[key].values(a, b).astype(np.uint32))
+        return np.concatenate(out)
 
     def documents(self, start: int, stop: int) -> list[Document]:
         out: list[Document] = []

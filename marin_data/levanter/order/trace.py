@@ -18,7 +18,7 @@ from marin_data.levanter.order.run import RunOrder
 from marin_data.levanter.order.sources import ComponentCache, open_components
 from marin_data.stores.base import Store
 
-__all__ = ["Trace", "open_trace", "parse_document_id"]
+__all__ = ["Trace", "open_trace", "parse_document_id", "run_tokenizer"]
 
 
 def parse_document_id(doc: str, names: list[str], cells: dict[str, str]) -> tuple[str, int]:
@@ -58,7 +58,7 @@ class Trace:
             raise TrainConfigError("the YAML sets no trainer.num_train_steps: pass --until STEP")
         return self.run.num_train_steps
 
-    def slot(self, component: int, sequence: int, *, documents: bool = True) -> dict:
+    def slot(self, component: int, sequence: int, *, documents: bool = True, text=None) -> dict:
         name = self.order.names[component]
         start, stop = sequence * self.seq_len, (sequence + 1) * self.seq_len
         out: dict = {"component": name, "sequence": sequence, "tokens": [start, stop]}
@@ -69,16 +69,19 @@ class Trace:
         if cache.pin is not None:
             out["cell"], out["license"] = cache.pin.cell, cache.pin.license
             out["shards"] = cache.shards(start, stop)
+        if text is not None:
+            out["text"] = text.decode(cache.tokens_in(start, stop).tolist(), skip_special_tokens=False)
         return out
 
-    def step(self, step: int, *, documents: bool = True) -> dict:
-        """``{"step", "levanter", "batch": [slot, ...]}``, slots in batch order."""
+    def step(self, step: int, *, documents: bool = True, text=None) -> dict:
+        """``{"step", "levanter", "batch": [slot, ...]}``, slots in batch order; with ``text`` (a tokenizer),
+        each window's tokens decoded."""
         component, sequence = self.order.step(step)
         batch: list = [None] * len(component)
         # one component's windows at a time, in cache order: a shuffle window's sequences share offsets inner
         # chunks, which a small cache then reads once
         for n in np.lexsort((sequence, component)):
-            batch[n] = self.slot(int(component[n]), int(sequence[n]), documents=documents)
+            batch[n] = self.slot(int(component[n]), int(sequence[n]), documents=documents, text=text)
         return {"step": step, "levanter": self.version, "batch": batch}
 
     def document(self, doc: str, *, until: int | None = None) -> dict:
@@ -130,3 +133,23 @@ def open_trace(config: str, *, store: str | Store | None = None, version: str = 
     run = load_run(config)
     weighted = {name: c.cache for name, c in run.components.items() if any(w.get(name, 0) > 0 for _, w in run.stages)}
     return Trace(run, open_components(weighted, store=store, **options), version)
+
+
+def run_tokenizer(trace: Trace, tokenizer: str | None, store: str | Store | None):
+    """The tokenizer ``--with-text`` decodes with: ``tokenizer`` (a ``tokenizer.json`` or a Hub id), else a
+    pinned local store's own ``tokenizer.json``, checked against its manifest."""
+    from pathlib import Path
+
+    from marin_data.corpus.manifest import load_corpus
+    from marin_data.errors import InvalidTokenizerError
+    from marin_data.layout import TOKENIZER
+    from marin_data.raw.tokenizer import load_tokenizer, tokenizer_from_bytes
+
+    if tokenizer is not None:
+        return load_tokenizer(tokenizer).tokenizer
+    if isinstance(store, str) and any(c.pin for c in trace.caches.values()):
+        manifest = load_corpus(store).manifest
+        path = Path(store) / TOKENIZER
+        return tokenizer_from_bytes(path.read_bytes(), manifest.tokenizer, where=str(path)).tokenizer
+    raise InvalidTokenizerError("--with-text needs a tokenizer: pass --tokenizer (the one the caches were built "
+                                "with), or --store a pinned store (it carries its own)")
