@@ -73,6 +73,8 @@ def configs() -> dict[str, dict]:
         "validation-positional": base(shuffle=False, num_validation_sequences={"beta": 11},
                                       shuffle_before_trainval_split=False),
         "budget": base(shuffle=True, target_budget=1000, experiment_budget=300),
+        # 5.6 / 5.6 / 4.8 slots truncate to 5 / 5 / 4: the remainder goes to the first of the tied largest
+        "tied-counts": base(shuffle=False, train_weights={"alpha": 0.35, "beta": 0.35, "gamma": 0.3}),
         "max-train-batches": base(shuffle={"io_block_size": 4, "window_blocks": 2}, max_train_batches={"gamma": 2}),
     }
     out["data-seed"]["data_seed"] = 1234
@@ -145,6 +147,9 @@ def kat() -> dict:
             "perm2000_head": np.asarray(jr.permutation(k, 2000))[:16].tolist(),
             "perm2000_sum_sq": int((np.asarray(jr.permutation(k, 2000)).astype(np.int64) ** 2
                                     * np.arange(2000)).sum()),
+            # 200,000 values draw tied sort keys (about 4.7 pairs a round): only a stable sort matches
+            "perm200000_sum_sq": int((np.asarray(jr.permutation(k, 200_000)).astype(np.int64) ** 2
+                                      * np.arange(200_000)).sum()),
         })
     return out
 

@@ -46,6 +46,8 @@ def test_threefry_matches_jax_known_answers(path):
         p = permutation(key, 2000)
         assert p[:16].tolist() == case["perm2000_head"]
         assert int((p.astype(np.int64) ** 2 * np.arange(2000)).sum()) == case["perm2000_sum_sq"]
+        p = permutation(key, 200_000)
+        assert int((p.astype(np.int64) ** 2 * np.arange(200_000)).sum()) == case["perm200000_sum_sq"]
 
 
 def test_jax_permutation_rounds_grow_with_the_length():
