@@ -58,9 +58,16 @@ def test_each_slot_lists_the_documents_its_window_touches(store, tmp_path, shuff
             assert slot["documents"] == brute_documents(docs[cells[slot["component"]]], a, b)
 
 
-def test_backward_of_forward_contains_the_step(store, tmp_path):
+@pytest.mark.parametrize("data", [
+    {}, {"shuffle": False}, {"shuffle": True, "permutation_type": "linear"},
+    {"shuffle": {"io_block_size": 4, "window_blocks": 3, "perm_type": "feistel"}},
+    {"train_weights": [[0, {"c0q1": 0.5, "c0q2": 0.5}], [8, {"c0q1": 0.2, "c0q2": 0.2, "c1q1": 0.6}]]},
+    {"num_validation_sequences": {"c0q1": 40, "c1q1": 9}},
+    {"max_train_batches": {"c1q1": 1}, "shuffle": {"io_block_size": 3, "window_blocks": 2}},
+])
+def test_backward_of_forward_contains_the_step(store, tmp_path, data):
     root, _ = store
-    trace = open_trace(run_yaml(tmp_path), store=str(root))
+    trace = open_trace(run_yaml(tmp_path, **data), store=str(root))
     for step in (0, 7, 59):
         for n, slot in enumerate(trace.step(step)["batch"][:6]):
             doc = slot["documents"][0]
@@ -171,3 +178,13 @@ def test_with_text_decodes_exactly_the_window(tmp_path, tiny_tokenizer):
         assert slot["text"] == tok.decode(flat[a:b].tolist(), skip_special_tokens=False)
     shown = run_cli("trace", "--levanter-config", run_yaml(tmp_path), "--step", "6", "--with-text", "--store", root)
     assert shown.returncode == 0 and "== slot 0:" in shown.stdout
+
+
+def test_first_exhausted_ends_the_run_where_a_component_runs_out(store, tmp_path):
+    root, _ = store
+    weights = {"c0q1": 0.2, "c0q2": 0.2, "c1q1": 0.6}  # c1q1: 19 slots a block of its ~170 sequences
+    restart = open_trace(run_yaml(tmp_path, train_weights=weights), store=str(root))
+    first = open_trace(run_yaml(tmp_path, train_weights=weights, stop_strategy="first_exhausted"), store=str(root))
+    assert first.step(0, documents=False) == restart.step(0, documents=False)
+    with pytest.raises(TrainConfigError, match="run has ended"):
+        first.step(59, documents=False)
