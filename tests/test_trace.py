@@ -188,3 +188,18 @@ def test_first_exhausted_ends_the_run_where_a_component_runs_out(store, tmp_path
     assert first.step(0, documents=False) == restart.step(0, documents=False)
     with pytest.raises(TrainConfigError, match="run has ended"):
         first.step(59, documents=False)
+
+
+@pytest.mark.parametrize("data,top,match", [
+    ({"train_weights": [[0, {"c0q1": 1.0}], [3, {"c0q2": 1.0}]]}, {}, "not a multiple of mixture_block_size"),
+    ({"train_weights": {"c0q1": 0.0}}, {}, "sum to 0"),
+    ({}, {"data_seed": 2**40}, "fits int32"),
+    ({"mixture_block_size": 70_000}, {}, "mixture_block_size"),
+])
+def test_values_levanter_would_refuse_are_typed_errors(store, tmp_path, data, top, match):
+    root, _ = store
+    path = run_yaml(tmp_path, **data)
+    config = yaml.safe_load(Path(path).read_text())
+    Path(path).write_text(yaml.safe_dump({**config, **top}, sort_keys=False))
+    with pytest.raises(TrainConfigError, match=match):
+        open_trace(path, store=str(root))

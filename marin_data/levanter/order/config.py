@@ -80,6 +80,13 @@ def _int(value: Any, key: str, path: str | None, minimum: int = 0) -> int:
     return value
 
 
+def _seed(value: Any, key: str, path: str | None) -> int:
+    """A seed JAX takes as its default int32."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value < 2**31:
+        raise TrainConfigError(f"{key} must be an integer that fits int32 (JAX's seed type), got {value!r}", path=path)
+    return value
+
+
 def _mapping(value: Any, key: str, path: str | None) -> dict:
     if not isinstance(value, dict):
         raise TrainConfigError(f"{key} must be a mapping, got {type(value).__name__}", path=path)
@@ -226,8 +233,8 @@ def parse_run(config: Any, path: str | None = None) -> LevanterRun:
         shuffle=_shuffle(data, path), stop_strategy=strategy, validation=named["num_validation_sequences"],
         shuffle_before_split=bool(data.get("shuffle_before_trainval_split", True)),
         max_train_batches=named["max_train_batches"], budget_ratio=ratio,
-        seed=_int(trainer.get("seed", 0), "trainer.seed", path), batch=_batch(trainer, path),
-        data_seed=None if data_seed is None else _int(data_seed, "data_seed", path),
+        seed=_seed(trainer.get("seed", 0), "trainer.seed", path), batch=_batch(trainer, path),
+        data_seed=None if data_seed is None else _seed(data_seed, "data_seed", path),
         seq_len=_int(seq_len, "the sequence length", path, 1),
         num_train_steps=None if steps is None else _int(steps, "trainer.num_train_steps", path, 1))
 

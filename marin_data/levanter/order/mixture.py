@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from marin_data.errors import TrainConfigError
 from marin_data.levanter.order.jaxperm import permutation
 from marin_data.levanter.order.threefry import fold_in
 
@@ -28,9 +29,9 @@ def normalize(weights: Mapping[str, float]) -> dict[str, float]:
     """Levanter's ``_normalize_weights``: divided by their (Python) sum, zeros dropped."""
     total = sum(weights.values())
     if total == 0:
-        raise ValueError("the weights of a stage sum to 0")
+        raise TrainConfigError("the weights of a stage sum to 0")
     if any(w < 0 for w in weights.values()):
-        raise ValueError("a weight is negative")
+        raise TrainConfigError("a weight is negative")
     return {name: w / total for name, w in weights.items() if w > 0}
 
 
@@ -64,14 +65,15 @@ class Mixture:
 
     def __post_init__(self) -> None:
         if self.block_size >= 2**_ID_BITS or self.block_size <= 0:
-            raise ValueError(f"mixture_block_size must be in [1, 65535], got {self.block_size}")
+            raise TrainConfigError(f"mixture_block_size must be in [1, 65535], got {self.block_size}")
         stages = [(int(s), normalize(w)) for s, w in self.stages]
         for (prev, _), (start, _) in zip(stages, stages[1:]):
             if start % self.block_size or start <= prev:
-                raise ValueError(f"a stage starts at index {start:,}, which is not a multiple of the mixture block "
-                                 f"size {self.block_size:,} after {prev:,}")
+                raise TrainConfigError(f"data.train_weights: a stage starts at sequence {start:,}, which is not a "
+                                       f"multiple of mixture_block_size {self.block_size:,} after {prev:,} (Levanter "
+                                       "refuses it too)")
         if stages[0][0] != 0:
-            raise ValueError("the first stage must start at step 0")
+            raise TrainConfigError("the first stage must start at step 0")
         self.stages = stages
         self.names = [n for n in self.names if any(w.get(n, 0) > 0 for _, w in stages)]
         self.counts = np.stack([block_counts(self.names, w, self.block_size) for _, w in stages]).astype(np.int64)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from marin_data.errors import TrainConfigError
 from marin_data.levanter.order.threefry import fold_in, randint, split
 
 __all__ = ["Permutation", "Identity", "Feistel", "Linear", "BlockShuffle", "make_permutation", "numpy_rng",
@@ -86,7 +87,7 @@ class Linear(Permutation):
 
     def inverse(self, j: np.ndarray) -> np.ndarray:
         if self.a * (self.length - 1) + self.b >= _EXACT_FLOAT:
-            raise ValueError(f"the linear permutation of {self.length:,} sequences is computed in float64 by "
+            raise TrainConfigError(f"the linear permutation of {self.length:,} sequences is computed in float64 by "
                              "Levanter and is not exactly invertible at that length")
         a_inv = pow(self.a, -1, self.length)
         j = np.asarray(j, dtype=object)
