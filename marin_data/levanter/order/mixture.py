@@ -138,7 +138,3 @@ class Mixture:
             slot = np.flatnonzero(self.block(b) == (component << _ID_BITS) + (d - base) % per_block)
             return b * self.block_size + int(slot[0])
         return None
-
-    def per_block(self, index: int) -> np.ndarray:
-        """Slots per block of each component in the stage holding global index ``index``."""
-        return self.counts[int(self.stage_of_block(index // self.block_size))]
