@@ -65,6 +65,8 @@ __all__ = [
     "ModelTokenizerMismatchError",
     "InvalidScheduleError",
     "UnpinnedCacheError",
+    "TrainConfigError",
+    "UnsupportedOrderKeyError",
 ]
 
 
@@ -208,6 +210,20 @@ class LoaderConfigError(ValueError, MarinDataError):
 class InvalidScheduleError(LoaderConfigError):
     """A run's schedule file (``marin-train --schedule``) is unreadable, malformed, or does not fit the run
     (another global batch, a phase boundary the loader would round elsewhere): abort, nothing was trained."""
+
+
+class TrainConfigError(ValueError, MarinDataError):
+    """A Levanter ``train_lm`` YAML that cannot be read, or one whose order marin cannot answer (a cache missing,
+    a value Levanter itself would refuse): abort, nothing is guessed."""
+
+
+class UnsupportedOrderKeyError(TrainConfigError):
+    """The run's YAML sets a key that changes Levanter's order and that marin does not reproduce (``key`` names
+    it): refused, never answered differently."""
+
+    def __init__(self, message: str, *, key: str | None = None, path: str | None = None) -> None:
+        super().__init__(message, path=path)
+        self.key = key
 
 
 class LoaderStateMismatchError(ValueError, MarinDataError):

@@ -38,6 +38,7 @@ COMMANDS = {
     "adopt": "marin_data.cli.adopt",
     "convert": "marin_data.cli.convert",
     "tokenizer": "marin_data.cli.tokenizer",
+    "trace": "marin_data.cli.trace",
 }
 # Other installed packages add commands through this entry-point group: `marin-data train` comes from
 # marin_train (see pyproject.toml), which imports this package, so this package cannot import it.

@@ -65,6 +65,10 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                       "publish; nothing was uploaded"), 15),
     (E.InvalidScheduleError, _with_fix("fix the schedule file (its format: docs/training.md, \"Schedules\"; an "
                                        "example: examples/schedules/)"), EXIT_USAGE),
+    (E.UnsupportedOrderKeyError, _with_fix("marin reproduces only the keys docs/what-did-the-model-see.md lists; "
+                                           "a run that sets this one cannot be traced"), EXIT_USAGE),
+    (E.TrainConfigError, _with_fix("fix the run's YAML (the one train_lm read), or point --store at the folder "
+                                   "holding its caches"), EXIT_USAGE),
     (E.LoaderConfigError, _with_fix("fix the loader settings (mixture weights, --subset, seq_len)"), EXIT_USAGE),
     (E.LoaderStateMismatchError, _with_fix("resume with the data, mixture, seed and seq_len the checkpoint was "
                                            "written with; to change the mixture from a step on, marin-train "

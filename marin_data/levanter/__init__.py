@@ -36,6 +36,8 @@ The public API (docs/design.md, "Levanter caches", says why it looks like this):
   store (local, ``s3://``, ``hf://``; pinned: local) into a Parquet corpus, one subset per cell, ids
   ``<cell>:<row>``; ``convert_to_levanter(source, dest=, subsets=, dtype=, codec=) -> ConvertReport``: a local
   corpus into a store of consolidated caches, ``dest/<subset>/``. Both resume after a kill.
+- ``order`` (imported on its own: ``marin_data.levanter.order.trace.open_trace``): a Levanter ``train_lm`` run's
+  order in numpy, what ``marin-data trace`` answers from (docs/what-did-the-model-see.md).
 """
 
 from marin_data.levanter.adopt import AdoptReport, adopt

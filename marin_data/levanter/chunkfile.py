@@ -19,7 +19,7 @@ from numcodecs import blosc
 from marin_data.errors import CacheFormatError
 from marin_data.levanter.arraymeta import ArrayMeta
 
-__all__ = ["EMPTY", "read_index", "decode_chunk", "encode_chunk"]
+__all__ = ["EMPTY", "read_index", "decode_chunk", "decode_inner", "encode_chunk"]
 
 EMPTY = 2 ** 64 - 1
 _SHUFFLE = {"noshuffle": blosc.NOSHUFFLE, "shuffle": blosc.SHUFFLE, "bitshuffle": blosc.BITSHUFFLE}
@@ -83,6 +83,27 @@ def decode_chunk(data: bytes | memoryview, meta: ArrayMeta, count: int, where: s
             _unblosc(frame, dest, inner_bytes, f"{where} inner chunk {i}")
         if dest is scratch:
             out[lo:hi] = scratch[:hi - lo]
+    return out
+
+
+def decode_inner(frame: bytes | memoryview | None, meta: ArrayMeta, where: str,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """One inner chunk (``meta.inner`` elements) from its stored bytes; ``None`` (not stored) is all fill value.
+    What a ranged read of one index entry hands back, so a lookup never decodes a whole chunk file. ``out``
+    (``meta.inner`` elements of the array's dtype, little-endian) is reused when given."""
+    dtype = np.dtype(meta.dtype).newbyteorder("<")
+    if out is None or out.shape != (meta.inner,) or out.dtype != dtype:
+        out = np.empty(meta.inner, dtype)
+    if frame is None:
+        out[:] = meta.fill_value
+        return out
+    frame, want = memoryview(frame), meta.inner * meta.itemsize
+    if meta.blosc is None:
+        if len(frame) != want:
+            raise CacheFormatError(f"{len(frame)} bytes stored, {want} expected", path=where)
+        out.view(np.uint8)[:] = np.frombuffer(frame, np.uint8)
+    else:
+        _unblosc(frame, out, want, where)
     return out
 
 
