@@ -166,7 +166,7 @@ def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute,
       marin-train --data s3://bucket/corpus --endpoint-url http://127.0.0.1:9000 \\
                   --mixture 'code/*=0.3' --mixture 'prose/*=0.7' --cache-gb 4
       marin-train --data hf://datasets/marin/sample --endpoint http://127.0.0.1:8000 --steps 100
-      marin-train --data /data/marin-store --mixture 'cluster=*/quality=4=0.8' \
+      marin-train --data /data/marin-store --mixture 'cluster=*/quality=4=0.8' \\
                   --mixture 'cluster=*/quality=3=0.2'                 # a store pinned with marin-data adopt
       marin-train --data out/sample --mixture 'code/*=0.3' --mixture 'prose/*=0.7' \\
                   --mixture-from '1000:code/*=0.5,prose/*=0.5' --checkpoint-dir out/run

@@ -41,3 +41,27 @@ def test_counts_agree_with_their_nouns(tmp_path, capsys):
             main(["download", str(corpus.root), "--subset", subset, "--to", str(tmp_path / "copy")])
         assert exit_.value.code == 0
     assert "Downloaded: 1 file fetched" in capsys.readouterr().out
+
+
+def _examples(command) -> list[str]:
+    """The lines of a command's EXAMPLES block, as its help prints them."""
+    text = command.help or ""
+    block = text.split("EXAMPLES", 1)[1] if "EXAMPLES" in text else ""
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_every_example_in_every_help_is_one_command_per_line():
+    """A continuation written with one backslash in a docstring joins two lines into one (Python reads ``\\``
+    before a newline as a line continuation): its second half then follows a run of spaces mid-line."""
+    import re
+
+    import click
+
+    from marin_data.cli import cli
+    from marin_train.cli import group
+
+    ctx = click.Context(cli)
+    commands = [cli, group, *group.commands.values(), *(cli.get_command(ctx, n) for n in cli.list_commands(ctx))]
+    joined = [(c.name, line) for c in commands for line in _examples(c) if re.search(r"\S {6,}-", line)]
+    assert not joined
+    assert sum(len(_examples(c)) for c in commands) > 40  # the blocks are there to check

@@ -147,10 +147,11 @@ def _human(report: VerifyReport) -> str:
               for p in report.ignored]
     deep = " deep," if report.deep else ""
     downloaded = " (those downloaded here)" if report.scope == SCOPE_DOWNLOADED else ""
+    rate = (f"{human_bytes(report.bytes_checked)} in {report.seconds:.2f}s ({human_bytes(report.bytes_per_second)}/s, "
+            f"{plural(report.workers, 'worker')})" if report.bytes_checked else f"in {report.seconds:.2f}s")
     lines.append(
-        f"{'OK' if report.ok else 'FAILED'}:{deep} {plural(report.files_checked, 'file')}, "
-        f"{human_bytes(report.bytes_checked)} in {report.seconds:.2f}s ({human_bytes(report.bytes_per_second)}/s, "
-        f"{plural(report.workers, 'worker')}), {plural(len(report.subsets), 'subset')}{downloaded}; "
+        f"{'OK' if report.ok else 'FAILED'}:{deep} {plural(report.files_checked, 'file')}, {rate}, "
+        f"{plural(len(report.subsets), 'subset')}{downloaded}; "
         + (f"manifest sha256 {report.manifest_sha256}" if report.manifest_sha256 else
            "not pinned: structure checked, no hashes (`marin-data adopt` pins it)")
     )

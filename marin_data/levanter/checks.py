@@ -20,6 +20,7 @@ from marin_data.levanter.cache import CachePart, LevanterCache, max_chunk_file_b
 from marin_data.levanter.chunkfile import read_index
 from marin_data.levanter.ledger import LEDGER, SHARDED, STATS, SUCCESS, TOKENS_FIELD, parse_stats
 from marin_data.levanter.source import join, read_file, read_tail
+from marin_data.ui import plural
 
 __all__ = ["TOKEN_DTYPES", "check_cache", "read_stats", "refuse_problems", "stats_mismatches"]
 
@@ -48,7 +49,7 @@ def refuse_problems(problems: list[Problem], where: str) -> None:
     if not problems:
         return
     listing = "; ".join(f"{p.path}: {p.message}" for p in problems[:5])
-    message = f"{len(problems)} structural problems, nothing written: {listing}"
+    message = f"{plural(len(problems), 'structural problem')}, nothing written: {listing}"
     kinds = {p.kind for p in problems}
     if ProblemKind.UNFINISHED in kinds:
         raise CacheUnfinishedError(message, path=where)

@@ -46,11 +46,20 @@ class CacheInfo:
 
     def __str__(self) -> str:
         what = "a Levanter cache" if self.kind == CACHE else f"a store of {len(self.cells)} Levanter caches"
-        layouts = sorted(set(self.layouts.values()))
         return "\n".join([f"{self.root}: {what}, not pinned (`marin-data adopt` pins it)", "",
                           subsets_table({k or "(cache)": v for k, v in self.cells.items()}), "",
-                          *(f"layout           {x}" for x in layouts),
+                          *self._layout_lines(),
                           "chunk files are counted as shards; nothing here is checked: `marin-data verify` does"])
+
+    def _layout_lines(self) -> list[str]:
+        """One line per layout, naming its cells when the cells differ (a few, then a count)."""
+        by_layout: dict[str, list[str]] = {}
+        for cell, layout in sorted(self.layouts.items()):
+            by_layout.setdefault(layout, []).append(cell)
+        if len(by_layout) == 1:
+            return [f"layout           {next(iter(by_layout))}"]
+        more = {layout: f" and {len(cells) - 3:,} more" if len(cells) > 3 else "" for layout, cells in by_layout.items()}
+        return [f"layout           {layout}: {', '.join(cells[:3])}{more[layout]}" for layout, cells in by_layout.items()]
 
 
 def open_cells(found: Source, subsets: list[str] | None) -> dict[str, LevanterCache]:
