@@ -19,7 +19,8 @@ answers the ways a broken or malicious server can:
 ``endless_tree``   tree pages (and ListObjectsV2 pages) of `PAGE_ENTRIES` entries, each naming a next page
 
 Endless answers stop after `CAP` bytes (and endless listings after `CAP_PAGES` pages) so that a client
-without bounds fills memory for the test to see, not the machine. ``served`` counts body bytes sent.
+without bounds fills memory for the test to see, not the machine. ``served`` counts body bytes sent,
+``hostile`` the requests answered the hostile way.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class HostileServer(LoopbackServer):
         self.files = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
         self.repo, self.bucket, self.prefix = repo, bucket, prefix
         self.hostility: Hostility | None = None
-        self.served = 0
+        self.served = self.hostile = 0
         self.lock = threading.Lock()
         super().__init__(_handler(self))
         self.hub_url = f"hf://datasets/{repo}"
@@ -131,6 +132,8 @@ def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
             path = unquote(parts.path)
             ranged = self.headers.get("Range") is not None
             hostile = srv.matches(self.command, path, ranged)
+            with srv.lock:
+                srv.hostile += hostile is not None
             if hostile is not None and hostile.mode not in ("endless_tree", "missing"):
                 body, status, headers = self._route(path, parts.query)
                 return getattr(self, f"_{hostile.mode}")(body or b"", status, headers)
