@@ -184,3 +184,21 @@ def test_a_file_whose_lookup_drips_is_named_in_the_error_and_the_retry_log(dripp
     assert info.value.path == wanted and str(info.value).startswith(f"{wanted}: too slow: ")
     assert f"while reading {store.describe('manifest.json')} to locate it" in info.value.message
     assert f"{wanted}: too slow: " in caplog.text and f"{wanted}: {store.describe('manifest.json')}" not in caplog.text
+
+
+def test_a_download_of_an_unpinned_levanter_store_costs_a_dripping_store_one_file_s_retries_at_most(
+        tmp_path, monkeypatch):
+    from levanter_env import make_store
+
+    from marin_data.levanter import detect
+    from marin_data.levanter.download import download_cache
+
+    monkeypatch.setenv("MARIN_REQUEST_GRACE_SECONDS", "1")
+    make_store(tmp_path / "store", {"cluster=0/quality=4": 300, "cluster=1/quality=4": 200})
+    with HostileServer(tmp_path / "store") as srv:
+        srv.hostility = Hostility("drip", match="/input_ids/data/c/")  # the data chunk files; the ledgers are read
+        done = download_cache(detect(srv.hub_url, endpoint=srv.endpoint), subsets=None, dest=tmp_path / "d",
+                              mirrors=[str(tmp_path / "store")], policy=POLICY, workers=3, progress=False,
+                              endpoint=srv.endpoint)
+    assert done.ok and sum("/input_ids/data/c/" in f.path for f in done.transfer.plan.files) >= 2
+    assert srv.hostile <= BUDGET

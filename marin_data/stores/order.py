@@ -17,6 +17,7 @@ as they are. What a dripping store can still cost a run: docs/security.md, "What
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -25,8 +26,8 @@ from dataclasses import dataclass, replace
 
 from marin_data.errors import TooSlowError
 from marin_data.retry import RetryPolicy
-from marin_data.stores.base import Store
 from marin_data.stores import limits
+from marin_data.stores.base import Store
 from marin_data.ui import printable
 
 __all__ = ["StoreOrder"]
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Health:
+    """How one store of a run is doing."""
+
     slow: int = 0  # requests in a row cut for time
     demoted_at: float | None = None
     cool_down: float = 0.0  # seconds from `demoted_at` to its trial
@@ -122,8 +125,8 @@ class StoreOrder:
 
     def using(self, wrap: Callable[[Store], Store]) -> StoreOrder:
         """The same order over each store wrapped (`marin_data.transfer.versions.versioned`), sharing its health."""
-        other = object.__new__(StoreOrder)
-        other.stores, other._book = tuple(wrap(s) for s in self.stores), self._book
+        other = copy.copy(self)
+        other.stores = tuple(wrap(s) for s in self.stores)
         return other
 
     def tries(self, policy: RetryPolicy) -> Iterator[tuple[Store, RetryPolicy]]:
