@@ -44,6 +44,7 @@ __all__ = [
     "VerificationFailedError",
     "RemoteError",
     "RetryableRemoteError",
+    "TooSlowError",
     "NoSuchBucketError",
     "RemoteLimitError",
     "ObjectTooLargeError",
@@ -289,6 +290,11 @@ class RemoteError(OSError, MarinDataError):
 
 class RetryableRemoteError(RemoteError):
     """A transient remote failure (dropped connection, 429, 5xx, truncated body): retry, then fail over."""
+
+
+class TooSlowError(RetryableRemoteError):
+    """A request cut for time: below its floor (`marin_data.stores.limits.RequestClock`) or silent past a
+    timeout. Retry; a store that keeps doing it is tried after the others (`marin_data.stores.order`)."""
 
 
 class NoSuchBucketError(RemoteError):

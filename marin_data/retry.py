@@ -19,19 +19,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from marin_data.errors import RemoteError, RetryableRemoteError
 from marin_data.ui import printable
 
-__all__ = ["RETRY_STATUSES", "RetryPolicy", "DEFAULT_POLICY", "policy_from_env", "retry_call", "parse_retry_after",
-           "status_error"]
+__all__ = ["RETRY_STATUSES", "RetryPolicy", "Watch", "DEFAULT_POLICY", "policy_from_env", "retry_call",
+           "parse_retry_after", "status_error"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # 429 Too Many Requests / SlowDown and the 5xx a healthy store returns under load or during a deploy.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class Watch(Protocol):
+    """Told of every attempt of a `retry_call` (`marin_data.stores.order`: how a store is doing)."""
+
+    def succeeded(self) -> None: ...
+
+    def failed(self, error: BaseException, *, spent: bool) -> bool:
+        """Count an attempt that failed with a retryable ``error`` (``spent``: the last one the policy
+        allows); True gives up now, before any wait."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class RetryPolicy:
     max_retry_after: float = 60.0  # a server's Retry-After is obeyed up to this many seconds
     retry_on: tuple[type[BaseException], ...] = (RetryableRemoteError,)  # exception types worth a retry
     retry_statuses: frozenset[int] = RETRY_STATUSES  # an error with an HTTP status retries only on these
+    watch: Watch | None = None  # told of each attempt, may cut the retries short (a store tried after others)
 
     def should_retry(self, exc: BaseException) -> bool:
         if not isinstance(exc, self.retry_on):
@@ -102,20 +113,29 @@ def retry_call(
         What ``fn`` returned.
 
     Raises:
-        The last error once ``policy.max_retries`` retries are spent, or at once an error not worth retrying.
+        The last error once ``policy.max_retries`` retries are spent (or ``policy.watch`` gave up), or at
+        once an error not worth retrying.
     """
     retry = 0
     while True:
         try:
-            return fn()
+            result = fn()
         except BaseException as e:
-            if retry >= policy.max_retries or not policy.should_retry(e):
+            if not policy.should_retry(e):
+                raise
+            spent = retry >= policy.max_retries
+            if (policy.watch is not None and policy.watch.failed(e, spent=spent)) or spent:
                 raise
             retry += 1
             wait = policy.wait(retry, e)
-            log.warning("%s: %s. Retrying in %.1fs [%d/%d]", printable(what), printable(e), wait, retry,
+            said = e.message if getattr(e, "path", None) == what and hasattr(e, "message") else e
+            log.warning("%s: %s. Retrying in %.1fs [%d/%d]", printable(what), printable(said), wait, retry,
                         policy.max_retries)
             sleep(wait)
+        else:
+            if policy.watch is not None:
+                policy.watch.succeeded()
+            return result
 
 
 def parse_retry_after(value: str | None) -> float | None:

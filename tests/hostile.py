@@ -21,7 +21,8 @@ answers the ways a broken or malicious server can:
 ``listed_sizes`` rewrites what ListObjectsV2 says of a file's size: ``{path: "-5"}``, or None for no ``<Size>``.
 
 Endless answers stop after `CAP` bytes (and endless listings after `CAP_PAGES` pages) so that a client
-without bounds fills memory for the test to see, not the machine. ``served`` counts body bytes sent.
+without bounds fills memory for the test to see, not the machine. ``served`` counts body bytes sent,
+``hostile`` the requests answered the hostile way.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class HostileServer(LoopbackServer):
         self.repo, self.bucket, self.prefix = repo, bucket, prefix
         self.hostility: Hostility | None = None
         self.listed_sizes: dict[str, str | None] = {}
-        self.served = 0
+        self.served = self.hostile = 0
         self.lock = threading.Lock()
         super().__init__(_handler(self))
         self.hub_url = f"hf://datasets/{repo}"
@@ -134,6 +135,8 @@ def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
             path = unquote(parts.path)
             ranged = self.headers.get("Range") is not None
             hostile = srv.matches(self.command, path, ranged)
+            with srv.lock:
+                srv.hostile += hostile is not None
             if hostile is not None and hostile.mode not in ("endless_tree", "missing"):
                 body, status, headers = self._route(path, parts.query)
                 return getattr(self, f"_{hostile.mode}")(body or b"", status, headers)

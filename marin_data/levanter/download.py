@@ -5,10 +5,10 @@ opened first (ledgers and ``zarr.json``: an unfinished or unreadable cell is ref
 fetched), then listed, each file with the size the listing gives and, where the store keeps one (the Hub's
 LFS files), its SHA-256. The files are fetched on the machinery of a corpus download
 (`marin_data.transfer.download.fetch_all`: partial files, resume after a crash, retries, ``mirrors`` tried
-in turn), each renamed into place only once it has its listed size (and digest, when listed). Then the
-structural checks run on the local copy (`verify_source`): offsets against the ledgers, every chunk file's
-crc32c'd index, sub-cache totals. That is all a size can prove; ``marin-data adopt DEST`` then pins the copy
-so that every later read is checked by SHA-256.
+in turn, a store that keeps failing tried last), each renamed into place only once it has its listed size
+(and digest, when listed). Then the structural checks run on the local copy (`verify_source`): offsets
+against the ledgers, every chunk file's crc32c'd index, sub-cache totals. That is all a size can prove;
+``marin-data adopt DEST`` then pins the copy so that every later read is checked by SHA-256.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from marin_data.lock import corpus_lock
 from marin_data.retry import RetryPolicy
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
+from marin_data.stores.order import StoreOrder
 from marin_data.transfer.download import DownloadReport, fetch_all
 from marin_data.transfer.fetch import PART_BYTES
 from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, FileTask
@@ -90,7 +91,7 @@ def download_cache(source: Source, *, subsets: Sequence[str] | None, dest: str |
     root = Path(dest)
     if dry_run:
         return CacheDownload(DownloadReport(plan=plan, dest=str(root), dry_run=True), None)
-    stores = [store, *(open_store(m, **store_options) for m in mirrors)]
+    stores = StoreOrder([store, *(open_store(m, **store_options) for m in mirrors)])
     with corpus_lock(root):
         report = fetch_all(plan, root, stores, workers=workers, policy=policy, progress=progress,
                            part_bytes=part_bytes)

@@ -23,6 +23,8 @@ failures come out typed (`marin_data.retry.status_error`) and `marin_data.retry.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import re
 import threading
 from collections.abc import Iterator
@@ -86,9 +88,11 @@ class HfStore(Store):
         return None if hit is None else hit[1]
 
     def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
-        repo = self.hf.repo_id if path == MANIFEST else self._repo_of(path)
-        url = f"{self.endpoint}/datasets/{repo}/resolve/{self._commit(repo)}/{quote(path)}"
         where = self.describe(path)
+        with _looking_up(where):
+            repo = self.hf.repo_id if path == MANIFEST else self._repo_of(path)
+            commit = self._commit(repo)
+        url = f"{self.endpoint}/datasets/{repo}/resolve/{commit}/{quote(path)}"
         wanted = range_header(start, end)
         headers = {**self._headers, "Accept-Encoding": "identity", **({"Range": wanted} if wanted else {})}
         return self._get(url, where, start, end, headers)[0]
@@ -226,6 +230,21 @@ class HfStore(Store):
     def _repo_of(self, path: str) -> str:
         hit = self._listing().get(path)
         return self.hf.repo_id if hit is None else hit[0]
+
+
+@contextlib.contextmanager
+def _looking_up(where: str) -> Iterator[None]:
+    """Errors of the requests a read makes first (the manifest and listing that say which repo holds the file,
+    the revision's commit) name the file read, ``where``, with the request that failed in the message."""
+    try:
+        yield
+    except RemoteError as e:
+        if e.path == where:
+            raise
+        named = copy.copy(e)
+        named.path, named.message = where, f"{e.message} (while reading {e.path} to locate it)"
+        named.args = (named.message,)
+        raise named from e
 
 
 def _default_endpoint() -> str:

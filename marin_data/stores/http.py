@@ -5,8 +5,8 @@ httpx's timeouts are per socket operation: a server that sends one byte every 20
 each read and write of a connection is bounded by the `marin_data.stores.limits.RequestClock` of the request
 the calling thread waits on (set by `RequestClock.running`), so a request ends on time whatever the server
 does, in the answer's head as in its body. `mapped_errors` turns whatever httpx2 raises (a reset, a
-truncated or undecodable body, a redirect loop, bytes that are not HTTP) into `RetryableRemoteError` or
-`RemoteError` naming the URL.
+truncated or undecodable body, a redirect loop, bytes that are not HTTP) into `RetryableRemoteError` (a
+timeout: `TooSlowError`) or `RemoteError` naming the URL.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import httpcore2
 import httpx2
 
-from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError
+from marin_data.errors import MarinDataError, RemoteError, RetryableRemoteError, TooSlowError
 from marin_data.stores.limits import current_clock
 
 __all__ = ["IDLE_TIMEOUT", "CONNECT_TIMEOUT", "MAX_REDIRECTS", "http_client", "mapped_errors"]
@@ -112,6 +112,8 @@ class mapped_errors:
             raise RemoteError(f"redirected more than {MAX_REDIRECTS} times: a redirect loop", path=self.where) from exc
         if isinstance(exc, (httpx2.InvalidURL, httpx2.UnsupportedProtocol)):
             raise RemoteError(f"{type(exc).__name__}: {exc}", path=self.where) from exc
+        if isinstance(exc, (httpx2.TimeoutException, httpcore2.TimeoutException)):  # silent past a timeout
+            raise TooSlowError(f"{type(exc).__name__}: {exc}", path=self.where) from exc
         if isinstance(exc, (httpx2.HTTPError, httpx2.StreamError, httpcore2.ReadTimeout, OSError)):
             kind = "undecodable body" if isinstance(exc, httpx2.DecodingError) else type(exc).__name__
             raise RetryableRemoteError(f"{kind}: {exc}", path=self.where) from exc

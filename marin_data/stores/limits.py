@@ -9,11 +9,14 @@
   `floor_bytes_per_second()` bytes of body received so far; a request that falls behind is cut
   (`RetryableRemoteError`: retried, then the next mirror). A read never takes more than it asked for, so a
   request for N bytes ends within grace + N / floor, however slowly the server drips (an idle timeout
-  alone restarts at every byte).
+  alone restarts at every byte). A cut request is a `TooSlowError`.
+- **Demotion.** A run with mirrors tries a store after the others once `demote_after()` of its requests in a
+  row were too slow, for `demote_seconds()` (`marin_data.stores.order.StoreOrder`).
 
 The defaults fit Marin's scale with room to spare (docs/security.md, "Memory limits"); each can be
 changed through the environment (``MARIN_LIST_MAX_ENTRIES``, ``MARIN_LIST_MAX_BYTES``,
-``MARIN_REQUEST_GRACE_SECONDS``, ``MARIN_FLOOR_BYTES_PER_SECOND``), which tests use to make them small.
+``MARIN_REQUEST_GRACE_SECONDS``, ``MARIN_FLOOR_BYTES_PER_SECOND``, ``MARIN_DEMOTE_AFTER``,
+``MARIN_DEMOTE_SECONDS``), which tests use to make them small.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ import threading
 import time
 from collections.abc import Iterator
 
-from marin_data.errors import RemoteLimitError, RetryableRemoteError
+from marin_data.errors import RemoteLimitError, TooSlowError
 
 __all__ = ["LIST_MAX_ENTRIES", "LIST_MAX_BYTES", "PAGE_MAX_BYTES", "PAGE_MIN_BYTES", "REQUEST_GRACE_SECONDS",
            "FLOOR_BYTES_PER_SECOND", "list_max_entries", "list_max_bytes", "grace_seconds",
-           "floor_bytes_per_second", "ListingBudget", "RequestClock", "current_clock"]
+           "floor_bytes_per_second", "DEMOTE_AFTER", "DEMOTE_SECONDS", "demote_after", "demote_seconds",
+           "ListingBudget", "RequestClock", "current_clock"]
 
 # Marin's corpus is ~100,000 shards (23T tokens in 256 MiB-2 GiB shards) plus a few metadata files, split
 # over Hub repos of fewer than ~100,000 files each; a Hub tree entry is ~250 bytes of JSON.
@@ -38,6 +42,8 @@ PAGE_MAX_BYTES = 4 << 20  # a Hub tree page holds 1,000 entries, ~250 KB; JSON p
 PAGE_MIN_BYTES = 64 << 10  # what an empty page costs against LIST_MAX_BYTES: at most 4,096 pages
 REQUEST_GRACE_SECONDS = 60.0  # for connecting, the answer's head and the first bytes
 FLOOR_BYTES_PER_SECOND = 64 << 10  # 512 kbit/s per connection: a slow link still finishes; a drip does not
+DEMOTE_AFTER = 3  # requests in a row too slow: one may be a blip, three across a run's workers are not
+DEMOTE_SECONDS = 600.0  # before a demoted store is tried first again; doubled each time it fails that trial
 
 
 def _setting(name: str, default: float) -> float:
@@ -67,6 +73,14 @@ def grace_seconds() -> float:
 
 def floor_bytes_per_second() -> float:
     return _setting("MARIN_FLOOR_BYTES_PER_SECOND", FLOOR_BYTES_PER_SECOND)
+
+
+def demote_after() -> int:
+    return max(1, int(_setting("MARIN_DEMOTE_AFTER", DEMOTE_AFTER)))
+
+
+def demote_seconds() -> float:
+    return _setting("MARIN_DEMOTE_SECONDS", DEMOTE_SECONDS)
 
 
 class ListingBudget:
@@ -117,9 +131,9 @@ class RequestClock:
     def remaining(self) -> float:
         return self.t0 + self.grace + self.received / self.floor - time.monotonic()
 
-    def late(self) -> RetryableRemoteError:
+    def late(self) -> TooSlowError:
         elapsed = time.monotonic() - self.t0
-        return RetryableRemoteError(
+        return TooSlowError(
             f"too slow: {self.received:,} bytes in {elapsed:.1f} s, below the floor of "
             f"{self.floor:,.0f} bytes/s after {self.grace:g} s (MARIN_FLOOR_BYTES_PER_SECOND, "
             "MARIN_REQUEST_GRACE_SECONDS)", path=self.where)

@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from marin_data.corpus.names import safe_relpath
-from marin_data.errors import MarinDataError, NoSuchBucketError, RemoteError, RetryableRemoteError, shown
+from marin_data.errors import MarinDataError, NoSuchBucketError, RemoteError, RetryableRemoteError, TooSlowError, shown
 from marin_data.retry import parse_retry_after, status_error
 from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_span, range_header
 from marin_data.stores.limits import ListingBudget, RequestClock
@@ -239,7 +239,8 @@ def _mapped_errors(where: str, endpoint_url: str | None = None) -> Iterator[None
                           "bucket", path=where) from e
     except (bx.HTTPClientError, bx.ConnectionError, bx.IncompleteReadError, bx.ResponseStreamingError,
             bx.ChecksumError, ux.HTTPError, OSError, ResponseParserError, http.client.HTTPException) as e:
-        raise RetryableRemoteError(f"{type(e).__name__}: {e}", path=where) from e
+        timeout = isinstance(e, (bx.ReadTimeoutError, bx.ConnectTimeoutError, ux.TimeoutError, TimeoutError))
+        raise (TooSlowError if timeout else RetryableRemoteError)(f"{type(e).__name__}: {e}", path=where) from e
     except bx.BotoCoreError as e:  # bad profile, bad parameter, bad endpoint: retrying will not help
         raise RemoteError(f"{type(e).__name__}: {e}", path=where) from e
     except ValueError as e:  # botocore's parser met a field it cannot read (a <Size> that is no number)

@@ -5,7 +5,8 @@ a pinned ``manifest_sha256``), fetches every metadata file and every shard of th
 pool (`marin_data.transfer.fetch`: hashed while they stream, renamed into place only once size and SHA-256
 match) and the datasheet (which the manifest cannot list), then writes ``manifest.json`` and the download
 record last. A re-run after a crash continues each file from its partial file (`marin_data.transfer.partial`);
-transient faults are retried, then the next mirror continues the same partial file. The order of work, the
+transient faults are retried, then the next mirror continues the same partial file; a store that keeps
+failing is tried after the others for the rest of the run (`marin_data.stores.order`). The order of work, the
 faults handled and the request strategy (one GET per file, or parallel ranges for a few large files):
 docs/data.md.
 """
@@ -27,7 +28,8 @@ from marin_data.layout import MANIFEST, RECORD, SHARDS_INDEX, UNLISTED
 from marin_data.lock import corpus_lock
 from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores import open_store
-from marin_data.stores.base import METADATA_LIMIT, Store
+from marin_data.stores.base import METADATA_LIMIT
+from marin_data.stores.order import StoreOrder
 from marin_data.transfer.fetch import PART_BYTES, ByteMeter, already_there, fetch_one
 from marin_data.transfer.partial import partial_path, resumed_bytes
 from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, plan_download
@@ -102,10 +104,10 @@ def download(
         CorpusLockedError: another process is writing ``dest``.
     """
     options = {"max_connections": 2 * workers + 2, **store_options}  # files and ranges of large ones in flight
-    stores = [open_store(url, **options) for url in [source, *mirrors]]
-    plan, manifest_bytes, index_bytes = plan_download(stores, subsets=subsets, manifest_sha256=manifest_sha256,
+    order = StoreOrder([open_store(url, **options) for url in [source, *mirrors]])
+    plan, manifest_bytes, index_bytes = plan_download(order, subsets=subsets, manifest_sha256=manifest_sha256,
                                                       policy=policy)
-    stores = [versioned(s, manifest_bytes) for s in stores]  # this version's files, never a newer one's
+    stores = order.using(lambda s: versioned(s, manifest_bytes))  # this version's files, never a newer one's
     root = Path(dest)
     if dry_run:
         return DownloadReport(plan=plan, dest=str(root), dry_run=True)
@@ -143,7 +145,7 @@ def _read_or_none(path: Path) -> bytes | None:
         return None
 
 
-def _fetch_documents(report: DownloadReport, root: Path, stores: Sequence[Store],
+def _fetch_documents(report: DownloadReport, root: Path, stores: StoreOrder,
                      policy: RetryPolicy) -> DownloadReport:
     """``report`` with the documentation the manifest cannot list fetched too (`UNLISTED`: the datasheet).
 
@@ -155,9 +157,9 @@ def _fetch_documents(report: DownloadReport, root: Path, stores: Sequence[Store]
     """
     for rel in UNLISTED:
         errors: list[RemoteError] = []
-        for store in stores:
+        for store, tried in stores.tries(policy):
             try:
-                data = retry_call(lambda: store.read_bytes(rel, limit=METADATA_LIMIT), policy=policy,
+                data = retry_call(lambda: store.read_bytes(rel, limit=METADATA_LIMIT), policy=tried,
                                   what=store.describe(rel))
             except RemoteError as e:
                 if e.status != 404:
@@ -173,7 +175,7 @@ def _fetch_documents(report: DownloadReport, root: Path, stores: Sequence[Store]
                 report = replace(report, fetched=(*report.fetched, rel), bytes_fetched=report.bytes_fetched + len(data))
             break
         else:
-            if len(errors) == len(stores):
+            if len(errors) == len(stores.stores):
                 report = replace(report, failed=(*report.failed, (rel, str(errors[0]))))
             elif errors:
                 note = f"{rel}: not fetched ({errors[0]}); the other stores hold none"
@@ -183,10 +185,11 @@ def _fetch_documents(report: DownloadReport, root: Path, stores: Sequence[Store]
 
 # --- fetching files -----------------------------------------------------------------------------------
 
-def fetch_all(plan: DownloadPlan, root: Path, stores: Sequence[Store], *, workers: int,
+def fetch_all(plan: DownloadPlan, root: Path, stores: StoreOrder, *, workers: int,
               policy: RetryPolicy, progress: bool | None, part_bytes: int) -> DownloadReport:
     """Fetch every file of ``plan`` not already in place under ``root`` (`fetch_one` on a thread pool, the
-    big ones in parallel ranges), with one progress bar; the caller holds the folder's lock."""
+    big ones in parallel ranges) from the stores of the run's ``stores``, with one progress bar; the caller
+    holds the folder's lock."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify-existing") as pool:
         present = list(pool.map(lambda t: already_there(root, t), plan.files))

@@ -2,8 +2,9 @@
 
 `fetch_file` fetches one `FileTask` on the machinery of ``download`` (which runs `fetch_one` for many files
 on a thread pool): the bytes go into a partial file (`marin_data.transfer.partial`), each store is tried in
-turn under a retry policy, and a file already there and matching is kept (`already_there`). The loader's
-remote shard cache (`marin_data.loader.remote.cache`) fetches shards through `fetch_file`.
+turn (in the run's `marin_data.stores.order.StoreOrder`: a store that keeps failing comes last) under a
+retry policy, and a file already there and matching is kept (`already_there`). The loader's remote shard
+cache (`marin_data.loader.remote.cache`) fetches shards through `fetch_file`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from marin_data.atomic import SafeDir, sha256_file
 from marin_data.errors import RemoteError, ShardChecksumError, TransferFailedError
 from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores.base import Store
+from marin_data.stores.order import StoreOrder
 from marin_data.transfer.partial import open_partial, partial_path
 from marin_data.transfer.plan import DOWNLOAD_POLICY, FileTask
 from marin_data.ui import progress as progress_bar
@@ -44,12 +46,13 @@ class ByteMeter:
             self.bar.update(n)
 
 
-def fetch_file(root: str | os.PathLike, task: FileTask, stores: Sequence[Store], *,
+def fetch_file(root: str | os.PathLike, task: FileTask, stores: StoreOrder | Sequence[Store], *,
                policy: RetryPolicy = DOWNLOAD_POLICY) -> int:
     """Fetch one file to ``root/task.path`` on the machinery of `download`: hashed while it streams, renamed
     into place only once its size and SHA-256 match ``task``, retried, then tried on the next store.
 
-    The loader's remote shard cache (`marin_data.loader.remote.cache`) fetches shards through it.
+    The loader's remote shard cache (`marin_data.loader.remote.cache`) fetches shards through it, with one
+    `StoreOrder` for all of them.
 
     Returns:
         Bytes received (counting any that were discarded and fetched again).
@@ -58,7 +61,7 @@ def fetch_file(root: str | os.PathLike, task: FileTask, stores: Sequence[Store],
         TransferFailedError: every store failed; ``failures`` holds one ``(path, why)`` naming each store's error.
     """
     meter = ByteMeter(progress_bar(None, "fetch", disable=True))
-    why = fetch_one(Path(root), task, stores, policy, meter)
+    why = fetch_one(Path(root), task, StoreOrder.of(stores), policy, meter)
     if why is not None:
         raise TransferFailedError(f"could not fetch a verified copy: {why}", path=task.path,
                                   failures=[(task.path, why)])
@@ -89,18 +92,19 @@ def already_there(root: Path, task: FileTask) -> bool:
     return False
 
 
-def fetch_one(root: Path, task: FileTask, stores: Sequence[Store], policy: RetryPolicy,
-                meter: ByteMeter, ranges: int = 1, part_bytes: int = PART_BYTES) -> str | None:
+def fetch_one(root: Path, task: FileTask, order: StoreOrder, policy: RetryPolicy,
+              meter: ByteMeter, ranges: int = 1, part_bytes: int = PART_BYTES) -> str | None:
     """Fetch one file into place (in up to ``ranges`` parallel ranges of at least ``part_bytes`` when it has two
-    or more, or a partial in ranges is there); return None on success, else why it failed on every store."""
+    or more, or a partial in ranges is there) from the stores of ``order``; return None on success, else why
+    it failed on every store."""
     final = root / task.path
     with SafeDir.of(final, root) as folder:
         partial = open_partial(folder, final.name, task, ranges=ranges, part_bytes=part_bytes)
         errors = []
         try:
-            for store in stores:
+            for store, tried in order.tries(policy):
                 try:
-                    retry_call(lambda: partial.fetch(store, meter), policy=policy, what=store.describe(task.path))
+                    retry_call(lambda: partial.fetch(store, meter), policy=tried, what=store.describe(task.path))
                 except (RemoteError, ShardChecksumError) as e:
                     errors.append(f"{store.url}: {e.message}")
                     continue

@@ -26,6 +26,7 @@ from marin_data.errors import (
 from marin_data.layout import MANIFEST, SHARDS_INDEX
 from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores.base import METADATA_LIMIT, Store
+from marin_data.stores.order import StoreOrder
 from marin_data.transfer.versions import fetch_manifest, half_published, versioned
 
 __all__ = ["DOWNLOAD_POLICY", "METADATA_LIMIT", "FileTask", "DownloadPlan", "plan_download"]
@@ -62,10 +63,11 @@ class DownloadPlan:
 
 
 def plan_download(
-    stores: Sequence[Store], *, subsets: Sequence[str] | None, manifest_sha256: str | None = None,
+    stores: StoreOrder | Sequence[Store], *, subsets: Sequence[str] | None, manifest_sha256: str | None = None,
     policy: RetryPolicy = DOWNLOAD_POLICY,
 ) -> tuple[DownloadPlan, bytes, bytes]:
-    """Read and check the manifest and shard index; resolve ``subsets``.
+    """Read and check the manifest and shard index from the first store of ``stores`` (in their order of the
+    moment: `StoreOrder`) that serves them; resolve ``subsets``.
 
     Returns:
         The plan, and the verbatim bytes of ``manifest.json`` and ``shards.parquet``.
@@ -76,22 +78,24 @@ def plan_download(
             outside the corpus; ``subsets`` matching nothing.
         RemoteError: no store could serve them.
     """
+    order = StoreOrder.of(stores)
+    primary = order.primary
     pinned = manifest_sha256.strip().lower() if manifest_sha256 else None
-    manifest_bytes, digest = _from_first(stores, lambda s: _fetch_manifest(s, pinned, policy), None, MANIFEST)
-    manifest = Manifest.from_json(manifest_bytes, f"{stores[0].url}/{MANIFEST}")
+    manifest_bytes, digest = _from_first(order, lambda s, p: _fetch_manifest(s, pinned, p), policy)
+    manifest = Manifest.from_json(manifest_bytes, f"{primary.url}/{MANIFEST}")
     rec = manifest.files.get(SHARDS_INDEX)
     if rec is None:
-        raise InvalidManifestError(f"manifest does not list {SHARDS_INDEX}", path=stores[0].describe(MANIFEST))
+        raise InvalidManifestError(f"manifest does not list {SHARDS_INDEX}", path=primary.describe(MANIFEST))
     task = FileTask(SHARDS_INDEX, rec.bytes, rec.sha256)
-    index_bytes = _from_first(stores, lambda s: _index(versioned(s, manifest_bytes), task, policy), None,
-                              SHARDS_INDEX)
+    index_bytes = _from_first(order.using(lambda s: versioned(s, manifest_bytes)), lambda s, p: _index(s, task, p),
+                              policy)
     shards = read_shard_index(index_bytes, metadata=manifest.files)
     chosen = select_subsets(manifest.subsets, list(subsets or []))
     wanted = set(chosen)
     picked = [s for s in shards if s.subset in wanted]
     files: dict[str, FileTask] = {p: FileTask(p, r.bytes, r.sha256) for p, r in sorted(manifest.files.items())}
     files.update((s.path, FileTask(s.path, s.bytes, s.sha256, s.subset)) for s in picked)
-    plan = DownloadPlan(source=stores[0].url, manifest_sha256=digest, subsets=tuple(chosen),
+    plan = DownloadPlan(source=primary.url, manifest_sha256=digest, subsets=tuple(chosen),
                         files=tuple(files.values()), tokens=sum(s.tokens for s in picked))
     return plan, manifest_bytes, index_bytes
 
@@ -119,14 +123,13 @@ def _index(store: Store, task: FileTask, policy: RetryPolicy) -> bytes:
         raise
 
 
-def _from_first(stores: Sequence[Store], get: Callable, policy: RetryPolicy | None, what: str):
-    """``get(store)`` (retried under ``policy`` when given) from the first store where it succeeds; else
-    re-raise the first store's error, which names the primary source."""
+def _from_first(order: StoreOrder, get: Callable, policy: RetryPolicy):
+    """``get(store, policy)`` (which retries under the policy it is given) from the first store where it
+    succeeds, in ``order``; else re-raise the error of the store tried first."""
     errors: list[BaseException] = []
-    for store in stores:
+    for store, tried in order.tries(policy):
         try:
-            return get(store) if policy is None else retry_call(lambda: get(store), policy=policy,
-                                                                what=store.describe(what))
+            return get(store, tried)
         except (RemoteError, ShardChecksumError, InvalidManifestError) as e:
             errors.append(e)
     raise errors[0]

@@ -31,6 +31,7 @@ from marin_data.layout import PARTIAL_SUFFIX
 from marin_data.loader.cache import SEAL, DecodedShard, DecodedShardCache, map_npy, sealed
 from marin_data.retry import RetryPolicy
 from marin_data.stores.base import Store
+from marin_data.stores.order import StoreOrder
 from marin_data.transfer.fetch import fetch_file
 from marin_data.transfer.plan import DOWNLOAD_POLICY, FileTask
 from marin_data.ui import human_bytes
@@ -78,7 +79,7 @@ class RemoteShardCache:
     """Serve a remote corpus's shards as decoded memory maps through a bounded local directory.
 
     Args:
-        stores: where the corpus lives, the primary first, then mirrors (`marin_data.stores.open_store`).
+        stores: the primary, then mirrors, or the run's `StoreOrder` over them (shared with its metadata reads).
         cache_dir: the cache's own directory (created; locked for this process's lifetime).
         max_bytes: the disk limit for shard data (fetched Parquet, decoded arrays, partial files).
         prefetch: missing shards fetched ahead of use at once, at most (from the order given to `want`).
@@ -92,15 +93,16 @@ class RemoteShardCache:
         CorpusLockedError: another process (or cache object) uses ``cache_dir``.
     """
 
-    def __init__(self, stores: Sequence[Store], cache_dir: str | Path, *, max_bytes: int = DEFAULT_CACHE_BYTES,
-                 prefetch: int = 4, workers: int = 2, policy: RetryPolicy = DOWNLOAD_POLICY,
-                 peers: str | Path | None = None, cells: PinnedCells | None = None) -> None:
+    def __init__(self, stores: StoreOrder | Sequence[Store], cache_dir: str | Path, *,
+                 max_bytes: int = DEFAULT_CACHE_BYTES, prefetch: int = 4, workers: int = 2,
+                 policy: RetryPolicy = DOWNLOAD_POLICY, peers: str | Path | None = None,
+                 cells: PinnedCells | None = None) -> None:
         from filelock import FileLock, Timeout
 
         if max_bytes <= 0 or prefetch < 0 or workers < 1:
             raise LoaderConfigError(f"max_bytes must be > 0, prefetch >= 0 and workers >= 1, got {max_bytes}, "
                                     f"{prefetch}, {workers}")
-        self.stores = list(stores)
+        self.stores = StoreOrder.of(stores)
         self.root = Path(cache_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self._flock = FileLock(str(self.root / _LOCK), timeout=0)

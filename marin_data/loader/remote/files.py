@@ -5,13 +5,13 @@ pinned Levanter cache's cells (`marin_data.levanter.PinnedCells`) read over the 
 Nothing is written to disk: an offsets chunk file is decoded once per process and its bytes dropped, so
 these files never count against the shard cache's byte limit. As a download does, a copy whose size or
 SHA-256 differs from the index is read again (a body damaged on the way), network errors are retried, and
-then the next store is tried (the primary, then the mirrors).
+then the next store is tried (the primary, then the mirrors, in the run's `marin_data.stores.order.StoreOrder`,
+which the shard cache shares).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from marin_data.corpus.records import ShardRecord
@@ -19,6 +19,7 @@ from marin_data.errors import CacheFormatError, RemoteError, ShardChecksumError,
 from marin_data.levanter.source import read_file
 from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores.base import Store
+from marin_data.stores.order import StoreOrder
 from marin_data.transfer.plan import DOWNLOAD_POLICY
 
 __all__ = ["StoreFiles"]
@@ -28,7 +29,7 @@ __all__ = ["StoreFiles"]
 class StoreFiles:
     """``read(row) -> bytes`` over ``stores`` (a `marin_data.levanter.cells.Reader`)."""
 
-    stores: Sequence[Store]
+    stores: StoreOrder
     policy: RetryPolicy = DOWNLOAD_POLICY
 
     def __call__(self, row: ShardRecord) -> bytes:
@@ -37,12 +38,11 @@ class StoreFiles:
         Raises:
             TransferFailedError: no store served a copy matching the index; ``failures`` names each one's error.
         """
-        again = replace(self.policy, retry_on=(ShardChecksumError,))  # `read_file` retries the network itself
         failures = []
-        for store in self.stores:
+        for store, tried in self.stores.tries(self.policy):
+            again = replace(tried, retry_on=(ShardChecksumError,))  # `read_file` retries the network itself
             try:
-                return retry_call(lambda: _checked(store, row, self.policy), policy=again,
-                                  what=store.describe(row.path))
+                return retry_call(lambda: _checked(store, row, tried), policy=again, what=store.describe(row.path))
             except (RemoteError, CacheFormatError, ShardChecksumError) as e:
                 failures.append((store.describe(row.path), str(e)))
         raise TransferFailedError(f"could not read a verified copy: {'; '.join(w for _, w in failures)}",

@@ -40,6 +40,7 @@ from marin_data.loader.stream import SERVES_CHECKED, LoaderConfig, TokenStream
 from marin_data.retry import RetryPolicy
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
+from marin_data.stores.order import StoreOrder
 from marin_data.transfer.plan import DOWNLOAD_POLICY, plan_download
 
 __all__ = ["CachePlan", "RemoteStream", "open_remote_corpus", "make_remote_loader", "is_remote", "remote_cache_root"]
@@ -55,12 +56,13 @@ def remote_cache_root() -> Path:
     return default_cache_dir().parent / "remote"
 
 
-def open_remote_corpus(stores: Sequence[Store], *, meta_dir: str | os.PathLike, manifest_sha256: str | None = None,
+def open_remote_corpus(stores: StoreOrder | Sequence[Store], *, meta_dir: str | os.PathLike,
+                       manifest_sha256: str | None = None,
                        policy: RetryPolicy = DOWNLOAD_POLICY) -> Corpus:
     """Fetch and check a remote corpus's manifest and shard index; keep them under ``meta_dir``.
 
     Args:
-        stores: the corpus, primary first, then mirrors (tried in turn).
+        stores: the corpus, primary first, then mirrors (tried in turn), or the run's `StoreOrder`.
         meta_dir: where ``<manifest sha256>/{manifest.json, shards.parquet}`` are kept.
         manifest_sha256: the pinned digest of ``manifest.json``.
         policy: retries per store.
@@ -207,26 +209,28 @@ class CachePlan:
     policy: RetryPolicy
     share: bool  # the host's ranks share fetches (the rank's own workers always do)
 
-    def open(self, worker: int | None = None, workers: int = 1, stores: Sequence[Store] | None = None, *,
+    def open(self, worker: int | None = None, workers: int = 1, stores: StoreOrder | None = None, *,
              corpus: Corpus) -> RemoteShardCache:
         """The rank's cache (``worker`` None), or worker ``worker`` of ``workers``'s (`RemoteStream.worker_init`),
-        reading a pinned Levanter cache's cells through its own stores (`cells`)."""
+        reading a pinned Levanter cache's cells through the same stores (`cells`), in one `StoreOrder`."""
         own = f"{self.name}-rank{self.rank}" + ("" if worker is None else f"-worker{worker}")
         if self.share:
             peers = self.root / f"{self.name}-peers"
         else:
             peers = None if worker is None else self.root / f"{self.name}-rank{self.rank}-peers"
-        stores = stores if stores is not None else [open_store(u, **self.store_options) for u in self.urls]
+        stores = stores if stores is not None else self._stores()
         return RemoteShardCache(stores, self.root / own, max_bytes=self.max_bytes // workers, prefetch=self.prefetch,
                                 workers=self.fetch_workers, policy=self.policy, peers=peers,
                                 cells=self.cells(corpus, stores))
 
-    def cells(self, corpus: Corpus, stores: Sequence[Store] | None = None) -> PinnedCells | None:
+    def cells(self, corpus: Corpus, stores: StoreOrder | None = None) -> PinnedCells | None:
         """A pinned Levanter cache's cells, read over ``stores`` (default: this plan's), else None."""
         if not is_pinned_cache(corpus.manifest):
             return None
-        stores = stores if stores is not None else [open_store(u, **self.store_options) for u in self.urls]
-        return PinnedCells(corpus, StoreFiles(stores, self.policy))
+        return PinnedCells(corpus, StoreFiles(stores if stores is not None else self._stores(), self.policy))
+
+    def _stores(self) -> StoreOrder:
+        return StoreOrder([open_store(u, **self.store_options) for u in self.urls])
 
 
 def make_remote_loader(
@@ -286,13 +290,13 @@ def make_remote_loader(
     high-water mark (in-process; a worker's cache lives and ends with the worker).
     """
     rank, world_size = distributed_rank(rank, world_size)
-    stores = [open_store(u, **store_options) for u in (url, *mirrors)]
+    stores = StoreOrder([open_store(u, **store_options) for u in (url, *mirrors)])  # one for the run's every read
     root = Path(cache_dir) if cache_dir is not None else remote_cache_root()
     try:
         corpus = open_remote_corpus(stores, meta_dir=root / "meta", manifest_sha256=manifest_sha256, policy=policy)
     except RemoteError as e:
         if e.status == 404:
-            refuse_unpinned(lambda: detect_store(stores[0]), stores[0].url, SERVES_CHECKED)
+            refuse_unpinned(lambda: detect_store(stores.primary), stores.primary.url, SERVES_CHECKED)
         raise
     plan = CachePlan((url, *mirrors), dict(store_options), root, corpus.manifest_sha256[:16], rank, cache_bytes,
                      prefetch_shards, fetch_workers, policy, share)
