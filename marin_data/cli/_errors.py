@@ -65,9 +65,9 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.InvalidScheduleError, _with_fix("fix the schedule file (its format: docs/training.md, \"Schedules\"; an "
                                        "example: examples/schedules/)"), EXIT_USAGE),
     (E.LoaderConfigError, _with_fix("fix the loader settings (mixture weights, --subset, seq_len)"), EXIT_USAGE),
-    (E.LoaderStateMismatchError, _with_fix("resume with the data, mixture, seed and seq_len the checkpoint was "
-                                           "written with; to change the mixture from a step on, marin-train "
-                                           "takes --mixture-from (the Python API: strict=False)"), 12),
+    (E.LoaderStateMismatchError, _with_fix("resume (or trace) with the data, mixture, seed and seq_len the "
+                                           "checkpoint was written with; to change the mixture from a step on, "
+                                           "marin-train takes --mixture-from (the Python API: strict=False)"), 12),
     (E.ShardChecksumError, _with_fix("the file is corrupt: delete it and fetch it again"), 6),
     (E.ShardMissingError, _with_fix("download it (`marin-data download --subset NAME`) or select fewer "
                                     "subsets"), 6),
