@@ -108,10 +108,14 @@ def format_exposure(table: list[Exposure], never: list[str], until: int) -> str:
 
 
 def _step_text(trace: Trace, step: int) -> str:
-    rows = [[s.slot, printable(s.subset), s.sequence, s.epoch, f"{s.tokens[0]:,}-{s.tokens[1]:,}",
-             printable(s.shard), s.license,
-             ", ".join(f"{printable(d.id)} [{d.first:,}-{d.last:,}]" for d in s.documents)] for s in trace.step(step)]
-    return format_table(["slot", "subset", "sequence", "epoch", "tokens", "shard", "license", "documents"], rows)
+    """A line per slot, then a line per document its window touches (its tokens inside the window)."""
+    lines = [f"step {step:,}: {trace.global_batch:,} sequences, positions {(step - 1) * trace.global_batch:,}-"
+             f"{step * trace.global_batch - 1:,} of the stream"]
+    for s in trace.step(step):
+        lines.append(f"{s.slot:>4}  {printable(s.subset)}  sequence {s.sequence:,} (epoch {s.epoch}), tokens "
+                     f"{s.tokens[0]:,}-{s.tokens[1] - 1:,}  {printable(s.shard)}  {s.license}  sha256 {s.sha256[:16]}")
+        lines += [f"        {printable(d.id)}  tokens {d.first:,}-{d.last:,}" for d in s.documents]
+    return "\n".join(lines)
 
 
 @click.command("trace", context_settings={"max_content_width": 100})

@@ -148,3 +148,16 @@ def test_plan_shows_the_exposure_of_a_schedule_on_a_corpus_before_the_run(run):
     refused = subprocess.run([*args[:-2], "--data", str(corpus.root)], capture_output=True, text=True, cwd=ROOT,
                              timeout=300)
     assert refused.returncode == 2 and "need --schedule" in refused.stderr
+
+
+def test_a_checkpoint_that_records_no_fingerprint_is_traced_and_says_it_is_unchecked(run, capsys, tmp_path):
+    import shutil
+
+    old = tmp_path / "step-00000004"
+    shutil.copytree(run[0] / "step-00000004", old)
+    recorded = json.loads((old / "config.json").read_text())
+    del recorded["stream"]  # as checkpoints written before the stream was recorded
+    (old / "config.json").write_text(json.dumps(recorded))
+    code, out, err = trace_cli(capsys, str(old), "--step", "2", "--json")
+    assert code == 0 and "records no stream fingerprint" in err
+    assert out == trace_cli(capsys, str(run[0]), "--step", "2", "--json")[1]

@@ -129,7 +129,8 @@ class Trace:
         stream's end) whose window holds a token of the document ``doc_id``; step ``p // G + 1``, slot ``p % G``.
 
         Raises:
-            UnknownDocumentError: no such document in the subsets the stream reads.
+            UnknownDocumentError: no such document in the corpus (one of a subset the stream does not read
+                has no position).
             LoaderConfigError: ``until`` is not a step the stream serves, or the stream is unbounded and
                 ``until`` is not given.
         """
