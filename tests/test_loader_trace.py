@@ -28,8 +28,10 @@ CONFIG = LoaderConfig(seq_len=32, batch_size=4, seed=3, mixture=SCHEDULE, mixtur
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """``b/c`` is small: the run passes over it several times; ``d`` is never weighed."""
-    return build_corpus(tmp_path_factory.mktemp("trace") / "corpus", {"a": [60, 40], "b/c": [12], "d": [5]}, seed=2)
+    """``b/c`` is small: the run passes over it several times; ``d`` is never weighed. Row groups of ~3,000
+    tokens: windows cross them, and a trace reads only those it touches."""
+    return build_corpus(tmp_path_factory.mktemp("trace") / "corpus", {"a": [60, 40], "b/c": [12], "d": [5]}, seed=2,
+                        row_group_tokens=3000)
 
 
 def parquet_spans(stream: TokenStream) -> dict[int, list[tuple[str, int, int]]]:
@@ -45,8 +47,8 @@ def parquet_spans(stream: TokenStream) -> dict[int, list[tuple[str, int, int]]]:
 
 
 def touched(spans: list[tuple[str, int, int]], lo: int, hi: int) -> list[tuple[str, int, int]]:
-    """``(id, first, last)`` of the documents that tokens ``[lo, hi)`` meet, counted from each document's start."""
-    return [(i, max(lo, a) - a, min(hi, b) - 1 - a) for i, a, b in spans if a < hi and b > lo]
+    """``(id, first, last)`` of the documents that share tokens with ``[lo, hi)``, counted from each one's start."""
+    return [(i, max(lo, a) - a, min(hi, b) - 1 - a) for i, a, b in spans if a < hi and b > lo and b > a]
 
 
 def scanned(stream: TokenStream, s: int, lo: int, hi: int, stop: int) -> np.ndarray:
@@ -128,6 +130,31 @@ def test_an_unknown_document_or_a_step_outside_the_run_is_refused(corpus):
     with pytest.raises(LoaderConfigError, match="never ends"):
         Trace(TokenStream(corpus, CONFIG), G).document("a/0/0")
     assert Trace(TokenStream(corpus, CONFIG), G).document("d/0/1", 5).size == 0  # never weighed: never served
+
+
+def test_a_shard_with_an_empty_document_is_read_whole_and_the_empty_document_never_served(tmp_path):
+    from conftest import EOS
+    from marin_data.corpus.commit import commit_corpus
+    from marin_data.corpus.manifest import load_corpus
+    from marin_data.corpus.shard import write_shard
+
+    corpus = build_corpus(tmp_path / "corpus", {"a": [30]}, seed=4)
+    rng = np.random.default_rng(0)
+    lens = np.array([50, 0, 70, 40] * 5)  # a list column counts one slot for each empty list: the footer's
+    offsets = np.concatenate([[0], np.cumsum(lens)])  # token counts no longer add up to the index's
+    tokens = rng.integers(1, 999, size=int(offsets[-1])).astype(np.uint32)
+    tokens[offsets[1:][lens > 0] - 1] = EOS
+    st = write_shard(corpus.root / "data/e/part-00000.parquet", [f"e/{i}" for i in range(len(lens))], tokens, offsets,
+                     corpus.manifest.tokenizer)
+    record = corpus.shards[0]._replace(path="data/e/part-00000.parquet", subset="e", bytes=st.bytes,
+                                       sha256=st.sha256, docs=st.docs, tokens=st.tokens, row_groups=st.row_groups)
+    manifest = replace(corpus.manifest, subsets={**corpus.manifest.subsets, "e": corpus.manifest.subsets["a"]})
+    commit_corpus(corpus.root, manifest, [*corpus.shards, record])
+    stream = TokenStream(load_corpus(corpus.root), replace(CONFIG, mixture={"a": 0.5, "e": 0.5}))
+    trace = Trace(stream, G)
+    assert len(trace.documents.groups(record)[0]) == 2  # one group: the shard, through the loader's decode
+    check_trace(trace, parquet_spans(stream), 12)
+    assert trace.document("e/1", 12).size == 0
 
 
 def test_a_pinned_cache_is_traced_from_its_ledgers_and_offsets(tmp_path):

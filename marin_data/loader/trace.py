@@ -129,8 +129,8 @@ class Trace:
         stream's end) whose window holds a token of the document ``doc_id``; step ``p // G + 1``, slot ``p % G``.
 
         Raises:
-            UnknownDocumentError: no such document in the corpus (one of a subset the stream does not read
-                has no position).
+            UnknownDocumentError: no such document in the corpus (one of a subset the stream does not read,
+                or with no token, has no position).
             LoaderConfigError: ``until`` is not a step the stream serves, or the stream is unbounded and
                 ``until`` is not given.
         """
@@ -140,7 +140,7 @@ class Trace:
                 raise LoaderConfigError("this stream never ends: say up to which step to look")
         stop = self._until(until)
         s, lo, hi = self.documents.find(doc_id)
-        return np.zeros(0, np.int64) if s < 0 else self.positions(s, lo, hi, stop)
+        return np.zeros(0, np.int64) if s < 0 or hi <= lo else self.positions(s, lo, hi, stop)
 
     def positions(self, s: int, lo: int, hi: int, stop: int) -> np.ndarray:
         """The global positions ``< stop`` whose window holds one of tokens ``[lo, hi)`` of subset ``s``."""
