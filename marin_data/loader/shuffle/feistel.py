@@ -18,24 +18,34 @@ ROUNDS = 6  # >= 4 (Luby–Rackoff); see docs/data.md
 
 
 @numba.njit(cache=True, inline="always")
-def feistel1(n, key, i):
-    """One index through a keyed permutation of [0, n) (cycle-walking Feistel)."""
-    if n <= 1:
-        return i
+def _halves(n):
+    """The bits of one half of the network's domain (the smallest even-width power of two >= ``n``), and its mask."""
     bits = 1
     while (np.int64(1) << bits) < n:
         bits += 1
     half = (bits + 1) // 2
-    mask = np.uint64((1 << half) - 1)
+    return np.uint64(half), np.uint64((1 << half) - 1)
+
+
+@numba.njit(cache=True, inline="always")
+def _f(x, ukey, r, mask):
+    """Round ``r``'s function."""
+    return mix(x ^ mix(ukey + np.uint64(r) * GOLDEN)) & mask
+
+
+@numba.njit(cache=True, inline="always")
+def feistel1(n, key, i):
+    """One index through a keyed permutation of [0, n) (cycle-walking Feistel)."""
+    if n <= 1:
+        return i
+    half, mask = _halves(n)
     ukey = np.uint64(key)
     x = np.uint64(i)
     while True:
-        left = x >> np.uint64(half)
-        right = x & mask
+        left, right = x >> half, x & mask
         for r in range(ROUNDS):
-            f = mix(right ^ mix(ukey + np.uint64(r) * GOLDEN)) & mask
-            left, right = right, left ^ f
-        x = (left << np.uint64(half)) | right
+            left, right = right, left ^ _f(right, ukey, r, mask)
+        x = (left << half) | right
         if x < np.uint64(n):
             return np.int64(x)
 
@@ -49,20 +59,14 @@ def unfeistel1(n, key, x):
     """
     if n <= 1:
         return x
-    bits = 1
-    while (np.int64(1) << bits) < n:
-        bits += 1
-    half = (bits + 1) // 2
-    mask = np.uint64((1 << half) - 1)
+    half, mask = _halves(n)
     ukey = np.uint64(key)
     y = np.uint64(x)
     while True:
-        left = y >> np.uint64(half)
-        right = y & mask
+        left, right = y >> half, y & mask
         for r in range(ROUNDS - 1, -1, -1):
-            f = mix(left ^ mix(ukey + np.uint64(r) * GOLDEN)) & mask
-            left, right = right ^ f, left
-        y = (left << np.uint64(half)) | right
+            left, right = right ^ _f(left, ukey, r, mask), left
+        y = (left << half) | right
         if y < np.uint64(n):
             return np.int64(y)
 
