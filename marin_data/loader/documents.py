@@ -63,11 +63,13 @@ class ParquetDocuments:
         self.stream = stream
         self._groups: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._read: OrderedDict[tuple[str, int], tuple[np.ndarray, object]] = OrderedDict()
+        self._store = None  # a remote corpus's, opened once
 
     def _file(self, shard: ShardRecord) -> object:
         if isinstance(self.stream, RemoteStream):
-            plan = self.stream.plan
-            return StoreFile(open_store(plan.urls[0], **plan.store_options), shard.path, shard.bytes)
+            if self._store is None:
+                self._store = open_store(self.stream.plan.urls[0], **self.stream.plan.store_options)
+            return StoreFile(self._store, shard.path, shard.bytes)
         return str(self.stream.corpus.root / shard.path)
 
     def groups(self, shard: ShardRecord) -> tuple[np.ndarray, np.ndarray]:
