@@ -99,6 +99,11 @@ class ParquetDocuments:
                 hit = (np.asarray(self.stream.source.open(shard).offsets), _read_ids(self._file(shard), shard))
             else:
                 hit = _read_group(self._file(shard), shard, g)
+                tokens, rows = self.groups(shard)
+                want = (int(rows[g + 1] - rows[g]), int(tokens[g + 1] - tokens[g]))
+                if (len(hit[0]) - 1, int(hit[0][-1]), len(hit[1])) != (*want, want[0]):
+                    raise ShardFormatError(f"row group {g} holds {len(hit[1])} documents of {int(hit[0][-1])} "
+                                           f"tokens, its footer says {want[0]} of {want[1]}", path=shard.path)
             hit = _keep(self._read, (shard.sha256, g), hit)
         return hit
 
