@@ -142,7 +142,7 @@ def trace(run, step, document, summary, until, source, cache_dir, as_json) -> No
     \b
     EXAMPLES
       marin-train trace out/run --step 30
-      marin-train trace out/run --document 'code/python-stdlib/json/decoder.py' --json
+      marin-train trace out/run --document 'json/decoder.py' --json
       marin-train trace out/run --summary --until 20
       marin-train trace out/run --step 1 --data out/sample-copy
     """
