@@ -3,8 +3,9 @@
 A checkpoint is a directory ``step-NNNNNNNN/``: every rank writes its own shards of the model (the balancing
 bias included) and of the optimizer state in parallel (DCP's ``*.distcp`` files and ``.metadata``), and rank 0
 adds ``trainer.pt`` (loader position, RNG states, step) and ``config.json`` (the run's and the model's
-config, the global batch, the layout). Parameters are stored at their global shapes, routed experts too, so
-DCP reshards on load: a run saved at one world size or EP degree resumes at another.
+config, the global batch, the layout, the data stream's fingerprint). Parameters are stored at their global
+shapes, routed experts too, so DCP reshards on load: a run saved at one world size or EP degree resumes at
+another.
 
 Atomic at the checkpoint level: the ranks write into ``.step-NNNNNNNN.part/``, which rank 0 renames to its
 final name once complete, and only then points ``latest`` at it (a file replaced by rename). A crash at any
@@ -130,10 +131,13 @@ def save_checkpoint(cfg: TrainConfig, *, step: int, model: Transformer, optimize
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=part)
     if rank == 0:
-        trainer = {"format": CHECKPOINT_FORMAT, "step": step, "loader": data.state_dict(), "rng": _rng_state(),
+        loader = data.state_dict()
+        trainer = {"format": CHECKPOINT_FORMAT, "step": step, "loader": loader, "rng": _rng_state(),
                    "records": records}
+        # the stream's fingerprint in plain JSON too: `marin-train trace` checks the stream it rebuilds against it
         config = {"format": CHECKPOINT_FORMAT, "step": step, "world_size": world, "ep": cfg.ep,
-                  "global_batch": cfg.global_batch(world), "train": asdict(cfg), "model": asdict(model.cfg)}
+                  "global_batch": cfg.global_batch(world), "train": asdict(cfg), "model": asdict(model.cfg),
+                  "stream": {k: loader[k] for k in ("fingerprint", "components") if k in loader}}
         atomic_write(part / "trainer.pt", lambda f: torch.save(trainer, f))
         atomic_write(part / "config.json", lambda f: f.write(json.dumps(config, indent=1, default=str).encode()))
     _seal(part, step, rank, world)

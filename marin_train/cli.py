@@ -1,8 +1,8 @@
 """``marin-train`` (also ``python -m marin_train``): a command group whose default command is ``train``, so
 ``marin-train --data DIR`` trains; ``marin-train eval`` reports a model's held-out loss and bits per byte,
 ``marin-train generate`` samples text from it, ``marin-train export`` writes a checkpoint as one safetensors
-model and ``marin-train plot`` a run's metrics as a PNG. ``marin-data train`` is the same ``train`` command
-(an entry point of the ``marin_data.commands`` group)."""
+model, ``marin-train plot`` a run's metrics as a PNG and ``marin-train trace`` says what a run trained on.
+``marin-data train`` is the same ``train`` command (an entry point of the ``marin_data.commands`` group)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from marin_train.evaluate import EvalResult
 from marin_train.loop import TrainResult
 from marin_train.schedule import load_schedule
 from marin_train.threads import set_threads
+from marin_train.trace import trace
 
 __all__ = ["command", "evaluate", "export", "format_eval", "generate", "group", "main", "plot", "summary"]
 
@@ -376,7 +377,7 @@ class _TrainByDefault(click.Group):
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def group() -> None:
     """Train the Marin MoE model (the default command: marin-train --data DIR ...), evaluate, sample, export
-    it, or plot a run's metrics.
+    it, plot a run's metrics, or trace what a run trained on.
 
     \b
     EXAMPLES
@@ -385,6 +386,7 @@ def group() -> None:
       marin-train generate out/run --prompt 'def main(' --max-new-tokens 40
       marin-train export out/run --to out/model
       marin-train plot out/run
+      marin-train trace out/run --step 30
     """
 
 
@@ -393,6 +395,7 @@ group.add_command(evaluate)
 group.add_command(generate)
 group.add_command(export)
 group.add_command(plot)
+group.add_command(trace)
 
 
 def main(argv: list[str] | None = None, prog_name: str = "marin-train") -> None:

@@ -183,6 +183,8 @@ def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = N
         log("no --checkpoint-dir: this run saves no checkpoint")
     loader = training_loader(cfg)
     stream = loader.dataset.stream
+    # Recorded in each checkpoint's config.json: the manifest this run read, pinned for `marin-train trace`.
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, manifest_sha256=stream.corpus.manifest_sha256))
     vocab = stream.corpus.manifest.tokenizer.vocab_size
     cfg = dataclasses.replace(cfg, model_overrides={"vocab_size": vocab, **cfg.model_overrides})
     try:

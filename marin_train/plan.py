@@ -5,7 +5,10 @@
 
 ``--schedule FILE`` (a run's data schedule, `marin_train.schedule`) takes the steps, global batch and
 sequence length from the file and adds its phases: where each starts (step and sequence, rounded to whole
-mixture blocks as the loader runs them), its tokens and its FLOPs, next to the totals.
+mixture blocks as the loader runs them), its tokens and its FLOPs, next to the totals. With ``--data CORPUS``
+(and the run's ``--seed``) it also shows what the run will train on, before it starts: per subset the
+sequences and tokens served up to ``--until STEP`` (default: the end), the epochs, the fraction seen, the
+first step that serves it, and the subsets never served (`marin_data.loader.trace.exposure`).
 
 The layout is `marin_train.parallel`'s: every dense parameter sharded over all ranks, the routed experts
 split over ``ep`` ranks and each sharded (on its second dim) over the world/ep ranks that own it. The global
@@ -29,6 +32,7 @@ import torch
 from marin_model.config import ModelConfig, get_preset
 from marin_model.model import Transformer
 from marin_model.params import count_params
+from marin_train.config import DataConfig, TrainConfig
 from marin_train.schedule import Schedule, load_schedule
 
 __all__ = ["Plan", "PhasePlan", "activation_bytes_per_token", "flops_per_token", "make_plan", "param_shard_numel",
@@ -168,6 +172,17 @@ def _print_phases(schedule: Schedule, cfg: ModelConfig) -> None:
                                enumerate(zip(r, widths))))
 
 
+def _print_exposure(schedule: Schedule, source: str, seed: int, until: int) -> None:
+    from marin_data.loader.trace import exposure, never_served
+    from marin_train.trace import format_exposure, open_stream
+
+    cfg = TrainConfig(steps=schedule.steps, seq_len=schedule.seq_len, seed=seed,
+                      data=DataConfig(source=source, schedule=schedule))
+    with open_stream(cfg, schedule.global_batch) as stream:
+        table = exposure(stream, schedule.global_batch, until)
+        print(f"exposure on {source} (seed {seed}): " + format_exposure(table, never_served(stream, table), until))
+
+
 def _largest_micro_batch(per_rank: int, fixed: float, per_sequence: float, capacity: float) -> int:
     """The largest divisor of ``per_rank`` whose activations fit beside ``fixed`` bytes (1 if none does)."""
     return next((mb for mb in range(per_rank, 0, -1) if per_rank % mb == 0 and fixed + mb * per_sequence <= capacity), 1)
@@ -187,13 +202,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peak-tflops", type=float, default=PEAK_BF16 / 1e12, help="dense bf16 peak per GPU")
     parser.add_argument("--schedule", metavar="FILE", help="a run's data schedule: its steps, batch, seq_len and "
                                                            "phases (overrides --global-batch, --seq-len, --tokens)")
+    parser.add_argument("--data", metavar="CORPUS", help="with --schedule: each subset's exposure on this corpus")
+    parser.add_argument("--seed", type=int, default=0, help="with --data: the run's seed (default 0)")
+    parser.add_argument("--until", type=int, metavar="STEP", help="with --data: up to this step (default: the end)")
     args = parser.parse_args(argv)
+    if (args.data or args.until) and not args.schedule:
+        parser.error("--data and --until need --schedule")
     cfg = get_preset(args.preset)
     if args.schedule:
         schedule = load_schedule(args.schedule)
         args.global_batch, args.seq_len = schedule.global_batch, schedule.seq_len
         args.tokens = schedule.sequences * schedule.seq_len
         _print_phases(schedule, cfg)
+        if args.data:
+            until = schedule.steps if args.until is None else args.until
+            if not 1 <= until <= schedule.steps:
+                parser.error(f"--until {until}: the schedule's steps are 1-{schedule.steps:,}")
+            _print_exposure(schedule, args.data, args.seed, until)
     plan = make_plan(cfg, gpus=args.gpus, gpu_memory_gb=args.gpu_memory_gb, ep=args.ep, seq_len=args.seq_len,
                      global_batch=args.global_batch, tokens=args.tokens, days=args.days, peak=args.peak_tflops * 1e12)
     print(f"{args.preset}: {count_params(cfg).total:,} parameters; layout on {plan.world} of {args.gpus} GPUs "

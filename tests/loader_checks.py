@@ -24,6 +24,13 @@ def check_permutation(fn: Callable[[np.ndarray], np.ndarray], n: int) -> np.ndar
     return image
 
 
+def check_inverse(fn: Callable[[np.ndarray], np.ndarray], inverse: Callable[[np.ndarray], np.ndarray], n: int) -> None:
+    """``fn`` is a bijection of ``[0, n)`` (`check_permutation`) and ``inverse`` undoes it, itself a bijection."""
+    image = check_permutation(fn, n)
+    assert np.array_equal(inverse(image), np.arange(n)), "the inverse does not undo it"
+    check_permutation(inverse, n)
+
+
 def window_ids(stream: TokenStream, subset: np.ndarray, start: np.ndarray) -> np.ndarray:
     """The subset-wide window number of each located window, checking that it lies on its shard's grid."""
     out = np.empty(len(start), np.int64)
@@ -56,6 +63,10 @@ def check_mixture(mixture: Mixture, positions: int) -> tuple[np.ndarray, np.ndar
             assert np.all(np.abs(count - ph.weights() * (n - ph.start)) <= 1), (n, count, ph.weights())
     for n in sorted({0, positions, positions // 2, positions // 3 + 1}):
         assert np.array_equal(mixture.served(n), np.bincount(subset[:n], minlength=width)), n
+    for s in range(width):  # `positions_of` inverts `locate` (on a sample: each costs a binary search)
+        at = np.flatnonzero(subset == s)
+        sample = at[:: max(1, len(at) // 100)]
+        assert np.array_equal(mixture.positions_of(s, index[sample]), sample), f"subset {s}: not inverted"
     return subset, index
 
 

@@ -71,6 +71,19 @@ def test_locating_a_position_a_billion_steps_in_needs_no_replay():
         assert np.array_equal(got, served[s] + np.arange(len(got)))
 
 
+def test_the_position_of_a_sequence_a_billion_steps_in_is_found_without_a_scan():
+    mixture = Mixture(NAMES, TOKENS, [Phase({"a": 0.5, "e": 0.5}, 4096), Phase({"a": 0.4, "b": 0.3, "c": 0.2,
+                                      "d": 0.099, "e": 0.001})], seed=5)
+    far = 11_264 * 1_000_000
+    served = mixture.served(far)
+    for s in range(5):
+        position = int(mixture.positions_of(s, [served[s]])[0])
+        subset, index = mixture.locate([position])
+        assert position >= far and (subset.tolist(), index.tolist()) == ([s], [served[s]])
+    bounded = Mixture(NAMES, TOKENS, [Phase({"a": 0.5, "b": 0.5}, 64)], seed=1, block=8)
+    assert bounded.positions_of(0, [31, 32]).tolist()[1] == -1  # past the stream's end
+
+
 def test_a_pattern_splits_its_weight_by_tokens_and_exact_names_take_precedence():
     names, tokens = ["pre/a", "pre/b", "pre/c"], [100, 300, 600]
     got = resolve_weights({"pre": Fraction(1, 2), "pre/c": Fraction(1, 2)}, names, tokens)

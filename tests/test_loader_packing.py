@@ -10,7 +10,7 @@ from loader_checks import check_batch, check_permutation, reference_tokens, wind
 
 from marin_data.errors import LoaderConfigError, ShardFormatError, ShardMissingError
 from marin_data.loader import DecodedShardCache, LoaderConfig, TokenStream
-from marin_data.loader.holdout import held_before, holdout_every, train_windows, val_windows
+from marin_data.loader.holdout import held_before, holdout_every, train_indices, train_windows, val_windows
 from marin_data.corpus.shard import read_shard
 
 
@@ -154,6 +154,9 @@ def test_held_out_windows_are_spread_one_per_run_and_keyed_by_name_not_seed():
     assert np.array_equal(held // every, np.arange(10))
     w = np.arange(1051)
     assert np.array_equal(held_before(w, 1050, every, 3), np.searchsorted(held, w))
+    back = train_indices(np.arange(1050), 1050, every, 3)  # the inverse: held-out windows have no index
+    assert np.array_equal(np.flatnonzero(back < 0), held)
+    assert np.array_equal(back[train_windows(np.arange(train), 1050, every, 3)], np.arange(train))
 
 
 def test_validation_set_does_not_depend_on_the_seed(make_corpus, tmp_path):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loader_checks import check_permutation
+from loader_checks import check_inverse, check_permutation
 
-from marin_data.loader.shuffle import SHUFFLES, feistel, hierarchical, shuffle
+from marin_data.loader.shuffle import SHUFFLES, feistel, hierarchical, shuffle, unshuffle
 from marin_data.loader.shuffle.keys import derive_key
 
 
@@ -28,6 +28,22 @@ def test_every_shuffle_is_a_bijection_of_its_range(name, n):
 def test_hierarchical_is_a_bijection_for_any_shards_and_window(sizes, seed, window):
     starts = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
     check_permutation(lambda i: hierarchical(starts, derive_key(seed), i, window), int(starts[-1]))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 100_003])
+@pytest.mark.parametrize("name", SHUFFLES)
+def test_unshuffle_finds_the_index_each_shuffled_value_came_from(name, n):
+    key = derive_key(7, "test")
+    check_inverse(lambda i: shuffle(name, shards_of(n, 1000), key, i, window=3),
+                  lambda u: unshuffle(name, shards_of(n, 1000), key, u, window=3), n)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 300), max_size=40), seed=st.integers(0, 2**32), window=st.integers(1, 9))
+def test_the_hierarchical_shuffle_is_inverted_for_any_shards_and_window(sizes, seed, window):
+    starts = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
+    check_inverse(lambda i: shuffle("hierarchical", starts, derive_key(seed), i, window),
+                  lambda u: unshuffle("hierarchical", starts, derive_key(seed), u, window), int(starts[-1]))
 
 
 def _spearman(image: np.ndarray) -> float:

@@ -25,7 +25,7 @@ import numpy as np
 from marin_data.loader.shuffle.keys import sub_key
 
 __all__ = ["holdout_every", "held_before", "train_windows", "val_windows", "train_window1",
-           "val_window1"]
+           "val_window1", "train_indices"]
 
 
 def holdout_every(val_fraction: float) -> int:
@@ -50,6 +50,29 @@ def train_window1(u, windows, every, key):
     if run < full:
         return run * every + o + (1 if o >= _offset(key, run, every) else 0)
     return full * every + (u - full * (every - 1))  # the trailing partial run holds nothing out
+
+
+@numba.njit(cache=True, nogil=True)
+def _train_indices(w, windows, every, key):
+    out = np.empty(w.shape[0], np.int64)
+    for k in range(w.shape[0]):
+        if every == 0:
+            out[k] = w[k]
+            continue
+        full = windows // every
+        run, o = divmod(w[k], every)
+        if run >= full:  # the trailing partial run holds nothing out
+            out[k] = full * (every - 1) + (w[k] - full * every)
+            continue
+        held = _offset(key, run, every)
+        out[k] = -1 if o == held else run * (every - 1) + o - (1 if o > held else 0)
+    return out
+
+
+def train_indices(w: np.ndarray, windows: int, every: int, key: int) -> np.ndarray:
+    """The inverse of `train_windows`: the training index of each window ``w`` (``[k]`` int64), -1 for a
+    held-out window."""
+    return _train_indices(np.ascontiguousarray(w, dtype=np.int64), int(windows), int(every), np.uint64(key))
 
 
 @numba.njit(cache=True, inline="always")

@@ -29,6 +29,8 @@ Locating position ``i`` costs two Hamilton apportionments (``O(S log S)``, exact
 labelling pass over its block (``O(block)`` Feistel evaluations, numba), both done once per block and
 cached: resuming at step 1,000,000 replays nothing. Within a block each subset receives its sequence
 indices in position order, so a subset reads its own sequences in order and keeps its shuffle's locality.
+The inverse (`Mixture.positions_of`: where subset ``s`` is served its ``J``-th sequence) costs a binary
+search over the blocks of one phase and one labelling pass.
 """
 
 from __future__ import annotations
@@ -320,6 +322,34 @@ class Mixture:
                 self._blocks.clear()
             self._blocks[(p, k)] = hit
         return hit
+
+    def positions_of(self, subset: int, index: np.ndarray) -> np.ndarray:
+        """The inverse of `locate` for one subset: the position at which subset ``subset`` (an index into
+        `subsets`) is served its sequence ``index[r]``; ``[k]`` int64, -1 where a bounded stream ends first."""
+        index = np.ascontiguousarray(index, dtype=np.int64).reshape(-1)
+        return np.array([self._position_of(int(subset), j) for j in index.tolist()], dtype=np.int64)
+
+    def _position_of(self, s: int, j: int) -> int:
+        for p, ph in enumerate(self.phases):
+            local, x = j - ph.base[s], ph.numerators[s]
+            if local < 0 or not x:
+                continue
+            if ph.stop is not None:
+                if local >= apportion(ph.numerators, ph.denominator, ph.stop - ph.start)[s]:
+                    continue  # served by a later phase, if any
+                hi = -(-(ph.stop - ph.start) // ph.block)
+            else:  # at n = hi·block the count is at least floor(x·n / denominator) > local
+                hi = -(-((local + 1) * ph.denominator) // (x * ph.block))
+            lo = 0  # the last block whose start has served at most `local`: counts never fall (module docstring)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if apportion(ph.numerators, ph.denominator, mid * ph.block)[s] <= local:
+                    lo = mid
+                else:
+                    hi = mid
+            start, subset, index = self._block_of(p, lo)
+            return ph.start + start + int(np.flatnonzero((subset == s) & (index == j))[0])
+        return -1
 
     def served(self, position: int) -> np.ndarray:
         """``[S]`` int64: sequences of each subset served at positions ``< position`` (no replay)."""

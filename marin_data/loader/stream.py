@@ -129,9 +129,9 @@ def _locate(code, split_training, items, starts, starts_off, key, window, subset
     Training index ``J`` is epoch ``J // n``, pass position ``J % n``; the validation stream is one pass. A
     position goes through the epoch's shuffle to a sequence of the split, then to its window (skipping the
     other split's windows), then to the window's first token (``first``: each shard's first window's, the
-    packing's `Packing.windows`). The hierarchical shuffle reads the epoch's
-    `ShardOrder` from slot ``2s + epoch % 2`` (so a batch may straddle two epochs of a subset); a row whose
-    order is not in its slot is left at -1 for the caller to load. (Ragged arrays come as flat + offsets.)
+    packing's `Packing.windows`). The hierarchical shuffle reads the epoch's `ShardOrder` from slot
+    ``2s + epoch % 2`` (so a batch may straddle two epochs of a subset); a row whose order is not in its slot
+    is left at -1 for the caller to load. (Ragged arrays come as flat + offsets.)
     """
     missing = 0
     for r in range(subset.shape[0]):
@@ -428,6 +428,12 @@ class TokenStream:
         if not isinstance(positions, range):
             positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
         return self.fill(positions, new_batch(len(positions), self.config.seq_len, self.config.segments), split)
+
+    def train_order(self, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+        """What `_locate` reads of subset ``s`` (`marin_data.loader.trace.Trace.positions` inverts it)."""
+        sp = self._splits["train"]
+        return (self._wstarts[s], self._first[s], sp.starts[s], int(sp.key[s]), int(self._windows[s]),
+                int(self._holdout_key[s]))
 
     def sizes(self, split: str = "train") -> dict[str, int]:
         """Sequences per subset in one pass (epoch) of ``split``."""

@@ -1,10 +1,10 @@
 """Keyed permutations of ``[0, n)`` that are never materialised: the loader's shuffle.
 
-`SHUFFLES` names the algorithms (``"hierarchical"``, the default, ``"feistel"`` and ``"none"``) and `shuffle`
-applies one by name to an array of indices; the loader's stream calls the per-index forms from jitted code
-(`feistel.feistel1`, `hierarchical.hierarchical1`). ``key`` carries the seed, subset, epoch and purpose at
-once: derive it with `keys.derive_key` (and `keys.sub_key` per epoch) so that different subsets and epochs
-get independent permutations. How each algorithm works, and why: docs/data.md.
+`SHUFFLES` names the algorithms (``"hierarchical"``, the default, ``"feistel"`` and ``"none"``), `shuffle`
+applies one by name to an array of indices and `unshuffle` inverts it; the loader's stream calls the
+per-index forms from jitted code (`feistel.feistel1`, `hierarchical.hierarchical1`). ``key`` carries the
+seed, subset, epoch and purpose at once: derive it with `keys.derive_key` (and `keys.sub_key` per epoch) so
+that different subsets and epochs get independent permutations. How each algorithm works, and why: docs/data.md.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from marin_data.loader.shuffle.feistel import feistel_many
-from marin_data.loader.shuffle.hierarchical import hierarchical_many, shard_order
+from marin_data.loader.shuffle.feistel import feistel_many, unfeistel_many
+from marin_data.loader.shuffle.hierarchical import hierarchical_many, shard_order, unhierarchical_many
 
-__all__ = ["SHUFFLES", "ALGORITHMS", "shuffle", "feistel", "hierarchical"]
+__all__ = ["SHUFFLES", "ALGORITHMS", "INVERSES", "shuffle", "unshuffle", "feistel", "hierarchical"]
 
 
 def _hierarchical(starts: np.ndarray, key: int, i: np.ndarray, window: int) -> np.ndarray:
@@ -26,6 +26,14 @@ def _hierarchical(starts: np.ndarray, key: int, i: np.ndarray, window: int) -> n
 
 def _feistel(starts: np.ndarray, key: int, i: np.ndarray, window: int) -> np.ndarray:
     return feistel_many(int(starts[-1]), np.uint64(key), i)
+
+
+def _unhierarchical(starts: np.ndarray, key: int, u: np.ndarray, window: int) -> np.ndarray:
+    return unhierarchical_many(starts, shard_order(starts, key, window), key, window, u)
+
+
+def _unfeistel(starts: np.ndarray, key: int, u: np.ndarray, window: int) -> np.ndarray:
+    return unfeistel_many(int(starts[-1]), np.uint64(key), u)
 
 
 def _none(starts: np.ndarray, key: int, i: np.ndarray, window: int) -> np.ndarray:
@@ -40,6 +48,12 @@ ALGORITHMS: dict[str, Callable[[np.ndarray, int, np.ndarray, int], np.ndarray]] 
     "none": _none,  # corpus order (debugging, evaluation, throughput floors)
 }
 SHUFFLES = tuple(ALGORITHMS)
+# name -> the inverse of ALGORITHMS[name], same arguments: the indices that were mapped to the values given
+INVERSES: dict[str, Callable[[np.ndarray, int, np.ndarray, int], np.ndarray]] = {
+    "hierarchical": _unhierarchical,
+    "feistel": _unfeistel,
+    "none": _none,
+}
 
 
 def shuffle(name: str, starts, key: int, i, window: int = 1) -> np.ndarray:
@@ -56,6 +70,17 @@ def shuffle(name: str, starts, key: int, i, window: int = 1) -> np.ndarray:
     Returns:
         ``[k]`` int64: the images of ``i``.
     """
+    starts, i = _checked(name, starts, i, window)
+    return ALGORITHMS[name](starts, key, i, window)
+
+
+def unshuffle(name: str, starts, key: int, u, window: int = 1) -> np.ndarray:
+    """The inverse of `shuffle` (same arguments): the indices ``i`` whose images are ``u``."""
+    starts, u = _checked(name, starts, u, window)
+    return INVERSES[name](starts, key, u, window)
+
+
+def _checked(name: str, starts, i, window: int) -> tuple[np.ndarray, np.ndarray]:
     if name not in SHUFFLES:
         raise ValueError(f"unknown shuffle {name!r}; choose one of {', '.join(SHUFFLES)}")
     if window < 1:
@@ -67,7 +92,7 @@ def shuffle(name: str, starts, key: int, i, window: int = 1) -> np.ndarray:
     i = np.ascontiguousarray(i, dtype=np.int64).reshape(-1)
     if i.size and (i.min() < 0 or i.max() >= n):
         raise ValueError(f"indices must lie in [0, {n})")
-    return ALGORITHMS[name](starts, key, i, window)
+    return starts, i
 
 
 def feistel(n: int, key: int, i) -> np.ndarray:

@@ -2,7 +2,8 @@
 shards, and shuffles the items of a group among themselves, so a pass reads each shard in one stretch.
 
 `shard_order` builds one epoch's `ShardOrder` (``O(shards)``); `hierarchical1` places one pass position
-(from jitted code); `hierarchical_many` maps an array of them. See docs/data.md for the reasoning.
+(from jitted code); `hierarchical_many` maps an array of them and `unhierarchical_many` inverts it. See
+docs/data.md for the reasoning.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from marin_data.loader.shuffle.feistel import feistel1
+from marin_data.loader.shuffle.feistel import feistel1, unfeistel1
 from marin_data.loader.shuffle.keys import sub_key
 
-__all__ = ["ShardOrder", "shard_order", "hierarchical1", "hierarchical_many"]
+__all__ = ["ShardOrder", "shard_order", "hierarchical1", "hierarchical_many", "unhierarchical_many"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,26 @@ def hierarchical_many(starts, order, groups, key, window, t):
     for r in range(t.shape[0]):
         out[r] = hierarchical1(starts, order, groups, key, window, t[r])
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _unhierarchical(starts, order, where, groups, key, window, u):
+    out = np.empty(u.shape[0], np.int64)
+    for r in range(u.shape[0]):
+        k = np.searchsorted(starts, u[r], side="right") - 1  # the (non-empty) shard holding item u
+        p = where[k]
+        g = p // window
+        o = u[r] - starts[k]
+        for q in range(g * window, p):  # the items of the shards before it in its group
+            o += starts[order[q] + 1] - starts[order[q]]
+        out[r] = groups[g] + unfeistel1(groups[g + 1] - groups[g], sub_key(key, np.uint64(g)), o)
+    return out
+
+
+def unhierarchical_many(starts: np.ndarray, order: ShardOrder, key: int, window: int, u: np.ndarray) -> np.ndarray:
+    """The inverse of `hierarchical_many`: the pass position of each item ``u`` (``[k]`` int64), given the
+    epoch's `ShardOrder`; ``O(shards)`` once, then ``O(window)`` an item."""
+    where = np.empty_like(order.order)
+    where[order.order] = np.arange(len(order.order))
+    return _unhierarchical(np.ascontiguousarray(starts, dtype=np.int64), order.order, where, order.groups,
+                           np.uint64(key), int(window), np.ascontiguousarray(u, dtype=np.int64))
