@@ -15,7 +15,8 @@ Sealed (`marin_train.seal`): once every rank's files are written, ``seal.json`` 
 file's size and sha256. Nothing of a checkpoint is read before its seal holds, and nothing in it is unpickled
 beyond tensors and plain values (`marin_train.safe_load`). ``trainer.pt`` keeps the metrics of the steps
 since the previous checkpoint, so a resume restores ``metrics.jsonl`` to exactly the lines of the steps up to
-its own (a kill after the commit and before the append lost none).
+its own (a kill after the commit and before the append lost none). A save that finds the disk full raises
+`InsufficientSpaceError` and leaves the previous checkpoint as ``latest``.
 
 Checkpoints of format 2 (no seal) still load, unchecked. The single-file checkpoints of earlier versions
 (``step-NNNNNNNN.pt``, one ``torch.save`` by rank 0) are not loadable: resuming from one raises, naming it.
@@ -23,12 +24,14 @@ Checkpoints of format 2 (no seal) still load, unchecked. The single-file checkpo
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,9 +40,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from marin_data.errors import CheckpointDamagedError
+from marin_data.errors import CheckpointDamagedError, InsufficientSpaceError
 from marin_model.model import Transformer
 from marin_train.config import TrainConfig
 from marin_train.safe_load import load_shards, trainer_state
@@ -50,6 +54,7 @@ __all__ = ["Batches", "CHECKPOINT_FORMAT", "SEAL", "atomic_write", "checkpoint_c
            "save_checkpoint"]
 
 METRICS = "metrics.jsonl"
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file the file system refuses
 
 
 class Batches(Protocol):
@@ -111,44 +116,86 @@ def save_checkpoint(cfg: TrainConfig, *, step: int, model: Transformer, optimize
     deleted), and append ``records`` (the metrics of the steps since the previous checkpoint, kept in the
     checkpoint too) to ``metrics.jsonl``. Returns its path.
 
-    The RNG states saved are rank 0's: the ranks draw the same stream (same seed, no per-rank draws)."""
+    The RNG states saved are rank 0's: the ranks draw the same stream (same seed, no per-rank draws). A full
+    disk (or quota) raises `InsufficientSpaceError` (`_space_errors`)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     root = Path(cfg.checkpoint_dir)
     name = f"step-{step:08d}"
     final, part = root / name, root / f".{name}.part"
     records = list(records)
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        for path in (final, part, root / "latest", root / METRICS):
-            _refuse_symlink(path)
-        shutil.rmtree(part, ignore_errors=True)  # left by a save that crashed
-        part.mkdir()
-    dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=part)
-    if rank == 0:
-        trainer = {"format": CHECKPOINT_FORMAT, "step": step, "loader": data.state_dict(), "rng": _rng_state(),
-                   "records": records}
-        config = {"format": CHECKPOINT_FORMAT, "step": step, "world_size": world, "ep": cfg.ep,
-                  "global_batch": cfg.global_batch(world), "train": asdict(cfg), "model": asdict(model.cfg)}
-        atomic_write(part / "trainer.pt", lambda f: torch.save(trainer, f))
-        atomic_write(part / "config.json", lambda f: f.write(json.dumps(config, indent=1, default=str).encode()))
-    _seal(part, step, rank, world)
-    if rank == 0:
-        _fsync(part)
-        shutil.rmtree(final, ignore_errors=True)  # an unreferenced one of this step, left by a crash
-        os.replace(part, final)
-        _fsync(root)
-        atomic_write(root / "latest", lambda f: f.write(name.encode()))
-        for old in prune_checkpoints(root, keep=cfg.keep_checkpoints, current=final):
-            log(f"deleted {old} (--keep-checkpoints {cfg.keep_checkpoints} keeps the newest)")
-        # A kill before this append loses nothing: the lines are in trainer.pt, and a resume restores them.
-        with os.fdopen(os.open(root / METRICS, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
-                       "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
+    with _space_errors(final, rank):
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            for path in (final, part, root / "latest", root / METRICS):
+                _refuse_symlink(path)
+            shutil.rmtree(part, ignore_errors=True)  # left by a save that crashed
+            part.mkdir()
+        dist.barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=part)
+        if rank == 0:
+            trainer = {"format": CHECKPOINT_FORMAT, "step": step, "loader": data.state_dict(), "rng": _rng_state(),
+                       "records": records}
+            config = {"format": CHECKPOINT_FORMAT, "step": step, "world_size": world, "ep": cfg.ep,
+                      "global_batch": cfg.global_batch(world), "train": asdict(cfg), "model": asdict(model.cfg)}
+            atomic_write(part / "trainer.pt", lambda f: torch.save(trainer, f))
+            atomic_write(part / "config.json", lambda f: f.write(json.dumps(config, indent=1, default=str).encode()))
+        _seal(part, step, rank, world)
+        if rank == 0:
+            _fsync(part)
+            shutil.rmtree(final, ignore_errors=True)  # an unreferenced one of this step, left by a crash
+            os.replace(part, final)
+            _fsync(root)
+            atomic_write(root / "latest", lambda f: f.write(name.encode()))
+            for old in prune_checkpoints(root, keep=cfg.keep_checkpoints, current=final):
+                log(f"deleted {old} (--keep-checkpoints {cfg.keep_checkpoints} keeps the newest)")
+            # A kill before this append loses nothing: the lines are in trainer.pt, and a resume restores them.
+            with os.fdopen(os.open(root / METRICS, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
+                           "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
     dist.barrier()
     return str(final)
 
+
+@contextmanager
+def _space_errors(final: Path, rank: int) -> Iterator[None]:
+    """Raise a full disk (or quota) met while saving the checkpoint ``final`` as `InsufficientSpaceError`
+    naming it, and give back the space its unfinished ``.part`` folder took. ``latest`` then still names the
+    previous checkpoint (or this one, complete, when only the metrics append failed), so a re-run resumes."""
+    try:
+        yield
+    except (OSError, RuntimeError, CheckpointException) as e:
+        full = _full_disk(e, final.parent)
+        if full is None:
+            raise
+        if rank == 0:
+            shutil.rmtree(final.with_name(f".{final.name}.part"), ignore_errors=True)
+        raise InsufficientSpaceError(f"cannot save this checkpoint: {full}", path=str(final)) from e
+
+
+def _full_disk(error: BaseException, folder: Path) -> str | None:
+    """Why ``error`` is a full disk, or None. Torch reports a failed write as a RuntimeError ("unexpected pos")
+    whose context is the OSError, and DCP gathers the ranks' failures in a `CheckpointException`, through a
+    pickle that drops that context: then a ``folder`` left with under 1 MiB free says it."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _FULL:
+            return e.strerror or os.strerror(e.errno)
+        if isinstance(e, CheckpointException):
+            todo += [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
+        todo += [e.__cause__, e.__context__]
+    if isinstance(error, OSError):  # the system's own error, whose errno says what it is
+        return None
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    return f"{free:,} bytes are free on its file system" if free < 1 << 20 else None
 
 def prune_checkpoints(root: Path, *, keep: int, current: Path) -> list[Path]:
     """Delete the oldest ``step-*`` checkpoints of ``root`` so that ``keep`` remain, ``current`` (the one just

@@ -280,6 +280,76 @@ def test_a_kill_between_the_latest_flip_and_the_metrics_append_loses_no_line(tra
     assert metric_steps(run) == [1, 2, 3]
 
 
+# --- a full disk ----------------------------------------------------------------------------------------
+
+FULL_DISK = """
+import json, math, os, shutil, subprocess, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_checkpoint_seal import resume
+from marin_data.cli._errors import describe
+from marin_data.corpus.manifest import load_corpus
+from marin_train.seal import verify_checkpoint
+mnt, trained, corpus, cache = Path({mnt!r}), Path({run!r}), load_corpus({corpus!r}), Path({cache!r})
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], check=True)
+pages = sum(math.ceil(p.stat().st_size / 4096) for p in (trained / "step-00000002").iterdir())
+for more in {more!r}:  # pages free beyond what the files of a checkpoint take (tmpfs counts whole pages)
+    run, filler = mnt / "run", mnt / "filler"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(trained, run)
+    free = os.statvfs(mnt)
+    filler.write_bytes(bytes(free.f_bavail * free.f_frsize - 4096 * (pages + more)))
+    try:
+        resume(corpus, run, cache)
+        failed = None
+    except BaseException as e:  # DCP's CheckpointException is no Exception
+        failed = describe(e) or repr(e)[:2000]
+    left = sorted(os.listdir(run))
+    intact = []
+    for name in left:
+        if name.startswith("step-"):
+            verify_checkpoint(run / name)
+            intact.append(name)
+    latest = (run / "latest").read_text()
+    filler.unlink()
+    again = [r["step"] for r in resume(corpus, run, cache).records]
+    lines = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    print(json.dumps(dict(more=more, failed=failed, left=left, intact=intact, latest=latest, again=again,
+                          lines=lines)))
+"""
+
+
+def can_mount_a_tmpfs() -> bool:
+    try:
+        return subprocess.run(["unshare", "-r", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
+                              capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(not can_mount_a_tmpfs(), reason="needs user and mount namespaces (unshare -r -m) for a small tmpfs")
+def test_a_full_disk_during_a_save_exits_17_leaves_nothing_wrong_and_the_rerun_resumes(trained, tmp_path):
+    """Each save runs out of room at another point: in DCP's files, in trainer.pt, in seal.json
+    and at the ``latest`` flip (-400, -6, -2 and 0 pages beyond what a checkpoint's files take)."""
+    corpus, run = trained
+    (tmp_path / "mnt").mkdir()
+    script = FULL_DISK.format(tests=str(ROOT / "tests"), mnt=str(tmp_path / "mnt"), run=str(run),
+                              corpus=str(corpus.root), cache=str(tmp_path / "c"), more=[-400, -6, -2, 0])
+    done = subprocess.run(["unshare", "-r", "-m", sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cases = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(cases) == 4
+    for case in cases:
+        message, code = case["failed"]
+        assert code == 17 and "step-00000003: cannot save this checkpoint" in message, case
+        assert case["latest"] == STEP2 and ".step-00000003.part" not in case["left"], case  # nothing committed
+        assert case["intact"] == [n for n in case["left"] if n.startswith("step-")]  # every step-* is whole
+        assert case["again"] == [3] and case["lines"] == [1, 2, 3], case  # the re-run resumed
+    # Out of room at the `latest` flip: step 3 complete under its name, but not the latest one.
+    assert [c["more"] for c in cases if "step-00000003" in c["intact"]] == [0]
+
+
 # --- several ranks ------------------------------------------------------------------------------------
 
 
