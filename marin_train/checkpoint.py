@@ -369,7 +369,10 @@ def load_checkpoint(path: str | os.PathLike, *, model: Transformer, optimizer: t
     trainer = trainer_state(path)
     if data is not None:
         data.load_state_dict(trainer["loader"], **({} if strict_data else {"strict": False}))
-    _set_rng_state(trainer["rng"])
+    try:
+        _set_rng_state(trainer["rng"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # plain values, but not RNG states
+        raise damaged(path, f"is damaged: trainer.pt holds no RNG state this process takes ({e})") from None
     if rank == 0 and "records" in trainer:  # format 2 kept no metrics
         _restore_metrics(path.parent / METRICS, trainer["records"], int(trainer["step"]))
     return int(trainer["step"])

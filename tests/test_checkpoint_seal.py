@@ -223,6 +223,15 @@ def test_a_forged_pickle_sealed_anew_runs_nothing_and_is_refused_by_name(run, tm
     assert not marker.exists() and describe(refused.value)[1] == 24
 
 
+def test_a_trainer_pt_of_plain_values_but_no_rng_state_sealed_anew_is_refused_by_name(run, tmp_path):
+    corpus, run = run
+    trainer = torch.load(run / STEP2 / "trainer.pt", weights_only=True)
+    torch.save({**trainer, "rng": {**trainer["rng"], "torch": torch.zeros(3)}}, run / STEP2 / "trainer.pt")
+    reseal(run / STEP2)
+    with pytest.raises(CheckpointDamagedError, match=f"{STEP2}.*trainer.pt holds no RNG state"):
+        resume(corpus, run, tmp_path / "c")
+
+
 def test_dcp_values_are_read_as_plain_values_only(tmp_path):
     """DCP stores a state's non-tensor values (an optimizer's hyperparameters) as pickles, which its own
     planner loads with ``weights_only=False``."""
