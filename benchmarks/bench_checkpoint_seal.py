@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from marin_train.checkpoint import _seal, verify_checkpoint
+from marin_train.checkpoint import _seal
+from marin_train.seal import verify_checkpoint
 
 
 def floor(state: dict[str, torch.Tensor]) -> float:

@@ -62,6 +62,7 @@ __all__ = [
     "CheckpointDamagedError",
     "PublishInProgressError",
     "InvalidCheckpointError",
+    "ContextLengthError",
     "UnknownModelTokenizerError",
     "ModelTokenizerMismatchError",
     "InvalidScheduleError",
@@ -186,6 +187,10 @@ class ModelTokenizerMismatchError(TokenizerMismatchError):
 class InvalidCheckpointError(ValueError, MarinDataError):
     """A path that is not a checkpoint, a run directory or an exported model, or one that cannot be read (an
     earlier single-file format, a missing or malformed config): abort, nothing was changed."""
+
+
+class ContextLengthError(ValueError, MarinDataError):
+    """What is asked of a model does not fit its context (``max_seq_len`` positions): abort before any work."""
 
 
 class InvalidMetadataError(ValueError, MarinDataError):

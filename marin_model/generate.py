@@ -5,7 +5,8 @@ layer holds a `KVCache` (`kv_caches`): a global layer keeps the keys and values 
 sliding-window layer only its last ``window - 1`` (a query sees itself and the ``window - 1`` tokens
 before it, so nothing older is ever read again). Rotary positions count from the prompt's first token: a
 prompt is one document, at positions 0, 1, ... as in training. ``use_cache=False`` runs the whole context
-every step instead: the reference the cache is tested against, and the baseline of its benchmark.
+every step instead: the reference the cache is tested against, and the baseline of its benchmark. A prompt
+and its new tokens fit the model's context (``max_seq_len`` positions), or `generate` refuses them.
 
 The model is put in eval mode (no balancing statistics, no token dropping), so a token's output does not
 depend on the batch and a cached step computes what a full forward computes at that position.
@@ -81,7 +82,14 @@ def generate(model: Transformer, prompt_BS: Tensor, max_new_tokens: int, *, temp
              generator: Optional[torch.Generator] = None, use_cache: bool = True,
              stop_token: Optional[int] = None) -> Tensor:
     """``[B, S + n]``: the prompts (``[B,S]``, one document each) and ``n <= max_new_tokens`` tokens after them,
-    fewer when every row has produced ``stop_token``. Sampling as `sample_next`."""
+    fewer when every row has produced ``stop_token``. Sampling as `sample_next`.
+
+    ``S + max_new_tokens`` must fit the model's context (``max_seq_len``): attention over a prompt costs
+    memory with the square of its length, so a longer prompt is refused (ValueError), not run; cut it to its
+    last tokens first."""
+    if prompt_BS.shape[1] + max_new_tokens > model.cfg.max_seq_len:
+        raise ValueError(f"a prompt of {prompt_BS.shape[1]:,} tokens and {max_new_tokens:,} new ones do not fit the "
+                         f"model's context of {model.cfg.max_seq_len:,} positions: cut the prompt to its last tokens")
     was_training = model.training
     model.eval()
     tokens_BT, fresh_BS = prompt_BS, prompt_BS  # fresh: what the cache has not seen

@@ -12,12 +12,12 @@ final name once complete, and only then points ``latest`` at it (a file replaced
 point leaves the previous checkpoint as ``latest``. Nothing is written through a symlink at a name this
 module writes; the checkpoint directory itself may be one.
 
-Sealed: once every rank's files are written, ``seal.json`` records the step and each file's size and
-sha256, hashed by all ranks in parallel (each its own ``.distcp`` files). A load re-hashes them the same way
-and refuses a checkpoint whose files are not the sealed ones, naming each; ``latest`` naming a missing or
-unsealed step is refused with the newest intact checkpoint offered. ``trainer.pt`` keeps the metrics of
-the steps since the previous checkpoint, so a resume restores ``metrics.jsonl`` to exactly the lines of the
-steps up to its own (a kill after the commit and before the append lost none).
+Sealed (`marin_train.seal`): once every rank's files are written, ``seal.json`` records the step and each
+file's size and sha256. Nothing of a checkpoint is read before its seal holds, and nothing in it is unpickled
+beyond tensors and plain values (`marin_train.safe_load`). ``trainer.pt`` keeps the metrics of the steps
+since the previous checkpoint, so a resume restores ``metrics.jsonl`` to exactly the lines of the steps up to
+its own (a kill after the commit and before the append lost none). A save that finds the disk full raises
+`InsufficientSpaceError` and leaves the previous checkpoint as ``latest``.
 
 Checkpoints of format 2 (no seal) still load, unchecked. The single-file checkpoints of earlier versions
 (``step-NNNNNNNN.pt``, one ``torch.save`` by rank 0) are not loadable: resuming from one raises, naming it.
@@ -25,13 +25,14 @@ Checkpoints of format 2 (no seal) still load, unchecked. The single-file checkpo
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
-import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,22 +41,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from marin_data.atomic import sha256_file
-from marin_data.errors import CheckpointDamagedError
+from marin_data.errors import CheckpointDamagedError, InsufficientSpaceError
 from marin_model.model import Transformer
 from marin_train.config import TrainConfig
+from marin_train.safe_load import load_shards, trainer_state
+from marin_train.seal import CHECKPOINT_FORMAT, SEAL, damaged, problem, read_sealed, seal_document, verify
 
 __all__ = ["Batches", "CHECKPOINT_FORMAT", "SEAL", "atomic_write", "checkpoint_config", "latest_checkpoint",
            "load_checkpoint", "prune_checkpoints", "resolve_checkpoint", "restore_loader", "resume_config",
-           "save_checkpoint", "verify_checkpoint"]
+           "save_checkpoint"]
 
-CHECKPOINT_FORMAT = 3  # 3: sealed, with its steps' metrics; 2: unsealed (still loads, unchecked)
-SEAL = "seal.json"
 METRICS = "metrics.jsonl"
-_STEP = re.compile(r"step-(\d{8})")
-_DISTCP = re.compile(r"__(\d+)_\d+\.distcp")  # DCP's name for the n-th data file rank R writes
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file the file system refuses
 
 
 class Batches(Protocol):
@@ -95,7 +95,9 @@ def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
 
 
 def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()  # the keys as plain ints: no numpy type to unpickle
+    return {"torch": torch.get_rng_state(), "numpy": (kind, keys.tolist(), pos, has_gauss, gauss),
+            "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
@@ -115,47 +117,89 @@ def save_checkpoint(cfg: TrainConfig, *, step: int, model: Transformer, optimize
     deleted), and append ``records`` (the metrics of the steps since the previous checkpoint, kept in the
     checkpoint too) to ``metrics.jsonl``. Returns its path.
 
-    The RNG states saved are rank 0's: the ranks draw the same stream (same seed, no per-rank draws)."""
+    The RNG states saved are rank 0's: the ranks draw the same stream (same seed, no per-rank draws). A full
+    disk (or quota) raises `InsufficientSpaceError` (`_space_errors`)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     root = Path(cfg.checkpoint_dir)
     name = f"step-{step:08d}"
     final, part = root / name, root / f".{name}.part"
     records = list(records)
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        for path in (final, part, root / "latest", root / METRICS):
-            _refuse_symlink(path)
-        shutil.rmtree(part, ignore_errors=True)  # left by a save that crashed
-        part.mkdir()
-    dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=part)
-    if rank == 0:
-        loader = data.state_dict()
-        trainer = {"format": CHECKPOINT_FORMAT, "step": step, "loader": loader, "rng": _rng_state(),
-                   "records": records}
-        # the stream's fingerprint in plain JSON too: `marin-train trace` checks the stream it rebuilds against it
-        config = {"format": CHECKPOINT_FORMAT, "step": step, "world_size": world, "ep": cfg.ep,
-                  "global_batch": cfg.global_batch(world), "train": asdict(cfg), "model": asdict(model.cfg),
-                  "stream": {k: loader[k] for k in ("fingerprint", "components") if k in loader}}
-        atomic_write(part / "trainer.pt", lambda f: torch.save(trainer, f))
-        atomic_write(part / "config.json", lambda f: f.write(json.dumps(config, indent=1, default=str).encode()))
-    _seal(part, step, rank, world)
-    if rank == 0:
-        _fsync(part)
-        shutil.rmtree(final, ignore_errors=True)  # an unreferenced one of this step, left by a crash
-        os.replace(part, final)
-        _fsync(root)
-        atomic_write(root / "latest", lambda f: f.write(name.encode()))
-        for old in prune_checkpoints(root, keep=cfg.keep_checkpoints, current=final):
-            log(f"deleted {old} (--keep-checkpoints {cfg.keep_checkpoints} keeps the newest)")
-        # A kill before this append loses nothing: the lines are in trainer.pt, and a resume restores them.
-        with os.fdopen(os.open(root / METRICS, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
-                       "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
+    with _space_errors(final, rank):
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            for path in (final, part, root / "latest", root / METRICS):
+                _refuse_symlink(path)
+            shutil.rmtree(part, ignore_errors=True)  # left by a save that crashed
+            part.mkdir()
+        dist.barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=part)
+        if rank == 0:
+            loader = data.state_dict()
+            trainer = {"format": CHECKPOINT_FORMAT, "step": step, "loader": loader, "rng": _rng_state(),
+                       "records": records}
+            # the stream's fingerprint in plain JSON too: `marin-train trace` checks the stream it rebuilds against it
+            config = {"format": CHECKPOINT_FORMAT, "step": step, "world_size": world, "ep": cfg.ep,
+                      "global_batch": cfg.global_batch(world), "train": asdict(cfg), "model": asdict(model.cfg),
+                      "stream": {k: loader[k] for k in ("fingerprint", "components") if k in loader}}
+            atomic_write(part / "trainer.pt", lambda f: torch.save(trainer, f))
+            atomic_write(part / "config.json", lambda f: f.write(json.dumps(config, indent=1, default=str).encode()))
+        _seal(part, step, rank, world)
+        if rank == 0:
+            _fsync(part)
+            shutil.rmtree(final, ignore_errors=True)  # an unreferenced one of this step, left by a crash
+            os.replace(part, final)
+            _fsync(root)
+            atomic_write(root / "latest", lambda f: f.write(name.encode()))
+            for old in prune_checkpoints(root, keep=cfg.keep_checkpoints, current=final):
+                log(f"deleted {old} (--keep-checkpoints {cfg.keep_checkpoints} keeps the newest)")
+            # A kill before this append loses nothing: the lines are in trainer.pt, and a resume restores them.
+            with os.fdopen(os.open(root / METRICS, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
+                           "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
     dist.barrier()
     return str(final)
 
+
+@contextmanager
+def _space_errors(final: Path, rank: int) -> Iterator[None]:
+    """Raise a full disk (or quota) met while saving the checkpoint ``final`` as `InsufficientSpaceError`
+    naming it, and give back the space its unfinished ``.part`` folder took. ``latest`` then still names the
+    previous checkpoint (or this one, complete, when only the metrics append failed), so a re-run resumes."""
+    try:
+        yield
+    except (OSError, RuntimeError, CheckpointException) as e:
+        full = _full_disk(e, final.parent)
+        if full is None:
+            raise
+        if rank == 0:
+            shutil.rmtree(final.with_name(f".{final.name}.part"), ignore_errors=True)
+        raise InsufficientSpaceError(f"cannot save this checkpoint: {full}", path=str(final)) from e
+
+
+def _full_disk(error: BaseException, folder: Path) -> str | None:
+    """Why ``error`` is a full disk, or None. Torch reports a failed write as a RuntimeError ("unexpected pos")
+    whose context is the OSError, and DCP gathers the ranks' failures in a `CheckpointException`, through a
+    pickle that drops that context: then a ``folder`` left with under 1 MiB free says it."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _FULL:
+            return e.strerror or os.strerror(e.errno)
+        if isinstance(e, CheckpointException):
+            todo += [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
+        todo += [e.__cause__, e.__context__]
+    if isinstance(error, OSError):  # the system's own error, whose errno says what it is
+        return None
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    return f"{free:,} bytes are free on its file system" if free < 1 << 20 else None
 
 def prune_checkpoints(root: Path, *, keep: int, current: Path) -> list[Path]:
     """Delete the oldest ``step-*`` checkpoints of ``root`` so that ``keep`` remain, ``current`` (the one just
@@ -169,150 +213,11 @@ def prune_checkpoints(root: Path, *, keep: int, current: Path) -> list[Path]:
     return doomed
 
 
-# --- the seal ------------------------------------------------------------------------------------------
-
-
-def _share(sizes: dict[str, int], rank: int, world: int) -> list[str]:
-    """The files ``rank`` hashes: each rank's own ``.distcp`` files (still in its page cache after a save, on
-    its own node), the rest spread so that every rank reads about as many bytes. The same on every rank."""
-    load, mine = [0] * world, []
-    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
-        owner = _DISTCP.fullmatch(name)
-        r = int(owner.group(1)) if owner and int(owner.group(1)) < world else load.index(min(load))
-        load[r] += sizes[name]
-        if r == rank:
-            mine.append(name)
-    return mine
-
-
-def _hashes(directory: Path, sizes: dict[str, int], rank: int, world: int) -> dict[str, tuple[str, int] | str]:
-    """``{name: (sha256, bytes)}`` of the files named in ``sizes``, or a reason one cannot be read: each rank
-    hashes its `_share` and the ranks exchange what they found (a collective when ``world > 1``)."""
-    mine: dict[str, tuple[str, int] | str] = {}
-    for name in _share(sizes, rank, world):
-        try:
-            mine[name] = sha256_file(directory / name)
-        except OSError as e:  # reported, so that every rank still joins the exchange
-            mine[name] = "is missing" if isinstance(e, FileNotFoundError) else f"cannot be read ({e.strerror})"
-    if world == 1:
-        return mine
-    every: list[dict | None] = [None] * world
-    dist.all_gather_object(every, mine)
-    return {name: found for part in every for name, found in part.items()}
-
-
 def _seal(part: Path, step: int, rank: int, world: int) -> None:
-    """Write ``part/seal.json``: the step and every file's size and sha256 (all ranks hash, rank 0 writes).
-
-    Rank 0 lists the folder once every rank's files are in (`dcp.save` returns on rank 0 after all ranks
-    reported their writes, and its own files come next) and hands the list to the others, so every rank
-    hashes from the same listing."""
-    listing = [{e.name: e.stat().st_size for e in os.scandir(part) if e.is_file(follow_symlinks=False)}
-               if rank == 0 else None]
-    if world > 1:
-        dist.broadcast_object_list(listing, src=0)
-    sizes = listing[0]
-    found = _hashes(part, sizes, rank, world)
-    bad = {n: f for n, f in found.items() if isinstance(f, str) or f[1] != sizes[n]}
-    if bad:  # a file changed between the listing and its hash (every rank sees it): nothing is committed
-        raise CheckpointDamagedError(f"files changed while being sealed: {bad}", path=str(part))
+    """Write ``part/seal.json`` (`marin_train.seal.seal_document`: all ranks hash, rank 0 writes)."""
+    seal = seal_document(part, step, rank, world)
     if rank == 0:
-        files = {n: {"bytes": found[n][1], "sha256": found[n][0]} for n in sorted(sizes)}
-        seal = {"format": CHECKPOINT_FORMAT, "step": step, "files": files}
         atomic_write(part / SEAL, lambda f: f.write(json.dumps(seal, indent=1).encode()))
-
-
-def _read_seal(path: Path) -> dict[str, Any] | str:
-    """The seal of the checkpoint ``path``, or what is wrong with it: missing, unreadable, not a seal."""
-    try:
-        seal = json.loads((path / SEAL).read_bytes())
-        files = seal["files"]
-        if not isinstance(seal["step"], int) or not all(
-                isinstance(f["bytes"], int) and isinstance(f["sha256"], str) for f in files.values()):
-            raise TypeError
-        if not all(isinstance(n, str) and n not in ("", ".", "..") and "/" not in n and "\0" not in n
-                   for n in files):
-            raise ValueError("a sealed name is not a file of the folder")  # nothing is read outside it
-        return seal
-    except FileNotFoundError:
-        return f"has no seal ({SEAL}: a save that did not finish, or files removed)"
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return f"has an unreadable seal ({SEAL})"
-
-
-def _format_of(path: Path) -> int | None:
-    try:
-        return int(json.loads((path / "config.json").read_bytes())["format"])
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _problem(path: Path) -> str | None:
-    """What a quick look finds wrong with the checkpoint ``path`` (a missing step, no seal, a sealed file
-    missing or of another size), or None; only a load hashes the files. A format-2 checkpoint has no seal."""
-    if path.is_file():
-        return ("is a single-file checkpoint: the single-file checkpoints (step-NNNNNNNN.pt) of earlier versions "
-                "cannot be loaded (load them with the version that wrote them)")
-    if not path.is_dir():
-        return "does not exist"
-    seal = _read_seal(path)
-    if isinstance(seal, str):
-        return None if not (path / SEAL).exists() and _format_of(path) == 2 else seal
-    for name, sealed in seal["files"].items():
-        try:
-            size = os.stat(path / name).st_size
-        except OSError:
-            return f"is damaged: {name} is missing"
-        if size != sealed["bytes"]:
-            return f"is damaged: {name} holds {size} bytes, its seal says {sealed['bytes']}"
-    return None
-
-
-def _damaged(path: Path, why: str, *, latest: bool = False) -> CheckpointDamagedError:
-    """The error for a checkpoint found missing or damaged, offering the newest other one that looks intact."""
-    root = path.parent
-    intact = [p.name for p in sorted(root.glob("step-*"), reverse=True)
-              if p.name != path.name and _STEP.fullmatch(p.name) and _problem(p) is None]
-    if intact:
-        fix = (f"the newest intact checkpoint is {intact[0]} (its files are hashed as it loads): to resume from "
-               f"it, write its name into {root / 'latest'} (echo {intact[0]} > {root / 'latest'}); or start "
-               "afresh with --no-resume")
-    else:
-        fix = f"no intact checkpoint is left in {root}: start afresh with --no-resume"
-    what = f"latest names {path.name}, which" if latest else "the checkpoint"
-    return CheckpointDamagedError(f"{what} {why}\n  -> {fix}", path=str(root if latest else path))
-
-
-def _verify(path: Path, rank: int, world: int) -> None:
-    """Raise `CheckpointDamagedError` unless every file sealed in ``path`` has its sealed size and sha256 and
-    the seal's step is the directory's (a collective when ``world > 1``: the ranks share the hashing)."""
-    seal = _read_seal(path)
-    if isinstance(seal, str):
-        if (path / SEAL).exists() or _format_of(path) != 2:
-            raise _damaged(path, seal)
-        return  # format 2: nothing to check against
-    named = _STEP.fullmatch(path.name)
-    if named and int(named.group(1)) != seal["step"]:
-        raise _damaged(path, f"holds step {seal['step']}'s checkpoint, not step {int(named.group(1))}'s")
-    found = _hashes(path, {n: f["bytes"] for n, f in seal["files"].items()}, rank, world)
-    bad = []
-    for name, sealed in sorted(seal["files"].items()):
-        got = found[name]
-        if isinstance(got, str):
-            bad.append(f"{name} {got}")
-        elif got != (sealed["sha256"], sealed["bytes"]):
-            bad.append(f"{name} has sha256 {got[0]} ({got[1]} bytes), its seal says {sealed['sha256']} "
-                       f"({sealed['bytes']} bytes)")
-    if bad:
-        raise _damaged(path, "is damaged: " + "; ".join(bad))
-
-
-def verify_checkpoint(path: str | os.PathLike) -> None:
-    """Check, in this one process, that every file of the checkpoint ``path`` is the one its seal names.
-
-    Raises `CheckpointDamagedError` naming each file that is missing or differs, and the newest intact
-    checkpoint beside it. (`load_checkpoint` runs the same check with the hashing shared by the ranks.)"""
-    _verify(Path(path), 0, 1)
 
 
 # --- metrics.jsonl -------------------------------------------------------------------------------------
@@ -382,9 +287,9 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike | None) -> Path | None:
     if not pointer.exists():
         return None
     path = Path(checkpoint_dir) / pointer.read_text().strip()
-    problem = _problem(path)
-    if problem is not None:
-        raise _damaged(path, problem, latest=True)
+    why = problem(path)
+    if why is not None:
+        raise damaged(path, why, latest=True)
     return path
 
 
@@ -404,13 +309,22 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def checkpoint_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``config.json`` of a checkpoint: the run's and the model's config, global batch, layout, step."""
+    """The ``config.json`` of a checkpoint: the run's and the model's config, global batch, layout, step; read
+    only once its seal holds (`marin_train.seal.read_sealed`)."""
     path = Path(path)
     if not path.is_dir():
-        raise _damaged(path, _problem(path))
+        raise damaged(path, problem(path))
     if not (path / "config.json").is_file():
-        raise _damaged(path, "has no config.json")
-    return json.loads((path / "config.json").read_text())
+        raise damaged(path, "has no config.json")
+    try:
+        config = json.loads(read_sealed(path, "config.json"))
+    except ValueError as e:
+        if isinstance(e, CheckpointDamagedError):
+            raise
+        raise damaged(path, "is damaged: config.json is not JSON") from None
+    if not isinstance(config, dict) or not isinstance(config.get("global_batch"), int):
+        raise damaged(path, "is damaged: config.json is not a checkpoint's config")
+    return config
 
 
 def resume_config(cfg: TrainConfig, world: int) -> TrainConfig:
@@ -432,7 +346,7 @@ def restore_loader(path: str | os.PathLike, data: Batches, *, strict: bool = Tru
     """Only the loader position of a checkpoint (`load_checkpoint` with ``data`` restores it too): a trainer
     that knows where its stream continues can start fetching those shards before it builds the model."""
     checkpoint_config(path)  # refuses what is not a checkpoint of this version, naming it
-    trainer = torch.load(Path(path) / "trainer.pt", map_location="cpu", weights_only=False)
+    trainer = trainer_state(Path(path))
     data.load_state_dict(trainer["loader"], **({} if strict else {"strict": False}))
 
 
@@ -451,15 +365,18 @@ def load_checkpoint(path: str | os.PathLike, *, model: Transformer, optimizer: t
         raise ValueError(f"{path} was trained with a global batch of {config['global_batch']} sequences, this run "
                          f"has {global_batch}: set the per-rank batch with marin_train.checkpoint.resume_config")
     rank, world = dist.get_rank(), dist.get_world_size()
-    _verify(path, rank, world)
+    verify(path, rank, world)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optimizer": optim_sd}
-    dcp.load(state, checkpoint_id=path)
+    load_shards(path, state)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+    trainer = trainer_state(path)
     if data is not None:
         data.load_state_dict(trainer["loader"], **({} if strict_data else {"strict": False}))
-    _set_rng_state(trainer["rng"])
+    try:
+        _set_rng_state(trainer["rng"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # plain values, but not RNG states
+        raise damaged(path, f"is damaged: trainer.pt holds no RNG state this process takes ({e})") from None
     if rank == 0 and "records" in trainer:  # format 2 kept no metrics
         _restore_metrics(path.parent / METRICS, trainer["records"], int(trainer["step"]))
     return int(trainer["step"])

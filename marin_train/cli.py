@@ -331,7 +331,8 @@ def generate(model, prompts, max_new_tokens, temperature, top_k, seed, tokenizer
     MODEL is a checkpoint (step-NNNNNNNN/), a run directory (its latest checkpoint) or an exported model. The
     prompts are encoded with the training corpus's tokenizer, which a run keeps in its checkpoint directory
     (and export copies beside the model); --tokenizer or --data name one for a model without it. Generation
-    stops at EOS. The KV cache keeps every key of the global layers and the last window of the
+    stops at EOS. A prompt and its new tokens share the model's context: a longer prompt keeps its last
+    tokens (stderr says so). The KV cache keeps every key of the global layers and the last window of the
     sliding-window layers. One line per prompt: the prompt, then the continuation (newlines shown as \\n).
 
     \b
@@ -352,6 +353,10 @@ def generate(model, prompts, max_new_tokens, temperature, top_k, seed, tokenizer
     samples = generate_text(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             seed=seed, tokenizer=tokenizer, source=source, data=data_config(source, **corpus),
                             use_cache=not no_cache)
+    for n, s in enumerate(samples, 1):
+        if s.dropped:
+            click.echo(f"note: prompt {n} lost its first {s.dropped:,} tokens: the model's context holds its last "
+                       f"tokens and the --max-new-tokens {max_new_tokens} new ones", err=True)
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(s) for s in samples], indent=1, ensure_ascii=False))
         return

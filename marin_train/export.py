@@ -22,14 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save
 
 from marin_data.errors import CheckpointDamagedError, InvalidCheckpointError
 from marin_data.layout import TOKENIZER
 from marin_model.config import ModelConfig
 from marin_model.model import Transformer
-from marin_train.checkpoint import atomic_write, checkpoint_config, latest_checkpoint, verify_checkpoint
+from marin_train.checkpoint import atomic_write, checkpoint_config, latest_checkpoint
+from marin_train.safe_load import load_shards
+from marin_train.seal import verify_checkpoint
 
 __all__ = ["SavedModel", "TRAINING", "checkpoint_model", "export_checkpoint", "load_exported", "load_model"]
 
@@ -48,7 +49,7 @@ def checkpoint_model(checkpoint: str | os.PathLike) -> Transformer:
     state = {"model": {name: torch.empty_like(t, device="cpu") for name, t in model.state_dict().items()}}
     with warnings.catch_warnings():  # that no_dist=True ignores a process group this process may have joined
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(state, checkpoint_id=checkpoint, no_dist=True)
+        load_shards(Path(checkpoint), state, no_dist=True)
     model = Transformer(ModelConfig.from_dict(config["model"]))
     model.load_state_dict(state["model"])
     return model

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from marin_data.errors import LoaderConfigError, ModelTokenizerMismatchError, UnknownModelTokenizerError
+from marin_data.errors import (ContextLengthError, LoaderConfigError, ModelTokenizerMismatchError,
+                               UnknownModelTokenizerError)
 from marin_data.loader.stream import LoaderConfig
 from marin_data.raw.tokenizer import LoadedTokenizer, load_tokenizer, token_byte_lengths
 from marin_model.generate import generate
@@ -120,6 +121,7 @@ class Sample:
     completion: str  # the decoded new tokens (special tokens such as EOS left out)
     tokens: int  # new tokens
     seconds: float  # generating them, prompt included
+    dropped: int = 0  # prompt tokens cut from its start: the prompt and the new tokens fit the model's context
 
 
 def generate_text(path: str, prompts: Sequence[str], *, max_new_tokens: int = 64, temperature: float = 1.0,
@@ -130,15 +132,23 @@ def generate_text(path: str, prompts: Sequence[str], *, max_new_tokens: int = 64
     Args:
         path: a checkpoint, a run directory or an exported model.
         prompts: texts, encoded without special tokens as corpus documents are (BOS first when ``source``'s
-            manifest says its documents start with one).
+            manifest says its documents start with one). A prompt keeps at most its last ``max_seq_len -
+            max_new_tokens`` tokens, so that it and its continuation fit the model's context, and memory is
+            bounded by the context, not by the prompt (`Sample.dropped` counts the tokens cut).
         temperature: 0 for greedy decoding; top_k: sample among the k most likely (0: all).
         seed: seeds the sampler (one generator for all the prompts, in order).
         tokenizer, source, data: which tokenizer (`model_tokenizer`).
 
     Raises:
+        ContextLengthError: ``max_new_tokens`` leaves no room in the model's context for a prompt.
         InvalidCheckpointError, UnknownModelTokenizerError, ModelTokenizerMismatchError, InvalidTokenizerError.
     """
     saved = load_model(path)
+    context = saved.model.cfg.max_seq_len
+    if max_new_tokens >= context:
+        raise ContextLengthError(f"the model's context is {context:,} positions: --max-new-tokens {max_new_tokens:,} "
+                                 "leaves no room for a prompt", path=str(path), expected=context - 1,
+                                 actual=max_new_tokens)
     loaded = model_tokenizer(saved, tokenizer=tokenizer, source=source, data=data)
     info, generator = loaded.info, torch.Generator().manual_seed(seed)
     out = []
@@ -147,11 +157,14 @@ def generate_text(path: str, prompts: Sequence[str], *, max_new_tokens: int = 64
             loaded.tokenizer.encode(prompt, add_special_tokens=False).ids
         if not ids:
             raise ValueError("an empty prompt has no token to continue")
+        dropped = max(0, len(ids) - (context - max_new_tokens))  # the prompt's last tokens fit, with the new ones
+        ids = ids[dropped:]
         t0 = time.perf_counter()
         tokens = generate(saved.model, torch.tensor([ids]), max_new_tokens, temperature=temperature, top_k=top_k,
                           generator=generator, use_cache=use_cache, stop_token=info.eos_id)[0, len(ids):].tolist()
         seconds = time.perf_counter() - t0
         if info.eos_id in tokens:
             tokens = tokens[:tokens.index(info.eos_id) + 1]
-        out.append(Sample(prompt, loaded.tokenizer.decode(tokens, skip_special_tokens=True), len(tokens), seconds))
+        out.append(Sample(prompt, loaded.tokenizer.decode(tokens, skip_special_tokens=True), len(tokens), seconds,
+                          dropped))
     return out

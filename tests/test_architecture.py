@@ -196,3 +196,52 @@ def test_every_json_the_data_side_parses_goes_through_the_bounded_loader():
     (`marin_data.untrusted_json`); `loads` refuses such nesting first."""
     files = {m: p for m, p in module_files().items() if m.startswith("marin_data")}
     assert references_outside(_JSON_PARSERS, "marin_data.untrusted_json", files) == []
+
+
+# Loading a pickle runs whatever functions it names. One module reads DCP's metadata, with an unpickler that
+# builds only DCP's types; every other pickle is read with torch.load(weights_only=True).
+_UNPICKLERS = {"pickle.load", "pickle.loads", "pickle.Unpickler", "_pickle.load", "_pickle.loads"}
+
+
+def source_files() -> dict[str, Path]:
+    """The library's modules and the scripts and benchmarks beside it: every Python file but the tests."""
+    scripts = {f"{p.parent.name}/{p.name}": p for folder in ("scripts", "benchmarks", "examples")
+               for p in sorted((ROOT / folder).rglob("*.py"))}
+    return module_files() | scripts
+
+
+def unsafe_unpickling(files: dict[str, Path]) -> list[str]:
+    """``module:line what`` of each unpickler outside `marin_train.safe_load`, each ``from pickle import``
+    of one, each ``torch.load`` without ``weights_only=True`` and each ``allow_pickle=True``."""
+    found = references_outside(_UNPICKLERS, "marin_train.safe_load", files)
+    for mod, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module in ("pickle", "_pickle"):
+                found += [f"{mod}:{node.lineno} from {node.module} import {a.name}" for a in node.names
+                          if a.name in ("load", "loads", "Unpickler")]
+            if not isinstance(node, ast.Call):
+                continue
+            flags = {k.arg: k.value.value for k in node.keywords if isinstance(k.value, ast.Constant)}
+            func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr == "load" and isinstance(func.value, ast.Name)
+                    and func.value.id == "torch" and flags.get("weights_only") is not True):
+                found.append(f"{mod}:{node.lineno} torch.load without weights_only=True")
+            if flags.get("allow_pickle") is True:
+                found.append(f"{mod}:{node.lineno} allow_pickle=True")
+    return found
+
+
+def test_unpickling_check_finds_planted_loads(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import pickle, torch, numpy as np\nfrom pickle import loads\nx = pickle.load(f)\n"
+                       "y = torch.load(f, weights_only=False)\nz = torch.load(f)\nw = np.load(f, allow_pickle=True)\n"
+                       "ok = torch.load(f, map_location='cpu', weights_only=True)\n")
+    assert sorted(unsafe_unpickling({"planted": planted})) == [
+        "planted:2 from pickle import loads", "planted:3 pickle.load", "planted:4 torch.load without weights_only=True",
+        "planted:5 torch.load without weights_only=True", "planted:6 allow_pickle=True"]
+
+
+def test_nothing_unpickles_more_than_tensors_and_plain_values():
+    """A checkpoint is input: whoever can write it can seal it anew (docs/security.md, "Training
+    checkpoints"), so none of its pickles may name a function that runs."""
+    assert unsafe_unpickling(source_files()) == []

@@ -73,3 +73,13 @@ def test_generation_stops_at_the_stop_token_and_leaves_the_model_as_it_was(model
     generate(model, prompt, 2)
     assert model.training and all(block.attn.kv_cache is None for block in model.blocks)
     model.eval()
+
+
+def test_a_prompt_and_new_tokens_beyond_the_context_are_refused_not_run(model):
+    """Attention over the prompt costs memory with its square; the context (max_seq_len) bounds it."""
+    context = model.cfg.max_seq_len
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, context - 2))
+    assert generate(model, prompt, 2, temperature=0).shape == (1, context)
+    for use_cache in (True, False):
+        with pytest.raises(ValueError, match="context of 128 positions: cut the prompt"):
+            generate(model, prompt, 3, temperature=0, use_cache=use_cache)

@@ -20,6 +20,7 @@ from conftest import build_corpus, build_text_corpus
 
 from marin_data.layout import TOKENIZER
 from marin_data.raw.tokenizer import load_tokenizer, token_byte_lengths
+from marin_model.model import Transformer
 from marin_train.cli import main
 from marin_train.config import DataConfig, TrainConfig
 from marin_train.data import eval_config, eval_stream, run_training
@@ -205,3 +206,28 @@ def test_generate_needs_the_models_tokenizer(trained, tmp_path, capsys):
     other = build_corpus(tmp_path / "other", {"code": [200]})
     assert generate_cli(capsys, str(trained["run"]), "--prompt", "x", "--data", str(other.root))[0] == 4
     assert generate_cli(capsys, str(trained["run"]), "--prompt", "")[0] == 2
+
+
+def test_a_prompt_longer_than_the_context_keeps_its_last_tokens_and_the_model_never_sees_more(trained, capsys):
+    """Attention over a prompt costs memory with the square of its length: a 120 KB prompt asked 20 GB of a model
+    with 128 positions. The longest input the model is called with is the bound."""
+    seen = []
+
+    def record(module, args):
+        if isinstance(module, Transformer):
+            seen.append(args[0].shape[1])
+
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(record)
+    try:
+        code, out, err = generate_cli(capsys, str(trained["run"]), "--prompt", "alpha beta gamma " * 200,
+                                      "--prompt", "short", "--max-new-tokens", "16", "--temperature", "0", "--json")
+    finally:
+        hook.remove()
+    context = json.loads((trained["run"] / "step-00000004" / "config.json").read_text())["model"]["max_seq_len"]
+    assert max(seen) == context - 16  # the prompt's last tokens, as many as leave room for the new ones
+    samples = json.loads(out)
+    assert code == 0 and samples[0]["dropped"] > 0 and samples[1]["dropped"] == 0
+    assert "prompt 1 lost its first" in err and "prompt 2" not in err
+    code, _, err = generate_cli(capsys, str(trained["run"]), "--prompt", "x", "--max-new-tokens", str(context))
+    assert code == 2 and "--max-new-tokens" in err and "Traceback" not in err
+

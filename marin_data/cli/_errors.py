@@ -56,6 +56,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                         "token with --eos-token if it has none marked special"), EXIT_USAGE),
     (E.CorpusLockedError, _with_fix("another marin-data process is writing this corpus; wait for it to finish "
                                     "(the lock is released when its holder exits, even if it is killed)"), 5),
+    (E.ContextLengthError, _with_fix("ask for fewer new tokens (--max-new-tokens): the prompt, cut to its last "
+                                     "tokens, and the new tokens share the model's context"), EXIT_USAGE),
     (E.InvalidMetadataError, _with_fix("fix the metadata file (the datasheet's answers); `marin-data datasheet "
                                        "CORPUS --meta-template` prints its shape"), EXIT_USAGE),
     (E.DatasheetIncompleteError, _with_fix("answer them in the --meta file (`marin-data datasheet CORPUS "
