@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import os
 import platform
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +23,13 @@ from marin_data.raw.tokenizer import TokenizerInfo
 
 VOCAB = 1000
 EOS = 0
+
+# Inductor's on-disk kernel cache does not key its entries by ATEN_CPU_CAPABILITY: kernels compiled in a run
+# forced to AVX2 were loaded by a later AVX-512 run of the same test and aborted it (seen with torch 2.13 on an
+# AVX-512 machine). A run forced to one width keeps its own cache, unless the caller chose one.
+if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY']}")
 
 
 def pytest_report_header(config) -> list[str]:
