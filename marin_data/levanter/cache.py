@@ -194,10 +194,12 @@ def _chunk_keys(listed: list[str], name: str, meta: ArrayMeta) -> set[int]:
 
 
 def open_cache(store: Store, prefix: str = "", *, require_finished: bool = True) -> LevanterCache:
-    """Open the cache whose root is ``prefix`` on ``store``: its ledgers and ``zarr.json`` files (no data).
+    """Open the cache whose root is ``prefix`` on ``store``: its ledgers and ``zarr.json`` files (no data), and
+    one listing of each part's arrays.
 
     Raises:
-        CacheFormatError: a ledger or ``zarr.json`` missing, malformed or of an unsupported form.
+        CacheFormatError: a ledger or ``zarr.json`` missing, malformed or of an unsupported form; a ledger
+            counting more than a ``zarr.json`` shape, or chunk files the store does not list (the first named).
         CacheUnfinishedError: (with ``require_finished``) a ledger not finished.
         UnsafePathError: a sharded ledger naming a sub-cache outside the cache.
     """
