@@ -72,7 +72,8 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
     block = {"mixture_block": data.schedule.mixture_block} if data.schedule is not None else {}
     config = LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
                           mixture=mixture_schedule(data, cfg.global_batch(world)), val_fraction=data.val_fraction,
-                          segments=True, **block)  # segments: the model masks attention across documents
+                          segments=True, vocab_size=cfg.model_overrides.get("vocab_size"),
+                          **block)  # segments: the model masks attention across documents; no id past its vocabulary
     if is_remote(data.source):
         loader = make_remote_loader(data.source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
                                     cache_dir=data.cache_dir, cache_bytes=data.cache_bytes, rank=rank,

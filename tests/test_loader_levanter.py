@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from levanter_env import CHUNK, make_cache, make_store
+from levanter_env import CHUNK, make_cache, make_store, wide_tokenizer
 from loader_checks import check_global_stream, take, window_of
 from s3_env import bucket_url, moto, proxy, s3_client  # noqa: F401 - fixtures
 from shard_env import tiny_tokenizer, tree_bytes  # noqa: F401 - a fixture
@@ -175,10 +175,9 @@ GOLDEN = json.loads((FIXTURES / "EXPECTED.json").read_text())["caches"]
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
-def test_levanter_windows_of_the_golden_caches_are_the_documents_real_levanter_read(name, tiny_tokenizer,  # noqa: F811
-                                                                                    tmp_path):
+def test_levanter_windows_of_the_golden_caches_are_the_documents_real_levanter_read(name, tmp_path):
     shutil.copytree(FIXTURES / name, tmp_path / "cache")
-    adopt(tmp_path / "cache", tokenizer=str(tiny_tokenizer), name="cell")
+    adopt(tmp_path / "cache", tokenizer=str(wide_tokenizer(tmp_path / "tok")), name="cell")  # ids up to 127,924
     seq_len = 7  # a prime: windows cut documents anywhere
     stream = TokenStream(tmp_path / "cache", LoaderConfig(seq_len=seq_len, batch_size=1, packing="levanter",
                                                           shuffle="none", val_fraction=0), cache_dir=tmp_path / "c")

@@ -9,7 +9,7 @@ The public API (docs/design.md, "Levanter caches", says why it looks like this):
 
 - ``detect(url, **store_options) -> Source``: ``kind`` is ``"corpus"``, ``"cache"`` or ``"store"`` (with
   ``cells``); anything else is an `UnknownSourceError`.
-- ``open_cache(store, prefix="") -> LevanterCache``: ledgers and ``zarr.json`` files, no data. Its
+- ``open_cache(store, prefix="") -> LevanterCache``: ledgers, ``zarr.json`` files and a listing, no data. Its
   ``parts`` (`CachePart`) list ``data_chunks()`` and ``offsets_chunks()`` (`ChunkFile`: path, index,
   ``[start, stop)``); ``read_chunk(chunk, meta)`` and ``document_ends(part)`` decode values.
 - ``decode_chunk(data, meta, count, where) -> ndarray``: the values of one chunk file from its bytes (decode

@@ -4,15 +4,18 @@ After the structural checks (`check_cache`) pass, every file of every cell is ha
 ``shards.parquet``: a data chunk file is a *shard* (its tokens, the documents that start in it, its stored
 inner chunks), an offsets chunk file an ``offsets`` row, every other file (ledgers, ``zarr.json``,
 ``.success``, ``.stats.json``) a ``meta`` row, all under the subset of their cell, so that a download of a
-subset fetches, and verify hashes, exactly its files. Then ``tokenizer.json``, the card, ``croissant.json``,
-``SHA256SUMS`` and last ``manifest.json`` (``format``: a store or a single cache) move in beside the
-cache's files as one commit (`commit_corpus`): a run killed before its manifest leaves the cache as it was,
-one killed after it is finished by the next run. From then on the folder is a corpus: verify, publish,
-download and serve it as any other. docs/design.md ("Levanter caches") says why a chunk file is the shard.
+subset fetches, and verify hashes, exactly its files. A data chunk file is decoded frame by frame as it is
+hashed, and a token id outside the tokenizer's vocabulary refuses the whole adoption. Then ``tokenizer.json``,
+the card, ``croissant.json``, ``SHA256SUMS`` and last ``manifest.json`` (``format``: a store or a single cache)
+move in beside the cache's files as one commit (`commit_corpus`): a run killed before its manifest leaves the
+cache as it was, one killed after it is finished by the next run. From then on the folder is a corpus: verify,
+publish, download and serve it as any other. docs/design.md ("Levanter caches") says why a chunk file is the
+shard.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,14 +30,16 @@ from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, Manifest,
 from marin_data.corpus.names import as_subset_name
 from marin_data.corpus.records import META, OFFSETS, SHARD, ShardRecord, SubsetInfo
 from marin_data.engines.local import default_workers
-from marin_data.errors import CorpusConflictError
+from marin_data.errors import CacheCheckError, CacheFormatError, CorpusConflictError
 from marin_data.layout import CARD, COMMIT, CROISSANT, LISTED, LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, \
     STAGING, SUMS, TOKENIZER, UNLISTED
+from marin_data.levanter.arraymeta import ArrayMeta
 from marin_data.levanter.cache import LevanterCache, open_cache
 from marin_data.levanter.checks import check_cache, refuse_problems
-from marin_data.levanter.chunkfile import EMPTY, read_index
+from marin_data.levanter.chunkfile import decode_inner, read_index, stored_frames
 from marin_data.levanter.describe import render_cache_card, render_cache_croissant
 from marin_data.levanter.detect import CACHE, CORPUS, detect
+from marin_data.levanter.documents import refuse_ids
 from marin_data.lock import corpus_lock
 from marin_data.raw.tokenizer import load_tokenizer
 from marin_data.stores.local import LocalStore
@@ -78,7 +83,8 @@ def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, v
     Raises:
         UnknownSourceError: ``path`` holds no cache; CorpusConflictError: it is a corpus already, or holds a
             file adopt would write (a Hub repo's ``README.md``).
-        CacheFormatError, CacheUnfinishedError, CacheCheckError: a structural check failed (nothing written).
+        CacheFormatError, CacheUnfinishedError, CacheCheckError: a structural check failed, or a token id lies
+            outside the tokenizer's vocabulary (checked while each data chunk file is hashed; nothing written).
         InvalidTokenizerError: the tokenizer cannot be loaded.
     """
     root = Path(path)
@@ -101,7 +107,7 @@ def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, v
         jobs = [j for subset, cache in caches.items() for j in _jobs(root, subset, cache)]
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=max(1, min(workers or default_workers(), len(jobs) or 1))) as pool:
-            rows = list(pool.map(lambda j: _hash(root, j), jobs))
+            rows = list(pool.map(lambda j: _hash(root, j, loaded.info.vocab_size), jobs))
         seconds = time.perf_counter() - t0
         manifest = Manifest(name=name, version=version, tokenizer=loaded.info,
                             subsets={s: SubsetInfo(0, 0, 0, 0, license) for s in cells},
@@ -153,13 +159,45 @@ def _jobs(root: Path, subset: str, cache: LevanterCache) -> list[_Job]:
     return [_Job(f, subset, *known.get(f, (META, 0, 0)), meta=data_meta.get(f)) for f in files]
 
 
-def _hash(root: Path, job: _Job) -> ShardRecord:
-    digest, size = sha256_file(root / job.path)
-    row_groups = 0
+def _hash(root: Path, job: _Job, vocab_size: int) -> ShardRecord:
     if job.kind == SHARD:
-        with open(root / job.path, "rb") as f:
-            f.seek(max(0, size - job.meta.index_bytes))
-            table = read_index(f.read(), size, job.meta, str(root / job.path))
-        row_groups = int((table[:, 0] != EMPTY).sum())
+        digest, size, row_groups = _hash_chunk(root / job.path, job.meta, job.tokens, vocab_size)
+    else:
+        (digest, size), row_groups = sha256_file(root / job.path), 0
     return ShardRecord(path=job.path, subset=job.subset, bytes=size, sha256=digest, docs=job.docs,
                        tokens=job.tokens, row_groups=row_groups, kind=job.kind)
+
+
+def _hash_chunk(path: Path, meta: ArrayMeta, count: int, vocab_size: int) -> tuple[str, int, int]:
+    """A data chunk file's sha256, size and stored inner chunks, its ``count`` token ids checked against the
+    vocabulary in the same pass: each frame is read once, hashed and decoded (one inner chunk in memory), so
+    the ids checked are those of the bytes hashed.
+
+    Raises:
+        CacheCheckError: a token id outside ``[0, vocab_size)``; CacheFormatError: a bad index or frame, or
+            the file changed while it was read.
+    """
+    where, h = str(path), hashlib.sha256()
+    values = np.empty(meta.inner, np.dtype(meta.dtype).newbyteorder("<"))
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - meta.index_bytes))
+        tail = f.read(meta.index_bytes)
+        frames = stored_frames(read_index(tail, size, meta, where))
+        unstored = -(-count // meta.inner) - sum(i * meta.inner < count for i, _, _ in frames)
+        if unstored and not 0 <= meta.fill_value < vocab_size:
+            raise CacheCheckError(f"{unstored} inner chunks of its tokens are not stored and read as the fill "
+                                  f"value {meta.fill_value}, outside the tokenizer's vocabulary [0, {vocab_size})",
+                                  path=where)
+        f.seek(0)
+        for i, _, nbytes in frames:  # they tile the file's data part in this order (`read_index`)
+            frame = f.read(nbytes)
+            h.update(frame)
+            if i * meta.inner < count:
+                decode_inner(frame, meta, f"{where} inner chunk {i}", out=values)
+                refuse_ids(values[:count - i * meta.inner], vocab_size, f"{where} inner chunk {i}")
+        rest = f.read()
+    if rest != tail:
+        raise CacheFormatError("changed while it was read: run adopt again", path=where)
+    h.update(rest)
+    return h.hexdigest(), size, len(frames)

@@ -18,8 +18,8 @@ import numpy as np
 from marin_data.errors import CacheFormatError
 from marin_data.levanter.jsonio import field, parse_json
 
-__all__ = ["ZARR_JSON", "LEVANTER_SHAPE", "LEVANTER_CHUNK", "LEVANTER_INNER", "MAX_CHUNK", "Blosc", "LZ4", "ZSTD",
-           "ArrayMeta", "parse_array_meta", "render_array_meta"]
+__all__ = ["ZARR_JSON", "LEVANTER_SHAPE", "LEVANTER_CHUNK", "LEVANTER_INNER", "MAX_CHUNK", "MAX_INNER_CHUNKS",
+           "Blosc", "LZ4", "ZSTD", "ArrayMeta", "parse_array_meta", "render_array_meta"]
 
 ZARR_JSON = "zarr.json"
 LEVANTER_SHAPE = 2 ** 54
@@ -27,6 +27,10 @@ LEVANTER_CHUNK = 134_217_728  # elements per chunk file
 LEVANTER_INNER = 262_144  # elements per inner chunk (1 MiB of int32)
 # The largest chunk file this reader decodes: 2^28 int64 elements are 2 GiB in memory.
 MAX_CHUNK = 1 << 28
+# The most inner chunks one chunk file may hold, so that its shard index (16 bytes an entry) is at most 1 MiB
+# and its frames' overhead stays small beside its values. Levanter's hold 512; an inner chunk of one element
+# would make a file of MAX_CHUNK elements a 4 GiB index, read whole before a single value.
+MAX_INNER_CHUNKS = 1 << 16
 _DTYPES = ("int32", "int64", "uint32", "uint16")
 _CNAMES = ("lz4", "lz4hc", "blosclz", "zstd", "zlib", "snappy")
 _SHUFFLES = ("noshuffle", "shuffle", "bitshuffle")
@@ -108,6 +112,8 @@ def parse_array_meta(data: bytes, where: str) -> ArrayMeta:
     if separator not in ("/", "."):
         raise _bad(f"chunk_key_encoding {keys!r:.80}", where, keys)
     fill = field(doc, "fill_value", int, where)
+    if not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max:
+        raise _bad(f"fill_value {str(fill):.40} outside {dtype}", where, fill)
     codecs = field(doc, "codecs", list, where)
     if len(codecs) != 1 or not isinstance(codecs[0], dict) or codecs[0].get("name") != "sharding_indexed":
         raise _bad("codecs other than one sharding_indexed", where, codecs)
@@ -117,6 +123,9 @@ def parse_array_meta(data: bytes, where: str) -> ArrayMeta:
     inner = _one_int(conf.get("chunk_shape"))
     if inner is None or inner <= 0 or chunk % inner:
         raise _bad(f"inner chunk {conf.get('chunk_shape')!r:.40} does not divide the chunk {chunk}", where)
+    if chunk // inner > MAX_INNER_CHUNKS:
+        raise _bad(f"inner chunks of {inner} elements: {chunk // inner:,} in a chunk file of {chunk:,}, more than "
+                   f"the {MAX_INNER_CHUNKS:,} this reader accepts (a shard index of at most 1 MiB)", where, inner)
     if conf.get("index_location", "end") != "end":
         raise _bad("a shard index at the start of the file", where)
     index = conf.get("index_codecs")

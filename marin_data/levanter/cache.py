@@ -156,14 +156,50 @@ def _open_part(store: Store, prefix: str, ledger: Ledger) -> CachePart:
                         missing=f"{ZARR_JSON} missing behind the ledger: the array cannot be read")
              for a in (DATA_ARRAY, OFFSETS_ARRAY)]
     success = store.head(join(prefix, SUCCESS)) is not None
-    return CachePart(prefix, ledger, metas[0], metas[1], success)
+    part = CachePart(prefix, ledger, metas[0], metas[1], success)
+    _check_counts(store, part)
+    return part
+
+
+def _check_counts(store: Store, part: CachePart) -> None:
+    """Refuse a ledger whose counts its arrays cannot hold, before anything sizes a list by them: more values
+    than a ``zarr.json`` shape declares, or more chunk files than the store lists (so a ledger claiming 10^15
+    tokens costs one listing of the part's arrays, never a Python object per claimed chunk file)."""
+    arrays = ((DATA_ARRAY, part.data, part.tokens, "tokens"), (OFFSETS_ARRAY, part.offsets, part.rows + 1,
+                                                               "offsets (rows + 1)"))
+    for array, meta, n, what in arrays:
+        if n > meta.shape:
+            raise CacheFormatError(f"the ledger counts {n:,} {what}, more than the array's shape {meta.shape:,}",
+                                   path=store.describe(join(part.prefix, f"{array}/{ZARR_JSON}")), expected=n,
+                                   actual=meta.shape)
+    base = join(part.prefix, TOKENS_FIELD)
+    listed = [o.path[len(base) + 1:] for o in store.list(base) if o.path.startswith(base + "/")]
+    for array, meta, n, what in arrays:
+        need = -(-n // meta.chunk)
+        have = sorted(k for k in _chunk_keys(listed, array[len(TOKENS_FIELD) + 1:], meta) if k < need)
+        if len(have) < need:
+            first = next((i for i, k in enumerate(have) if i != k), len(have))
+            raise CacheFormatError(f"chunk file missing (Levanter would read zeros in its place): the ledger counts "
+                                   f"{n:,} {what}, {need:,} chunk files of {meta.chunk:,}, and "
+                                   f"{need - len(have):,} of them are not there",
+                                   path=store.describe(join(part.prefix, f"{array}/{meta.chunk_key(first)}")),
+                                   expected=need, actual=len(have))
+
+
+def _chunk_keys(listed: list[str], name: str, meta: ArrayMeta) -> set[int]:
+    """The ``k`` of every chunk file ``name/c<sep><k>`` among ``listed`` (paths below the part's field)."""
+    head = f"{name}/{meta.chunk_key('')}"
+    digits = (p[len(head):] for p in listed if p.startswith(head))
+    return {int(d) for d in digits if 0 < len(d) <= 19 and d.isdigit() and d.isascii() and str(int(d)) == d}
 
 
 def open_cache(store: Store, prefix: str = "", *, require_finished: bool = True) -> LevanterCache:
-    """Open the cache whose root is ``prefix`` on ``store``: its ledgers and ``zarr.json`` files (no data).
+    """Open the cache whose root is ``prefix`` on ``store``: its ledgers and ``zarr.json`` files (no data), and
+    one listing of each part's arrays.
 
     Raises:
-        CacheFormatError: a ledger or ``zarr.json`` missing, malformed or of an unsupported form.
+        CacheFormatError: a ledger or ``zarr.json`` missing, malformed or of an unsupported form; a ledger
+            counting more than a ``zarr.json`` shape, or chunk files the store does not list (the first named).
         CacheUnfinishedError: (with ``require_finished``) a ledger not finished.
         UnsafePathError: a sharded ledger naming a sub-cache outside the cache.
     """

@@ -3,8 +3,9 @@
 Metadata (always): the ledgers finished, every sub-cache's ``.success``, sub-cache totals adding up to the
 top ledger, ``.stats.json`` agreeing, the arrays' element types. Offsets (always; every offsets chunk
 file is decoded): ``offsets[0]`` = rows, non-decreasing, the last = the ledger's token count. Data
-(always): every chunk file of ``[0, tokens)`` present with an index that passes its crc32c and names ranges
-inside the file. Tokens (``tokens=True``; every data chunk decoded): ids in ``[0, vocab_size)`` and, with
+(always): every chunk file of ``[0, tokens)`` present (`open_cache` refuses a cell whose ledger counts more
+than its listed chunk files hold) with an index that passes its crc32c and names ranges covering the file's
+data part. Tokens (``tokens=True``; every data chunk decoded): ids in ``[0, vocab_size)`` and, with
 ``expect_bos``, every non-empty document starting with it.
 """
 

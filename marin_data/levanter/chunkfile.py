@@ -5,7 +5,9 @@ A chunk file is its inner chunks' encoded bytes, then an index of ``(offset, nby
 pairs, one per inner chunk (``2^64-1`` twice: not stored, all fill value), then the index's crc32c. Every
 field is hostile: the index must pass its crc32c and name disjoint ranges inside the file, and each blosc
 frame must declare exactly an inner chunk's size before anything is decompressed (a frame may claim any
-size), so decoding never allocates more than the chunk it was asked for.
+size), so decoding never allocates more than the chunk it was asked for. The stored frames must fill the
+file's data part end to end, as every writer lays them out: bytes that no index entry names are a frame
+whose entry was taken away (marked not stored: its tokens would read as the fill value).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from numcodecs import blosc
 from marin_data.errors import CacheFormatError
 from marin_data.levanter.arraymeta import ArrayMeta
 
-__all__ = ["EMPTY", "read_index", "decode_chunk", "decode_inner", "encode_chunk"]
+__all__ = ["EMPTY", "read_index", "stored_frames", "decode_inner", "decode_chunk", "encode_chunk"]
 
 EMPTY = 2 ** 64 - 1
 _SHUFFLE = {"noshuffle": blosc.NOSHUFFLE, "shuffle": blosc.SHUFFLE, "bitshuffle": blosc.BITSHUFFLE}
@@ -28,8 +30,8 @@ _BLOSC_HEADER = 16
 
 def read_index(tail: bytes, file_size: int, meta: ArrayMeta, where: str) -> np.ndarray:
     """The ``[inner_per_chunk, 2]`` (offset, nbytes) table of a chunk file, from its last ``meta.index_bytes``
-    bytes, checked: crc32c, every stored range inside the data part of the file, no two overlapping.
-    Entries of an inner chunk that is not stored are ``EMPTY``."""
+    bytes, checked: crc32c, every stored range inside the data part of the file, no two overlapping, and
+    together covering all of it. Entries of an inner chunk that is not stored are ``EMPTY``."""
     n = meta.inner_per_chunk
     if len(tail) != meta.index_bytes or file_size < meta.index_bytes:
         raise CacheFormatError(f"{file_size} bytes, too short for a shard index of {meta.index_bytes}", path=where,
@@ -49,9 +51,25 @@ def read_index(tail: bytes, file_size: int, meta: ArrayMeta, where: str) -> np.n
     if np.any(sizes > body) or np.any(offsets > body - sizes):  # no overflow: sizes <= body checked first
         raise CacheFormatError(f"shard index points outside the file's {body} data bytes", path=where)
     order = np.argsort(offsets, kind="stable")
-    if np.any(offsets[order][1:] < (offsets + sizes)[order][:-1]):
+    starts, ends = offsets[order], (offsets + sizes)[order]
+    if np.any(starts[1:] < ends[:-1]):
         raise CacheFormatError("shard index ranges overlap", path=where)
+    previous_end = np.concatenate([np.zeros(1, np.uint64), ends])  # each range starts where the last one ended
+    gaps = np.flatnonzero(previous_end != np.concatenate([starts, np.full(1, body, np.uint64)]))
+    if len(gaps):
+        at = int(previous_end[gaps[0]])
+        raise CacheFormatError(f"bytes from offset {at} lie outside every inner chunk the shard index names: a "
+                               "frame no entry references (an entry marked not stored reads as the fill value)",
+                               path=where, actual=at)
     return table
+
+
+def stored_frames(table: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(inner chunk, offset, nbytes)`` of every stored inner chunk of a checked index (`read_index`), in file
+    order."""
+    stored = np.flatnonzero(table[:, 0] != EMPTY)
+    order = stored[np.argsort(table[stored, 0], kind="stable")]
+    return [(int(i), int(table[i, 0]), int(table[i, 1])) for i in order]
 
 
 def decode_chunk(data: bytes | memoryview, meta: ArrayMeta, count: int, where: str) -> np.ndarray:
@@ -66,21 +84,14 @@ def decode_chunk(data: bytes | memoryview, meta: ArrayMeta, count: int, where: s
     table = read_index(bytes(view[len(view) - meta.index_bytes:]) if len(view) >= meta.index_bytes else b"",
                        len(view), meta, where)
     out = np.full(count, meta.fill_value, np.dtype(meta.dtype).newbyteorder("<"))
-    inner_bytes = meta.inner * meta.itemsize
     scratch = np.empty(meta.inner, out.dtype)
     for i in range(-(-count // meta.inner)):
         offset, size = int(table[i, 0]), int(table[i, 1])
         if offset == EMPTY:
             continue
         lo, hi = i * meta.inner, min(count, (i + 1) * meta.inner)
-        frame = view[offset:offset + size]
         dest = out[lo:hi] if hi - lo == meta.inner else scratch
-        if meta.blosc is None:
-            if size != inner_bytes:
-                raise CacheFormatError(f"inner chunk {i}: {size} bytes stored, {inner_bytes} expected", path=where)
-            dest.view(np.uint8)[:] = np.frombuffer(frame, np.uint8)
-        else:
-            _unblosc(frame, dest, inner_bytes, f"{where} inner chunk {i}")
+        decode_inner(view[offset:offset + size], meta, dest, f"{where} inner chunk {i}")
         if dest is scratch:
             out[lo:hi] = scratch[:hi - lo]
     return out

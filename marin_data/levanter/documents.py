@@ -17,7 +17,7 @@ import numpy as np
 from marin_data.errors import CacheCheckError
 from marin_data.levanter.cache import CachePart, LevanterCache
 
-__all__ = ["iter_ends", "TokenReader"]
+__all__ = ["iter_ends", "TokenReader", "refuse_ids"]
 
 _UINT32 = 2 ** 32
 
@@ -79,9 +79,15 @@ class TokenReader:
             chunk = self.chunks[k]
             self._values = None  # the previous chunk file's values go before the next one is decoded
             values = self.cache.read_chunk(chunk, self.part.data)
-            if values.size and (values.min() < 0 or values.max() >= self.bound):
-                what = f"the tokenizer's vocabulary [0, {self.bound})" if self.bound != _UINT32 else "uint32"
-                raise CacheCheckError(f"token ids from {values.min()} to {values.max()}: outside {what}",
-                                      path=self.cache.where(chunk.path))
+            refuse_ids(values, None if self.bound == _UINT32 else self.bound, self.cache.where(chunk.path))
             self._k, self._values = k, values.view("<u4") if values.dtype.itemsize == 4 else values.astype("<u4")
         return self._values
+
+
+def refuse_ids(values: np.ndarray, vocab_size: int | None, where: str) -> None:
+    """Raise `CacheCheckError` naming ``where`` if a token id of ``values`` lies outside ``[0, vocab_size)``
+    (outside uint32 without a vocabulary)."""
+    bound = vocab_size or _UINT32
+    if values.size and (values.min() < 0 or values.max() >= bound):
+        what = f"the tokenizer's vocabulary [0, {bound})" if vocab_size else "uint32"
+        raise CacheCheckError(f"token ids from {values.min()} to {values.max()}: outside {what}", path=where)

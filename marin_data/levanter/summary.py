@@ -19,9 +19,9 @@ from marin_data.corpus.manifest import Manifest
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.records import SubsetInfo
 from marin_data.corpus.show import ShownDocument
-from marin_data.errors import InvalidTokenizerError, ManifestHashMismatchError, UnknownSubsetError
+from marin_data.errors import CacheCheckError, InvalidTokenizerError, ManifestHashMismatchError, UnknownSubsetError
 from marin_data.layout import MANIFEST, TOKENIZER
-from marin_data.levanter.cache import LevanterCache, open_cache
+from marin_data.levanter.cache import CachePart, LevanterCache, open_cache
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
 from marin_data.levanter.pinned import cell_prefixes
 from marin_data.levanter.source import read_file
@@ -128,7 +128,8 @@ def show_cache(url: str | os.PathLike, *, tokenizer: str | None = None, subset: 
 
     Raises:
         as `cache_info`; UnknownSubsetError: a store without ``subset``, or a row past the end;
-        InvalidTokenizerError: no ``tokenizer`` for an unpinned cache, or one given for a pinned one.
+        InvalidTokenizerError: no ``tokenizer`` for an unpinned cache, or one given for a pinned one;
+        CacheCheckError: a shown document holds a token id outside the tokenizer's vocabulary (or below 0).
     """
     found = detect(url, **store_options)
     if found.kind == CORPUS:
@@ -158,6 +159,7 @@ def show_cache(url: str | os.PathLike, *, tokenizer: str | None = None, subset: 
             for r in wanted:
                 a, b = int(starts[r - base_row]), int(ends[r - base_row])
                 tokens = _tokens(cache, part, a, b, decoded)
+                _refuse_ids(cache, part, r, a, tokens, loaded.info.vocab_size)
                 shown.append(ShownDocument(id=f"{cell}:{r}" if cell else str(r), shard=part.prefix or ".",
                                            tokens=b - a,
                                            text=loaded.tokenizer.decode(tokens.tolist(), skip_special_tokens=False)))
@@ -165,7 +167,18 @@ def show_cache(url: str | os.PathLike, *, tokenizer: str | None = None, subset: 
     return shown
 
 
-def _tokens(cache: LevanterCache, part, start: int, stop: int, decoded: dict) -> np.ndarray:
+def _refuse_ids(cache: LevanterCache, part: CachePart, row: int, start: int, tokens: np.ndarray, vocab: int) -> None:
+    """Raise `CacheCheckError` naming the first token of row ``row`` (its first token at ``start`` of the part)
+    whose id the tokenizer cannot decode: negative, or past its vocabulary."""
+    bad = np.flatnonzero((tokens < 0) | (tokens >= vocab))
+    if len(bad):
+        i = int(bad[0])
+        chunk = part.data_chunks()[(start + i) // part.data.chunk]
+        raise CacheCheckError(f"row {row}: token {i} is {tokens[i]}, outside the tokenizer's vocabulary [0, {vocab})"
+                              f" ({len(bad)} such tokens in the row)", path=cache.where(chunk.path))
+
+
+def _tokens(cache: LevanterCache, part: CachePart, start: int, stop: int, decoded: dict) -> np.ndarray:
     """Tokens ``[start, stop)`` of ``part``, each chunk file decoded once (``decoded`` keeps them)."""
     pieces = []
     for c in part.data_chunks():

@@ -56,6 +56,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from marin_data.corpus.records import ShardRecord
+from marin_data.errors import CacheCheckError
 from marin_data.loader.cache import ShardSource
 
 __all__ = ["PACKINGS", "DEFAULT_PACKING", "IGNORE", "Packing", "SubsetTokens", "Batch", "batch_layout", "new_batch",
@@ -327,15 +328,18 @@ class ShardTable:
 
     ``slot_of[g]`` is the slot holding global shard ``g`` (or -1); a batch's missing shards are opened
     through ``source`` (the decoded-shard cache) into the least recently used slots. Built lazily in each
-    process: DataLoader workers get their own.
+    process: DataLoader workers get their own. Each shard's largest token id is checked against
+    ``vocab_size`` the first time the process opens it, so no id past the model's embedding reaches a batch.
     """
 
     def __init__(self, source: ShardSource, shards: Sequence[ShardRecord], cum_flat: np.ndarray,
-                 cum_offsets: np.ndarray, capacity: int = 64) -> None:
+                 cum_offsets: np.ndarray, capacity: int = 64, *, vocab_size: int | None = None) -> None:
         """``shards``: the stream's shards, subset by subset; ``cum_flat``, ``cum_offsets``: their cumulative
-        token counts (`shard_rows`)."""
+        token counts (`shard_rows`); ``vocab_size``: every token id must lie below it (None: unchecked)."""
         self.source = source
         self.shards = shards
+        self.vocab_size = vocab_size
+        self.checked = np.zeros(len(shards), dtype=bool)
         self.cum_flat, self.cum_offsets = cum_flat, cum_offsets
         self.slot_of = np.full(len(self.shards), -1, dtype=np.int64)
         self.shard_in = np.full(capacity, -1, dtype=np.int64)
@@ -363,6 +367,9 @@ class ShardTable:
                 decoded = self.source.open(self.shards[g])
                 # The maps as they are (a copy only for a source that hands over other layouts or types).
                 tokens = np.ascontiguousarray(decoded.tokens, dtype=np.uint32)
+                if self.vocab_size is not None and not self.checked[g]:
+                    _refuse_ids(tokens, self.vocab_size, self.shards[g])
+                    self.checked[g] = True
                 offsets = np.ascontiguousarray(decoded.offsets, dtype=np.int64)
                 self.held[slot] = tokens, offsets
                 self.tokens_at[slot], self.tokens_len[slot] = tokens.ctypes.data, len(tokens)
@@ -378,6 +385,14 @@ class ShardTable:
         for name in ("used", "tokens_at", "tokens_len", "offsets_at", "offsets_len"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros(extra, dtype=np.int64)]))
         self.held += [None] * extra
+
+
+def _refuse_ids(tokens: np.ndarray, vocab_size: int, shard: ShardRecord) -> None:
+    if len(tokens) and int(tokens.max()) >= vocab_size:
+        i = int(np.argmax(tokens >= vocab_size))
+        raise CacheCheckError(f"token {i} is {tokens[i]}, outside the model's vocabulary [0, {vocab_size}) "
+                              f"({int((tokens >= vocab_size).sum())} such tokens in the shard): the model cannot embed "
+                              "it, and no batch was served from this shard", path=shard.path)
 
 
 def pack_rows(table: ShardTable, subset: np.ndarray, start: np.ndarray, seq_len: int, out: Batch,

@@ -84,6 +84,9 @@ class LoaderConfig:
     # How tokens become sequences, one of `packing.PACKINGS`: "overlap" (seq_len + 1 tokens inside one shard)
     # or "levanter" (Levanter's windows: a subset's flat tokens [i*seq_len, (i+1)*seq_len), the last label -100).
     packing: str = DEFAULT_PACKING
+    # Every token id must lie below it: the model's vocabulary (None: the corpus tokenizer's). Checked once per
+    # shard as it is opened (`packing.ShardTable`). Not in the fingerprint: the sequences are the same.
+    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -401,7 +404,8 @@ class TokenStream:
         """Write the sequences at ``positions`` (``B`` of them) into ``out`` (``B`` rows) and return it."""
         subset, start = self.locate(positions, split)
         if self._table is None:  # per process: DataLoader workers build their own
-            self._table = ShardTable(self.source, self.shards, self._cumulative.flat, self._cumulative.offsets)
+            self._table = ShardTable(self.source, self.shards, self._cumulative.flat, self._cumulative.offsets,
+                                     vocab_size=self.config.vocab_size or self.corpus.manifest.tokenizer.vocab_size)
         pack_rows(self._table, subset, start, self.config.seq_len, out, self.config.packing)
         out.index[:] = positions
         return out
