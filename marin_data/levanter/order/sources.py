@@ -53,8 +53,13 @@ class ComponentCache:
 
     @property
     def inner_reads(self) -> int:
-        """Inner chunks decoded so far (offsets and tokens)."""
+        """Inner chunks read from the store so far (offsets and tokens)."""
         return sum(a.inner_reads for a in self._arrays.values())
+
+    @property
+    def block_reads(self) -> int:
+        """Blocks of them decoded so far."""
+        return sum(a.block_reads for a in self._arrays.values())
 
     @property
     def tokens(self) -> int:
