@@ -13,8 +13,8 @@ from levanter_env import VOCAB, documents
 
 from marin_data.errors import CacheFormatError
 from marin_data.levanter import LZ4, ZSTD, open_cache, write_cache
-from marin_data.levanter.arraymeta import parse_array_meta
-from marin_data.levanter.chunkfile import EMPTY, block_items, decode_block, decode_inner, read_index
+from marin_data.levanter.arraymeta import ArrayMeta, Blosc, parse_array_meta
+from marin_data.levanter.chunkfile import EMPTY, block_items, decode_block, decode_inner, encode_chunk, read_index
 from marin_data.levanter.order.sources import ComponentCache
 from marin_data.stores.local import LocalStore
 
@@ -38,6 +38,19 @@ def test_every_block_of_a_real_levanter_frame_decodes_as_the_whole_frame(path):
         items = block_items(frame, meta, str(path))
         blocks = [decode_block(frame, meta, j, items, str(path)) for j in range(-(-meta.inner // items))]
         np.testing.assert_array_equal(np.concatenate(blocks), decode_inner(frame, meta, str(path)))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("shuffle", ["noshuffle", "shuffle", "bitshuffle"])
+@pytest.mark.parametrize("cname, clevel", [("lz4", 5), ("zstd", 1), ("lz4", 0)])
+def test_every_block_decodes_as_the_whole_frame_whatever_the_codec(dtype, shuffle, cname, clevel):
+    meta = ArrayMeta(dtype, chunk=65_536, inner=65_536, blosc=Blosc(cname, clevel, shuffle, 8_192))
+    values = np.cumsum(np.random.default_rng(4).integers(0, 3_000, meta.inner)).astype(dtype)
+    frame = encode_chunk(values, meta)[:-meta.index_bytes]
+    items = block_items(frame, meta, "f")
+    assert items < meta.inner  # blosc picks the block size near the one asked for
+    blocks = [decode_block(frame, meta, j, items, "f") for j in range(-(-meta.inner // items))]
+    np.testing.assert_array_equal(np.concatenate(blocks), values)
 
 
 @pytest.mark.parametrize("cache, items", [("tokenized-int64-lz4", 131_072), ("consolidated-int64-zstd", 4_096)])
