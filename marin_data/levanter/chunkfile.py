@@ -157,16 +157,12 @@ def block_items(frame: bytes | None, meta: ArrayMeta, where: str) -> int:
     return blocksize // typesize
 
 
-def decode_block(frame: bytes | None, meta: ArrayMeta, j: int, items: int, where: str,
-                 out: np.ndarray | None = None) -> np.ndarray:
+def decode_block(frame: bytes | None, meta: ArrayMeta, j: int, items: int, where: str) -> np.ndarray:
     """Elements ``[j * items, (j + 1) * items)`` of an inner chunk (fewer in its last block), ``items`` from
-    `block_items`: one blosc block decoded, or the whole inner chunk where ``items`` is ``meta.inner``.
-    ``out`` (that many elements of the array's dtype, little-endian) is reused when given."""
+    `block_items`: one blosc block decoded, or the whole inner chunk where ``items`` is ``meta.inner``."""
     if items == meta.inner:
-        return decode_inner(frame, meta, where, out=out)
-    dtype, n = np.dtype(meta.dtype).newbyteorder("<"), min(items, meta.inner - j * items)
-    if out is None or out.shape != (n,) or out.dtype != dtype:
-        out = np.empty(n, dtype)
+        return decode_inner(frame, meta, where)
+    out = np.empty(min(items, meta.inner - j * items), np.dtype(meta.dtype).newbyteorder("<"))
     src = np.frombuffer(frame, np.uint8)  # a read-only buffer's address, without a copy
     got = _GETITEM(src.ctypes.data, j * items, len(out), out.ctypes.data)
     if got != out.nbytes:

@@ -43,7 +43,7 @@ class InnerChunks:
     ``budget`` bytes: one budget for every cache of a trace, so memory does not grow with the number of cells."""
 
     def __init__(self, budget: int = _KEPT_BYTES) -> None:
-        self.budget, self.held, self._values, self._spare = budget, 0, OrderedDict(), {}
+        self.budget, self.held, self._values = budget, 0, OrderedDict()
 
     def get(self, key: tuple):
         found = self._values.get(key)
@@ -52,19 +52,11 @@ class InnerChunks:
         self._values.move_to_end(key)
         return found[0]
 
-    def spare(self, n: int, dtype: np.dtype) -> np.ndarray | None:
-        """The array of a dropped block of ``n`` elements, to decode into again (None if none): reusing its
-        pages spares a fresh allocation's page faults, most of a 1 MiB block's decode from a copy."""
-        return self._spare.pop((n, dtype), None)
-
     def put(self, key: tuple, value, size: int) -> None:
         self._values[key] = (value, size)
         self.held += size
         while self.held > self.budget and len(self._values) > 1:
-            dropped, size = self._values.popitem(last=False)[1]
-            self.held -= size
-            if isinstance(dropped, np.ndarray):
-                self._spare[len(dropped), dropped.dtype] = dropped
+            self.held -= self._values.popitem(last=False)[1][1]
 
 
 class Ranged:
@@ -79,7 +71,6 @@ class Ranged:
         self._index: dict[int, np.ndarray] = {}
         self._inner = kept if kept is not None else InnerChunks()
         self.inner_reads = self.block_reads = 0  # inner chunks read from the store, blocks decoded
-        self._dtype = np.dtype(self.meta.dtype).newbyteorder("<")
 
     def _table(self, k: int) -> np.ndarray:
         if k not in self._index:
@@ -129,8 +120,7 @@ class Ranged:
         j = r // items
         values = self._inner.get((id(self), k, i, j))
         if values is None:
-            spare = self._inner.spare(min(items, self.meta.inner - j * items), self._dtype)
-            values = decode_block(frame, self.meta, j, items, self._where(k, i), out=spare)
+            values = decode_block(frame, self.meta, j, items, self._where(k, i))
             self.block_reads += 1
             self._inner.put((id(self), k, i, j), values, values.nbytes)
         lo = k * self.meta.chunk + i * self.meta.inner + j * items
@@ -142,7 +132,7 @@ class Ranged:
         out, e = [np.zeros(0, np.int64)], lo
         while e < hi:
             a, b, v = self.span(e)
-            out.append(v[e - a:min(hi, b) - a].copy())  # a later block may be decoded into v's array
+            out.append(v[e - a:min(hi, b) - a])
             e = min(hi, b)
         return np.concatenate(out).astype(np.int64)
 
