@@ -77,7 +77,7 @@ def skewed(n: int) -> list[np.ndarray]:
     return [rng.integers(2, VOCAB, 1 if r < n * 9 // 10 else 400) for r in range(n)]
 
 
-@pytest.mark.parametrize("budget", [None, 40_000], ids=["kept", "dropped"])  # 40 kB: blocks are dropped and reused
+@pytest.mark.parametrize("budget", [None, 40_000], ids=["kept", "dropped"])  # 40 kB: blocks are dropped and read again
 @pytest.mark.parametrize("codec", [LZ4, ZSTD], ids=["lz4", "zstd"])
 @pytest.mark.parametrize("docs", [lambda: documents(20_000, 0), lambda: skewed(20_000)], ids=["even", "skewed"])
 def test_lookups_across_blocks_and_inner_chunks_match_a_whole_decode(tmp_path, codec, docs, budget):
