@@ -6,12 +6,14 @@ The store is simulated because 200 cells of offsets (~23 billion documents) do n
 the ledgers and ``zarr.json`` files of 200 caches whose token counts add up to the store's 23.01T (log-normal
 sizes, fixed seed) at ~1,100 tokens a document, and makes each offsets chunk file's bytes when a range of it
 is read (its shard index, or one inner chunk). Those inner chunks are stored as blosc frames at clevel 0 (a
-copy), so their exact sizes are known without compressing the ~200 GB; a real cache's lz4 frames cost more to
-decode, so the run also times the decode of one real lz4 clevel 5 offsets inner chunk against a copy frame and
-reports the forward step's time without the simulation's own cost of making bytes and with that difference
-added for every inner chunk it read. The weights are
-placeholders (Marin's are not public): proportional to cell size, with a few cells below 1/49,152. The floor
-of a step with documents is bare blosc decoding as many distinct inner chunks, each fresh from the store.
+copy), so their exact sizes are known without compressing the ~200 GB, in blocks of 1 MiB as lz4 clevel 5
+frames of int64 have, so a step decodes as many blocks as it would from a real cache. A real lz4 block costs
+more to decode, so the run also times the decode of one block of a real lz4 clevel 5 offsets inner chunk
+against one of a copy frame and reports the forward step's time without the simulation's own cost of making
+bytes and with that difference added for every block it decoded (zstd clevel 1 frames, newer Levanter's, have
+32 KiB blocks: cheaper). The weights are placeholders (Marin's are not public): proportional to cell size,
+with a few cells below 1/49,152. The reference a step with documents is set against is bare blosc decoding
+as many distinct whole inner chunks, each fresh from the store, as the trace reads.
 
     .venv/bin/python benchmarks/bench_trace.py --repeats 3
 """
@@ -34,6 +36,7 @@ import yaml
 from numcodecs import blosc
 
 from marin_data.levanter.arraymeta import LZ4, ArrayMeta, render_array_meta
+from marin_data.levanter.chunkfile import block_items, decode_block
 from marin_data.levanter.ledger import Ledger, render_ledger
 from marin_data.stores.base import ObjectInfo, ReadStream, Store
 
@@ -42,6 +45,7 @@ DOC_TOKENS = 1_100
 OFFSETS = ArrayMeta(dtype="int64", blosc=LZ4)
 DATA = ArrayMeta(dtype="int64", blosc=LZ4)
 FRAME = OFFSETS.inner * 8 + 16  # a blosc frame at clevel 0: the values and the 16-byte header
+BLOCK = 2**20  # bytes per blosc block of an lz4 clevel 5 offsets inner chunk
 CELLS = [f"cluster={c}/quality={q}" for c in range(40) for q in range(5)]
 
 
@@ -54,8 +58,8 @@ class SimStore(Store):
         self.pattern = np.cumsum(rng.integers(1, 2 * DOC_TOKENS, OFFSETS.inner)).astype(np.int64)
         self.shifted = np.concatenate([[0], self.pattern[:-1]])  # element lo + t of a frame: g*S + shifted[t]
         # every copy frame has the same 16-byte blosc header (same sizes): take it once, then append the values
-        self.header = blosc.compress(self.shifted, b"lz4", 0, blosc.NOSHUFFLE, 0)[:16]
-        self.seconds = 0.0  # spent making bytes: the simulation's own cost, reported apart
+        self.header = blosc.compress(self.shifted, b"lz4", 0, blosc.NOSHUFFLE, BLOCK)[:16]
+        self.seconds = self.cpu = 0.0  # spent making bytes (wall, CPU): the simulation's own cost, reported apart
         self.rows = rows
         self.reads = self.bytes = 0
 
@@ -116,7 +120,7 @@ class SimStore(Store):
         return None if data is None else ObjectInfo(path, len(data))
 
     def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         cell, name, k = self._file(path)
         if name != "chunk":
             data = self._bytes(cell, name, k)[start:end]
@@ -130,6 +134,7 @@ class SimStore(Store):
         self.reads += 1
         self.bytes += len(data)
         self.seconds += time.perf_counter() - t0
+        self.cpu += time.process_time() - c0
         return ReadStream(iter([data]), start=start, close=lambda: None, stop=end)
 
     def list(self, prefix: str = ""):
@@ -167,9 +172,10 @@ def cell_rows() -> dict[str, int]:
     return {c: int(t // DOC_TOKENS) for c, t in zip(CELLS, tokens)}
 
 
-def decode_floor(store: SimStore, n: int) -> float:
-    """Seconds to decode ``n`` distinct offsets inner chunks, bare blosc, each frame fresh from the store as a
-    trace's are (the making not timed): what a step's documents cannot cost less than."""
+def whole_decodes(store: SimStore, n: int) -> float:
+    """Seconds to decode ``n`` distinct offsets inner chunks whole, bare blosc, each frame fresh from the store
+    as a trace's are (the making not timed): what a step's documents would cost in decoding alone, were each
+    inner chunk it reads decoded whole rather than only the blocks its lookups need."""
     out = np.empty(OFFSETS.inner, "<i8")
     seconds = 0.0
     for i in range(n):
@@ -181,16 +187,19 @@ def decode_floor(store: SimStore, n: int) -> float:
 
 
 def decode_gap_ms() -> float:
-    """ms more to decode a real lz4 clevel 5 offsets inner chunk than a clevel 0 frame (median of 20)."""
+    """ms more to decode a block of a real lz4 clevel 5 offsets inner chunk than one of the store's copy frames
+    (median of 20)."""
     values = np.cumsum(np.random.default_rng(2).integers(1, 2 * DOC_TOKENS, OFFSETS.inner)).astype("<i8")
-    out = np.empty_like(values)
+    frames = [blosc.compress(values, b"lz4", 5, blosc.SHUFFLE, 0),
+              blosc.compress(values, b"lz4", 0, blosc.NOSHUFFLE, BLOCK)]
+    if {block_items(f, OFFSETS, "gap") for f in frames} != {BLOCK // 8}:
+        raise SystemExit("this blosc does not write lz4 clevel 5 offsets in blocks of 1 MiB: fix BLOCK")
     gaps = []
     for _ in range(20):
         times = []
-        for clevel in (5, 0):
-            frame = blosc.compress(values, b"lz4", clevel, blosc.SHUFFLE, 0)
+        for frame in frames:
             t0 = time.perf_counter()
-            blosc.decompress(frame, out)
+            decode_block(frame, OFFSETS, 1, BLOCK // 8, "gap")
             times.append(time.perf_counter() - t0)
         gaps.append((times[0] - times[1]) * 1e3)
     return statistics.median(gaps)
@@ -204,6 +213,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs="+", default=[0, 108_000, 250_000, 390_250])
     args = ap.parse_args()
     rows = cell_rows()
+    gap = decode_gap_ms()
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "hero.yaml"
@@ -217,18 +227,26 @@ def main() -> None:
                 t0 = time.perf_counter()
                 trace.step(step, documents=False)
                 results.setdefault("step, no documents", []).append(time.perf_counter() - t0)
-                reads0, bytes0, made0 = store.reads, store.bytes, store.seconds
+                reads0, bytes0, made0, cpu0 = store.reads, store.bytes, store.seconds, store.cpu
                 inner0 = sum(c.inner_reads for c in trace.caches.values())
-                t0 = time.perf_counter()
+                blocks0 = sum(c.block_reads for c in trace.caches.values())
+                t0, c0 = time.perf_counter(), time.process_time()
                 out = trace.step(step)
                 results.setdefault("step with documents", []).append(time.perf_counter() - t0)
                 results.setdefault("of which the simulated store", []).append(store.seconds - made0)
+                results.setdefault("step with documents, CPU seconds without the store's", []).append(
+                    time.process_time() - c0 - (store.cpu - cpu0))
                 inner = sum(c.inner_reads for c in trace.caches.values()) - inner0
                 results.setdefault("inner chunks read per step", []).append(inner)
-                floor = decode_floor(store, inner)
-                results.setdefault("floor: decoding those inner chunks", []).append(floor)
-                results.setdefault("ratio to the floor", []).append(
-                    (results["step with documents"][-1] - results["of which the simulated store"][-1]) / floor)
+                results.setdefault("blocks decoded per step", []).append(
+                    sum(c.block_reads for c in trace.caches.values()) - blocks0)
+                results.setdefault("step with documents, lz4 frames (estimated)", []).append(
+                    results["step with documents"][-1] - results["of which the simulated store"][-1]
+                    + results["blocks decoded per step"][-1] * gap / 1e3)
+                whole = whole_decodes(store, inner)
+                results.setdefault("whole decodes of those inner chunks", []).append(whole)
+                results.setdefault("ratio to whole decodes", []).append(
+                    (results["step with documents"][-1] - results["of which the simulated store"][-1]) / whole)
                 results.setdefault("MB read per step", []).append((store.bytes - bytes0) / 1e6)
                 slot = out["batch"][len(out["batch"]) // 2]
                 doc = f"{slot['component']}:{slot['documents'][0]['row']}"
@@ -239,14 +257,12 @@ def main() -> None:
             t0 = time.perf_counter()
             summary = trace.summary()
             results.setdefault("summary to the end", []).append(time.perf_counter() - t0)
-    gap = decode_gap_ms()
     med = {k: statistics.median(v) for k, v in results.items()}
-    med["step with documents, lz4 frames (estimated)"] = (med["step with documents"]
-                                                          - med["of which the simulated store"]
-                                                          + med["inner chunks read per step"] * gap / 1e3)
     med["peak RSS (MB)"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     med["never served"] = len(summary["never_served"])
     json.dump(med, sys.stdout, indent=1)
+    print("\nspread (min, max):")
+    json.dump({k: [min(v), max(v)] for k, v in results.items()}, sys.stdout)
     print()
 
 

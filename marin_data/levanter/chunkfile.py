@@ -7,11 +7,13 @@ field is hostile: the index must pass its crc32c and name disjoint ranges inside
 frame must declare exactly an inner chunk's size before anything is decompressed (a frame may claim any
 size), so decoding never allocates more than the chunk it was asked for. The stored frames must fill the
 file's data part end to end, as every writer lays them out: bytes that no index entry names are a frame
-whose entry was taken away (marked not stored: its tokens would read as the fill value).
+whose entry was taken away (marked not stored: its tokens would read as the fill value). `decode_block`
+decodes one blosc block of a frame (a lookup needs a few rows, not an inner chunk's 262,144).
 """
 
 from __future__ import annotations
 
+import ctypes
 import struct
 
 import crc32c
@@ -21,7 +23,8 @@ from numcodecs import blosc
 from marin_data.errors import CacheFormatError
 from marin_data.levanter.arraymeta import ArrayMeta
 
-__all__ = ["EMPTY", "read_index", "stored_frames", "decode_inner", "decode_chunk", "encode_chunk"]
+__all__ = ["EMPTY", "read_index", "stored_frames", "decode_chunk", "decode_inner", "block_items", "decode_block",
+           "encode_chunk"]
 
 EMPTY = 2 ** 64 - 1
 _SHUFFLE = {"noshuffle": blosc.NOSHUFFLE, "shuffle": blosc.SHUFFLE, "bitshuffle": blosc.BITSHUFFLE}
@@ -118,17 +121,65 @@ def decode_inner(frame: bytes | memoryview | None, meta: ArrayMeta, where: str,
     return out
 
 
-def _unblosc(frame: memoryview, dest: np.ndarray, want: int, where: str) -> None:
+def _checked(frame: memoryview, want: int, where: str) -> tuple[int, int]:
+    """A blosc frame's typesize and block size, once its header says it decodes to exactly ``want`` bytes from
+    exactly the bytes stored."""
     if len(frame) < _BLOSC_HEADER:
         raise CacheFormatError(f"{len(frame)} bytes: shorter than a blosc header", path=where)
-    nbytes, _, cbytes = struct.unpack("<III", frame[4:16])
+    nbytes, blocksize, cbytes = struct.unpack("<III", frame[4:16])
     if nbytes != want or cbytes != len(frame):
         raise CacheFormatError(f"blosc frame claims {nbytes} bytes from {cbytes} (an inner chunk is {want}, "
                                f"{len(frame)} stored)", path=where, expected=want, actual=nbytes)
+    return frame[3], blocksize
+
+
+def _unblosc(frame: memoryview, dest: np.ndarray, want: int, where: str) -> None:
+    _checked(frame, want, where)
     try:
         blosc.decompress(frame, dest)
     except (RuntimeError, ValueError) as e:
         raise CacheFormatError(f"blosc cannot decompress it: {e}", path=where) from e
+
+
+def _blosc_getitem():
+    """c-blosc's ``blosc_getitem`` (decode the blocks holding a range of items), which the numcodecs extension
+    exports but numcodecs 0.16 no longer wraps (it dropped ``decompress_partial``); None where it is absent.
+    ctypes releases the GIL during the call."""
+    try:
+        fn = ctypes.CDLL(blosc.__file__).blosc_getitem
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p], ctypes.c_int
+    return fn
+
+
+_GETITEM = _blosc_getitem()
+
+
+def block_items(frame: bytes | None, meta: ArrayMeta, where: str) -> int:
+    """Elements per block of an inner chunk's stored ``frame`` as `decode_block` decodes it: the frame's blosc
+    block, or the whole inner chunk (not stored, stored raw, a blosc typesize other than the element's, or no
+    ``blosc_getitem``). Checks the frame's header as `decode_inner` does."""
+    if frame is None or meta.blosc is None:
+        return meta.inner
+    typesize, blocksize = _checked(memoryview(frame), meta.inner * meta.itemsize, where)
+    if _GETITEM is None or typesize != meta.itemsize or not 0 < blocksize < meta.inner * meta.itemsize \
+            or blocksize % typesize:
+        return meta.inner
+    return blocksize // typesize
+
+
+def decode_block(frame: bytes | None, meta: ArrayMeta, j: int, items: int, where: str) -> np.ndarray:
+    """Elements ``[j * items, (j + 1) * items)`` of an inner chunk (fewer in its last block), ``items`` from
+    `block_items`: one blosc block decoded, or the whole inner chunk where ``items`` is ``meta.inner``."""
+    if items == meta.inner:
+        return decode_inner(frame, meta, where)
+    out = np.empty(min(items, meta.inner - j * items), np.dtype(meta.dtype).newbyteorder("<"))
+    src = np.frombuffer(frame, np.uint8)  # a read-only buffer's address, without a copy
+    got = _GETITEM(src.ctypes.data, j * items, len(out), out.ctypes.data)
+    if got != out.nbytes:
+        raise CacheFormatError(f"blosc cannot decompress block {j} of it (error {got})", path=where)
+    return out
 
 
 def encode_chunk(values: np.ndarray, meta: ArrayMeta) -> bytes:

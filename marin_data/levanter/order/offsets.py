@@ -4,33 +4,34 @@
 A cache part's ``input_ids/offsets`` holds ``rows + 1`` int64 values: ``[0]`` is the row count and ``[r+1]``
 the end of row ``r``. A trace needs the rows around a few thousand positions, not the array (~1 GB a cell
 at Marin's scale), so `Offsets` reads one chunk file's shard index (its tail) and then only the inner chunks
-(262,144 values) a lookup lands on, each a ranged read of one index entry, decoded and kept in a small LRU.
-A lookup guesses the inner chunk by interpolation (documents have similar lengths on average), then bisects.
+(262,144 values) a lookup lands on, each a ranged read of one index entry, and decodes only the blosc blocks of
+them it needs (`marin_data.levanter.chunkfile.decode_block`); frames and blocks are kept in a small LRU.
+A lookup guesses the row by interpolation (documents have similar lengths on average), narrowing the guess
+with the values each probe reads, and bisects where interpolation stalls.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from marin_data.errors import CacheCheckError, CacheFormatError
 from marin_data.levanter.cache import CachePart, LevanterCache
-from marin_data.levanter.chunkfile import EMPTY, decode_inner, read_index
+from marin_data.levanter.chunkfile import EMPTY, block_items, decode_block, read_index
 from marin_data.levanter.source import read_tail
 from marin_data.retry import retry_call
 from marin_data.transfer.plan import DOWNLOAD_POLICY
 
 __all__ = ["Ranged", "Offsets", "InnerChunks", "Document", "documents_in"]
 
-_KEPT_INNER = 32  # decoded inner chunks kept (2 MB each)
+_KEPT_BYTES = 128 * 2**20  # stored frames and decoded blocks kept, every cache of a trace together
+_INTERPOLATE = 8  # probes guessed by interpolation before a lookup bisects
 
-
-@dataclass(frozen=True)
-class Document:
+class Document(NamedTuple):
     """A row of the cache touched by a window: its number and the first and last of its tokens (offsets in
-    the document, inclusive) inside the window."""
+    the document, inclusive) inside the window. A tuple: a step makes tens of thousands."""
 
     row: int
     first: int
@@ -38,28 +39,28 @@ class Document:
 
 
 class InnerChunks:
-    """Decoded inner chunks kept for reuse, the least recently used dropped first past ``kept`` (2 MB each):
-    one budget for every cache of a trace, so memory does not grow with the number of cells."""
+    """Stored inner chunk frames and decoded blocks kept for reuse, the least recently used dropped first past
+    ``budget`` bytes: one budget for every cache of a trace, so memory does not grow with the number of cells."""
 
-    def __init__(self, kept: int = _KEPT_INNER) -> None:
-        self.kept, self._values = kept, OrderedDict()
+    def __init__(self, budget: int = _KEPT_BYTES) -> None:
+        self.budget, self.held, self._values = budget, 0, OrderedDict()
 
-    def get(self, key: tuple) -> np.ndarray | None:
-        if key in self._values:
-            self._values.move_to_end(key)
-        return self._values.get(key)
+    def get(self, key: tuple):
+        found = self._values.get(key)
+        if found is None:
+            return None
+        self._values.move_to_end(key)
+        return found[0]
 
-    def spare(self) -> np.ndarray | None:
-        """The array of the least recently used entry, dropped to be decoded into again (None until full):
-        reusing its pages spares a fresh 2 MB allocation's page faults on every read."""
-        return self._values.popitem(last=False)[1] if len(self._values) >= self.kept else None
-
-    def put(self, key: tuple, values: np.ndarray) -> None:
-        self._values[key] = values
+    def put(self, key: tuple, value, size: int) -> None:
+        self._values[key] = (value, size)
+        self.held += size
+        while self.held > self.budget and len(self._values) > 1:
+            self.held -= self._values.popitem(last=False)[1][1]
 
 
 class Ranged:
-    """Random access to one array of a part (its offsets, or its tokens), one inner chunk at a time."""
+    """Random access to one array of a part (its offsets, or its tokens), one block of an inner chunk at a time."""
 
     def __init__(self, cache: LevanterCache, part: CachePart, kept: InnerChunks | None = None, *,
                  tokens: bool = False) -> None:
@@ -69,7 +70,7 @@ class Ranged:
         self.count = part.tokens if tokens else part.rows + 1
         self._index: dict[int, np.ndarray] = {}
         self._inner = kept if kept is not None else InnerChunks()
-        self.inner_reads = 0
+        self.inner_reads = self.block_reads = 0  # inner chunks read from the store, blocks decoded
 
     def _table(self, k: int) -> np.ndarray:
         if k not in self._index:
@@ -81,18 +82,23 @@ class Ranged:
             self._index[k] = read_index(tail, info.size, self.meta, self.cache.where(path))
         return self._index[k]
 
-    def _inner_chunk(self, k: int, i: int) -> np.ndarray:
+    def _stored(self, k: int, i: int) -> tuple[bytes | None, int]:
+        """Inner chunk ``i`` of chunk file ``k`` as stored (None: not stored, all fill value) and the elements
+        per block `decode_block` decodes of it, kept."""
         found = self._inner.get((id(self), k, i))
         if found is not None:
             return found
         offset, size = (int(v) for v in self._table(k)[i])
-        path, where = self.chunks[k].path, f"{self.cache.where(self.chunks[k].path)} inner chunk {i}"
+        path, where = self.chunks[k].path, self._where(k, i)
         frame = None if offset == EMPTY else retry_call(lambda: self._read(path, offset, size), policy=DOWNLOAD_POLICY,
                                                         what=where)
-        values = decode_inner(frame, self.meta, where, out=self._inner.spare())
+        found = frame, block_items(frame, self.meta, where)
         self.inner_reads += 1
-        self._inner.put((id(self), k, i), values)
-        return values
+        self._inner.put((id(self), k, i), found, 0 if frame is None else len(frame))
+        return found
+
+    def _where(self, k: int, i: int) -> str:
+        return f"{self.cache.where(self.chunks[k].path)} inner chunk {i}"
 
     def _read(self, path: str, offset: int, size: int) -> bytes:
         with self.cache.store.read(path, offset, offset + size) as stream:
@@ -106,12 +112,20 @@ class Ranged:
         return data if (skip, len(data)) == (0, size) else data[skip:skip + size]
 
     def span(self, e: int) -> tuple[int, int, np.ndarray]:
-        """The inner chunk holding element ``e``: its first element, one past its last, and its values."""
+        """The block holding element ``e`` (a blosc block of its inner chunk, or the inner chunk): its first
+        element, one past its last, and its values."""
         k, within = divmod(e, self.meta.chunk)
-        i = within // self.meta.inner
-        lo = k * self.meta.chunk + i * self.meta.inner
-        hi = min(lo + self.meta.inner, self.count)
-        return lo, hi, self._inner_chunk(k, i)[:hi - lo]
+        i, r = divmod(within, self.meta.inner)
+        frame, items = self._stored(k, i)
+        j = r // items
+        values = self._inner.get((id(self), k, i, j))
+        if values is None:
+            values = decode_block(frame, self.meta, j, items, self._where(k, i))
+            self.block_reads += 1
+            self._inner.put((id(self), k, i, j), values, values.nbytes)
+        lo = k * self.meta.chunk + i * self.meta.inner + j * items
+        hi = min(lo + len(values), self.count)
+        return lo, hi, values[:hi - lo]
 
     def values(self, lo: int, hi: int) -> np.ndarray:
         """Elements ``[lo, hi)`` as int64."""
@@ -137,20 +151,20 @@ class Offsets(Ranged):
         """The row holding token ``t`` of the part: the ``r`` with ``offsets[r] <= t < offsets[r+1]``."""
         rows, tokens = self.part.rows, self.part.tokens
         lo, hi = 1, rows  # the answer e (offsets[e] > t, smallest) lies in [lo, hi]
-        guess = 1 + min(rows - 1, t * rows // max(tokens, 1))
-        for _ in range(64):
-            a, b, v = self.span(guess)
+        below, above = 0, tokens  # offsets[lo - 1] <= t < offsets[hi]
+        for n in range(_INTERPOLATE + 64):
+            guess = lo + (t - below) * (hi - lo) // max(above - below, 1) if n < _INTERPOLATE else (lo + hi) // 2
+            a, b, v = self.span(min(max(guess, lo), hi))
             first = max(a, 1)
             head = v[first - a:]
             if head.size and head[0] > t:
-                hi = first
+                hi, above = first, int(head[0])
             elif head.size and head[-1] <= t:
-                lo = b
+                lo, below = b, int(head[-1])
             else:
                 return first + int(np.searchsorted(head, t, side="right")) - 1
             if lo >= hi:  # offsets[hi] > t, and every element below it is <= t
                 return hi - 1
-            guess = (lo + hi) // 2
         raise CacheCheckError("offsets do not increase: no row holds the position", path=self.cache.where(
             self.chunks[0].path))
 
@@ -159,8 +173,14 @@ def documents_in(offsets: Offsets, start: int, stop: int, row_base: int = 0) -> 
     """The rows of the part that tokens ``[start, stop)`` (part positions) touch, in order."""
     if start >= stop:
         return []
-    r0, r1 = offsets.row_of(start), offsets.row_of(stop - 1)
-    bounds = offsets.values(r0, r1 + 2)
-    return [Document(row_base + r0 + n, int(max(start, bounds[n]) - bounds[n]),
-                     int(min(stop, bounds[n + 1]) - 1 - bounds[n]))
-            for n in range(r1 - r0 + 1) if bounds[n + 1] > bounds[n]]  # an empty row holds no token
+    r0 = offsets.row_of(start)
+    a, _, v = offsets.span(r0)
+    # most windows end inside the block their first row is in: the ends of its rows are read there
+    n = int(np.searchsorted(v[r0 - a:], stop)) if r0 else len(v)  # element 0 is the row count, not an end
+    if r0 - a + n < len(v):
+        bounds = v[r0 - a:r0 - a + n + 1]
+    else:
+        bounds = offsets.values(r0, offsets.row_of(stop - 1) + 2)
+    ends = bounds.tolist()  # a handful of values: plain ints are faster than numpy here
+    return [Document(row_base + r0 + m, max(start, lo) - lo, min(stop, hi) - 1 - lo)
+            for m, (lo, hi) in enumerate(zip(ends, ends[1:])) if hi > lo]  # an empty row holds no token
