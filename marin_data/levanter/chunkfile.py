@@ -94,7 +94,7 @@ def decode_chunk(data: bytes | memoryview, meta: ArrayMeta, count: int, where: s
             continue
         lo, hi = i * meta.inner, min(count, (i + 1) * meta.inner)
         dest = out[lo:hi] if hi - lo == meta.inner else scratch
-        decode_inner(view[offset:offset + size], meta, dest, f"{where} inner chunk {i}")
+        decode_inner(view[offset:offset + size], meta, f"{where} inner chunk {i}", out=dest)
         if dest is scratch:
             out[lo:hi] = scratch[:hi - lo]
     return out
