@@ -119,3 +119,17 @@ def test_under_torchrun_sigterm_stops_every_rank_after_the_same_step_with_one_ch
     step = stopped_step(out, run)  # sealed: both ranks wrote and hashed their shards
     assert out.count("stopped by a signal") == 1 and rc != 0  # rank 0 logs
     resume_one_more_step([sys.executable, "-m", "marin_train", *args], step)  # one process takes it on
+
+
+def test_ctrl_c_outside_a_run_s_own_handlers_is_one_line_and_130(monkeypatch, capsys, tmp_path):
+    """Before the run installs its handlers (or in another command), SIGINT raises KeyboardInterrupt as usual."""
+    import marin_train.cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # what Python's own SIGINT handler raises
+
+    monkeypatch.setattr(marin_train.cli, "run_training", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        marin_train.cli.main(["--data", str(tmp_path), "--steps", "1"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 130 and err.strip().endswith("Aborted.") and "Traceback" not in err
