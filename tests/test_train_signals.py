@@ -25,7 +25,9 @@ def start(argv: list[str]) -> subprocess.Popen:
     """``argv`` with its output piped, killed if it outlives a bound (so that a hang fails, never waits)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    threading.Timer(300, proc.kill).start()
+    proc.watchdog = threading.Timer(300, proc.kill)
+    proc.watchdog.daemon = True
+    proc.watchdog.start()
     return proc
 
 
@@ -39,6 +41,7 @@ def signal_at(proc: subprocess.Popen, pattern: str, signum: int) -> tuple[int, s
             proc.send_signal(signum)
             break
     out, err = proc.communicate(timeout=300)
+    proc.watchdog.cancel()
     return proc.returncode, "".join(lines) + out, err
 
 
