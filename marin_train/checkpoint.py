@@ -111,14 +111,16 @@ def _set_rng_state(rng: dict[str, Any]) -> None:
 
 def save_checkpoint(cfg: TrainConfig, *, step: int, model: Transformer, optimizer: torch.optim.Optimizer,
                     data: Batches, records: Iterable[dict[str, float]] = (),
-                    log: Callable[[str], None] = lambda line: None) -> str:
+                    log: Callable[[str], None] = lambda line: None,
+                    lr_schedule: Mapping[str, float] | None = None) -> str:
     """Write ``step-NNNNNNNN/`` (all ranks, each its shards), seal it (all ranks) and then point ``latest`` at
     it (rank 0), keep the newest ``cfg.keep_checkpoints`` (`prune_checkpoints`; ``log`` names each one
     deleted), and append ``records`` (the metrics of the steps since the previous checkpoint, kept in the
     checkpoint too) to ``metrics.jsonl``. Returns its path.
 
     The RNG states saved are rank 0's: the ranks draw the same stream (same seed, no per-rank draws). A full
-    disk (or quota) raises `InsufficientSpaceError` (`_space_errors`)."""
+    disk (or quota) raises `InsufficientSpaceError` (`_space_errors`). ``lr_schedule``: the learning-rate
+    schedule the run follows (`marin_train.loop.lr_schedule`)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     root = Path(cfg.checkpoint_dir)
     name = f"step-{step:08d}"
@@ -141,7 +143,8 @@ def save_checkpoint(cfg: TrainConfig, *, step: int, model: Transformer, optimize
             # the stream's fingerprint in plain JSON too: `marin-train trace` checks the stream it rebuilds against it
             config = {"format": CHECKPOINT_FORMAT, "step": step, "world_size": world, "ep": cfg.ep,
                       "global_batch": cfg.global_batch(world), "train": asdict(cfg), "model": asdict(model.cfg),
-                      "stream": {k: loader[k] for k in ("fingerprint", "components") if k in loader}}
+                      "stream": {k: loader[k] for k in ("fingerprint", "components") if k in loader},
+                      **({"lr_schedule": dict(lr_schedule)} if lr_schedule is not None else {})}
             atomic_write(part / "trainer.pt", lambda f: torch.save(trainer, f))
             atomic_write(part / "config.json", lambda f: f.write(json.dumps(config, indent=1, default=str).encode()))
         _seal(part, step, rank, world)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
 
 import click
@@ -23,6 +24,7 @@ from marin_train.distributed import shutdown_distributed
 from marin_train.evaluate import EvalResult
 from marin_train.loop import TrainResult
 from marin_train.schedule import load_schedule
+from marin_train.signals import StopSignals, exit_code
 from marin_train.threads import set_threads
 from marin_train.trace import trace
 
@@ -71,7 +73,7 @@ def summary(result: TrainResult, window: int = 10) -> str:
     loss = (f"loss {mean(records):.4f}" if len(records) == 1 else
             f"mean loss {mean(records[:k]):.4f} ({steps(records[:k])}) -> {mean(records[-k:]):.4f} "
             f"({steps(records[-k:])})")
-    return (f"done: step {result.steps}; this run trained {steps(records)}, {loss}, data wait {wait:.2%} of step "
+    return (f"{'stopped' if result.stopped else 'done'}: step {result.steps}; this run trained {steps(records)}, {loss}, data wait {wait:.2%} of step "
             f"time after the first step" + (f", checkpoint {result.checkpoint}" if result.checkpoint else ""))
 
 
@@ -131,6 +133,11 @@ def data_config(source, *, mirrors, manifest_sha256, endpoint, cache_dir, cache_
 @click.option("--checkpoint-dir", metavar="DIR", help="Write checkpoints here; a run resumes from the newest.")
 @click.option("--checkpoint-every", type=int, help="Steps between checkpoints (default: only at the end).")
 @click.option("--no-resume", is_flag=True, help="Start afresh even if --checkpoint-dir holds a checkpoint.")
+@click.option("--reschedule", is_flag=True,
+              help="On resume, rebuild the learning-rate schedule from --steps and --lr (default: the checkpoint's).")
+@click.option("--checkpoint-on-signal/--no-checkpoint-on-signal", default=True, show_default=True,
+              help="On SIGTERM or SIGINT, finish the step and write a checkpoint before exiting 143 or 130; "
+                   "--no-checkpoint-on-signal exits at once.")
 @click.option("--keep-checkpoints", type=click.IntRange(min=0), metavar="N",
               help="Keep the newest N checkpoints, deleting older ones (logged); 0 keeps all (default 2).")
 @click.option("--tensorboard", "tensorboard_dir", metavar="DIR",
@@ -146,8 +153,9 @@ def data_config(source, *, mirrors, manifest_sha256, endpoint, cache_dir, cache_
 @threads_option
 @corpus_options
 def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute, steps, until, batch_size,
-            accumulation, seq_len, lr, checkpoint_dir, checkpoint_every, no_resume, keep_checkpoints, tensorboard_dir,
-            wandb_project, log_every, eval_every, eval_tokens, seed, threads, **corpus) -> None:
+            accumulation, seq_len, lr, checkpoint_dir, checkpoint_every, no_resume, reschedule, checkpoint_on_signal,
+            keep_checkpoints, tensorboard_dir, wandb_project, log_every, eval_every, eval_tokens, seed, threads,
+            **corpus) -> int:
     """Train the Marin MoE model on a corpus, streaming it from S3 or a Hub mirror when remote.
 
     Logs loss, tokens/s, time waiting for data and router statistics; every step's metrics go to
@@ -155,7 +163,9 @@ def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute,
     sharded over the ranks (FSDP2, and --ep N splits the routed experts over N ranks); under torchrun each
     process trains on its slice of every global batch (gloo on CPU, NCCL on GPU). Checkpoints (sharded: model,
     optimizer, loader position, balancing bias, RNG, step) are atomic, and a run resumes from the newest, also
-    at another world size or --ep, keeping the global batch. Without --checkpoint-dir nothing is saved. Torch's
+    at another world size or --ep, keeping the global batch, and the learning-rate schedule (--reschedule
+    rebuilds it from the flags). Without --checkpoint-dir nothing is saved. SIGTERM or Ctrl-C: every rank
+    finishes the step, a checkpoint is written, exit 143 or 130 (a second signal stops at once). Torch's
     threads: --threads, else OMP_NUM_THREADS, else 1 per process under torchrun, else the usable cores less
     one, as the first log line says.
 
@@ -198,11 +208,17 @@ def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute,
         cfg = dataclasses.replace(base, data=data, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    result = run_training(cfg, resume=not no_resume, until=until, threads=threads, log=lambda line: click.echo(line))
-    rank = dist.get_rank()
-    shutdown_distributed()  # this process joined a process group; it leaves it, so exit is clean
-    if result.records and rank == 0:
-        click.echo(summary(result))
+    signals = StopSignals(checkpoint=checkpoint_on_signal and bool(checkpoint_dir), unsaved=(
+        "nothing since the last checkpoint is saved (--no-checkpoint-on-signal)" if checkpoint_dir else
+        "no --checkpoint-dir, so nothing is saved"))
+    with signals:
+        result = run_training(cfg, resume=not no_resume, until=until, threads=threads, stop=signals.requested,
+                              reschedule=reschedule, log=lambda line: click.echo(line))
+        rank = dist.get_rank()
+        shutdown_distributed()  # this process joined a process group; it leaves it, so exit is clean
+        if result.records and rank == 0:
+            click.echo(summary(result))
+    return exit_code(signals.signum or signal.SIGTERM) if result.stopped else 0
 
 
 @click.command("export", context_settings={"max_content_width": 100})
@@ -411,6 +427,9 @@ def main(argv: list[str] | None = None, prog_name: str = "marin-train") -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    except click.exceptions.Abort:  # Ctrl-C before or after a run's own handlers (`marin_train.signals`)
+        click.echo("Aborted.", err=True)
+        sys.exit(exit_code(signal.SIGINT))
     except Exception as e:  # noqa: BLE001 - known errors become one line and an exit code
         known = describe(e)
         if known is None:

@@ -169,11 +169,12 @@ def _evaluator(cfg: TrainConfig, stream: TokenStream, device) -> Callable:
 
 
 def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = None, threads: int | None = None,
-                 log: Callable[[str], None] = print) -> TrainResult:
+                 log: Callable[[str], None] = print, stop: Callable[[], bool] | None = None,
+                 reschedule: bool = False) -> TrainResult:
     """Set torch's threads (`marin_train.threads`; ``threads`` is ``--threads``), build the loader, then
     `marin_train.loop.train` (joining ``torchrun``'s process group if there is one). A resume keeps the
     checkpoint's global batch: the per-rank batch follows the world size. The first log line says the threads
-    chosen."""
+    chosen. ``stop`` and ``reschedule`` go to `train`."""
     started = time.perf_counter()
     threads = set_threads(threads)
     rank, world, device = init_distributed()
@@ -193,7 +194,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = N
             _record_tokenizer(cfg, stream)
         evaluator = _evaluator(cfg, stream, device) if cfg.eval_every else None
         result = train(cfg, loader, resume=resume, log=log, device=device, until=until, evaluate=evaluator,
-                       started=started)
+                       started=started, stop=stop, reschedule=reschedule)
         if hasattr(stream, "close"):
             s = stream.source.stats()
             log(f"shard cache: {s.fetches.total()} fetches of {len(s.fetches)} shards "

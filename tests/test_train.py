@@ -16,7 +16,7 @@ from conftest import VOCAB, build_corpus
 
 from marin_data.loader import LoaderConfig, make_loader
 from marin_train.config import TrainConfig
-from marin_train.loop import train
+from marin_train.loop import lr_at, train
 from marin_train.parallel import full_state_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +53,34 @@ def test_twenty_steps_equal_ten_then_resume_then_ten_bitwise(corpus, tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, 21))
     assert [m["step"] for m in metrics if "time_to_first_step" in m] == [1, 11]  # each run's first step
+
+
+def test_a_resume_with_other_steps_keeps_the_checkpoint_s_learning_rates_unless_rescheduled(corpus, tmp_path):
+    whole = train(CFG, loader_for(corpus, CFG, tmp_path / "c"), log=lambda _: None)  # 20 steps, uninterrupted
+    cfg = replace(CFG, checkpoint_dir=str(tmp_path / "run"))
+    train(cfg, loader_for(corpus, CFG, tmp_path / "c"), log=lambda _: None, until=10)
+    lines = []
+    kept = train(replace(cfg, steps=15), loader_for(corpus, CFG, tmp_path / "c"), log=lines.append)
+    assert kept.steps == 15 and [r["lr"] for r in kept.records] == [r["lr"] for r in whole.records[10:15]]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["lr"] for m in metrics] == [r["lr"] for r in whole.records[:15]]
+    said = next(line for line in lines if line.startswith("learning-rate schedule"))
+    assert said == ("learning-rate schedule from the checkpoint: peak 3.00e-03, warmup 4 steps, cosine to 3.00e-04 at "
+                    "step 20; this run's steps 15 (the checkpoint's 20) leave it as it is (--reschedule rebuilds it "
+                    "from them); the run stops at step 15")
+    lines.clear()  # the checkpoint at 15 keeps the 20-step schedule; rebuilding it takes the flag, and says so
+    rebuilt = train(replace(cfg, steps=18), loader_for(corpus, CFG, tmp_path / "c"), log=lines.append,
+                    reschedule=True)
+    assert [r["lr"] for r in rebuilt.records] == [lr_at(replace(CFG, steps=18), s) for s in (15, 16, 17)]
+    assert [r["lr"] for r in rebuilt.records] != [r["lr"] for r in whole.records[15:18]]
+    assert ("learning-rate schedule rebuilt from this run's settings (--reschedule): peak 3.00e-03, warmup 4 steps, "
+            "cosine to 3.00e-04 at step 18; the checkpoint's was peak 3.00e-03, warmup 4 steps, cosine to 3.00e-04 "
+            "at step 20") in lines
+    lines.clear()  # and the rebuilt schedule is the one the next resume keeps
+    last = train(replace(cfg, steps=20), loader_for(corpus, CFG, tmp_path / "c"), log=lines.append)
+    assert [r["lr"] for r in last.records] == [lr_at(replace(CFG, steps=18), s) for s in (18, 19)]
+    assert any(line.startswith("learning-rate schedule from the checkpoint: peak 3.00e-03, warmup 4 steps, cosine "
+                               "to 3.00e-04 at step 18; this run's steps 20 (the checkpoint's 18)") for line in lines)
 
 
 WORKER = """

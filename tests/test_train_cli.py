@@ -100,6 +100,17 @@ def test_mixture_from_changes_the_mixture_on_resume(corpus, tmp_path, capsys):
     assert not [w for w in caught if "torch.distributed is disabled" in str(w.message)]
 
 
+def test_reschedule_rebuilds_the_learning_rate_schedule_on_resume_and_says_so(corpus, tmp_path, capsys):
+    args = ["--data", str(corpus.root), "--batch-size", "2", "--seq-len", "32", "--checkpoint-dir", str(tmp_path)]
+    for extra in (["--steps", "20", "--until", "1"], ["--steps", "2", "--reschedule"]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*args, *extra])
+        assert exit_.value.code == 0
+    assert ("learning-rate schedule rebuilt from this run's settings (--reschedule): peak 3.00e-03, warmup 10 steps, "
+            "cosine to 3.00e-04 at step 2; the checkpoint's was peak 3.00e-03, warmup 10 steps, cosine to 3.00e-04 at "
+            "step 20") in capsys.readouterr().out
+
+
 def test_keep_checkpoints_deletes_the_oldest_and_says_so_and_zero_keeps_every_one(corpus, tmp_path, capsys):
     args = ["--data", str(corpus.root), "--steps", "3", "--batch-size", "2", "--seq-len", "32", "--checkpoint-every",
             "1"]

@@ -30,10 +30,11 @@ CFG = TrainConfig(steps=6, batch_size=GLOBAL_BATCH, seq_len=32, warmup=2, log_ev
                   model_overrides={"vocab_size": VOCAB, "n_layers": 2, "moe_bias_update": "sign"})
 
 
-def _worker(rank: int, world: int, out: str, corpus: str, cfg: TrainConfig, kill_at_save: int) -> None:
-    """One rank: train ``cfg`` on the corpus, record losses, gradient norms, rows served, shard sizes and the
-    whole final state (rank 0) under ``out``. ``kill_at_save``: SIGKILL this process after the shards of that
-    save are written, before the checkpoint is committed."""
+def _worker(rank: int, world: int, out: str, corpus: str, cfg: TrainConfig, kill_at_save: int,
+            until: int | None) -> None:
+    """One rank: train ``cfg`` on the corpus (to step ``until``, when given), record losses, gradient norms,
+    rows served, shard sizes and the whole final state (rank 0) under ``out``. ``kill_at_save``: SIGKILL this
+    process after the shards of that save are written, before the checkpoint is committed."""
     import marin_train.checkpoint as checkpoint
     from marin_data.corpus.manifest import load_corpus
     from marin_data.loader import LoaderConfig, make_loader
@@ -71,7 +72,7 @@ def _worker(rank: int, world: int, out: str, corpus: str, cfg: TrainConfig, kill
         def load_state_dict(self, state):
             loader.load_state_dict(state)
 
-    result = train(cfg, Recording(), log=lambda _: None)
+    result = train(cfg, Recording(), log=lambda _: None, until=until)
     model = result.model
     local = {name: p.to_local().numel() for name, p in model.named_parameters()}
     experts = model.blocks[0].moe.experts.w13_EL2F
@@ -89,9 +90,10 @@ def _worker(rank: int, world: int, out: str, corpus: str, cfg: TrainConfig, kill
     shutdown_distributed()
 
 
-def run(out: Path, corpus: Path, world: int, cfg: TrainConfig, kill_at_save: int = 0) -> dict:
+def run(out: Path, corpus: Path, world: int, cfg: TrainConfig, kill_at_save: int = 0,
+        until: int | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(world, str(out), str(corpus), cfg, kill_at_save), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, str(out), str(corpus), cfg, kill_at_save, until), nprocs=world, join=True)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     return {"ranks": ranks, **torch.load(out / "final.pt"), **ranks[0]}
 
@@ -117,14 +119,14 @@ def _run_layouts(root: Path) -> dict:
     out["w2ep2"] = run(root / "w2ep2", corpus, 2, replace(CFG, ep=2))
     out["w4ep2"] = run(root / "w4ep2", corpus, 4, replace(CFG, ep=2))
     saved = replace(CFG, ep=2, checkpoint_dir=str(root / "ckpt"))
-    out["w4ep2_until3"] = run(root / "w4ep2_until3", corpus, 4, replace(saved, steps=3))
+    out["w4ep2_until3"] = run(root / "w4ep2_until3", corpus, 4, saved, until=3)  # the 6-step schedule's first 3
     for name, world in (("w2ep1", 2), ("w1ep1", 1)):
         shutil.copytree(root / "ckpt", root / f"ckpt_{name}")
         out[f"resume_{name}"] = run(root / name, corpus, world, replace(CFG, checkpoint_dir=str(root / f"ckpt_{name}")))
     six = replace(CFG, batch_size=6)  # a global batch that 3 ranks divide
     out["w1_b6"] = run(root / "w1_b6", corpus, 1, six)
     uneven = replace(six, checkpoint_dir=str(root / "ckpt_w3"))
-    out["w3_until3"] = run(root / "w3_until3", corpus, 3, replace(uneven, steps=3))
+    out["w3_until3"] = run(root / "w3_until3", corpus, 3, uneven, until=3)
     out["resume_w3_w2ep2"] = run(root / "w3_w2ep2", corpus, 2, replace(uneven, ep=2))
     return out
 
