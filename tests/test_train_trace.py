@@ -14,6 +14,7 @@ from conftest import build_corpus
 
 from marin_data.loader.trace import Trace
 from marin_train.cli import main
+from marin_train.seal import SEAL, seal_document
 from marin_train.trace import open_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,8 +157,10 @@ def test_a_checkpoint_that_records_no_fingerprint_is_traced_and_says_it_is_unche
     old = tmp_path / "step-00000004"
     shutil.copytree(run[0] / "step-00000004", old)
     recorded = json.loads((old / "config.json").read_text())
-    del recorded["stream"]  # as checkpoints written before the stream was recorded
+    del recorded["stream"]  # as checkpoints written before the stream was recorded, and sealed so
     (old / "config.json").write_text(json.dumps(recorded))
+    (old / SEAL).unlink()
+    (old / SEAL).write_text(json.dumps(seal_document(old, recorded["step"], rank=0, world=1)))
     code, out, err = trace_cli(capsys, str(old), "--step", "2", "--json")
     assert code == 0 and "records no stream fingerprint" in err
     assert out == trace_cli(capsys, str(run[0]), "--step", "2", "--json")[1]
