@@ -211,3 +211,25 @@ def test_the_loader_refuses_ids_past_a_smaller_model_vocabulary_once_per_shard(c
     with pytest.raises(CacheCheckError, match=r"outside the model's vocabulary \[0, 300\)") as refused:
         stream.read(range(2))
     assert refused.value.path.startswith(f"{DATA}/c/")
+
+
+def test_a_cache_opened_without_its_listing_makes_chunk_files_only_as_asked(cache):
+    """A trace reads a few chunk files by position and lists nothing: whatever count a ledger and its shapes
+    claim, the chunk files are made one at a time as a query asks for them."""
+    from marin_data.levanter.cache import open_cache
+    from marin_data.stores.local import LocalStore
+
+    claim = 10 ** 9  # a million chunk files of the test cache's 1,024 values: ~150 MB as a list
+    edit_json(cache / DATA / ZARR_JSON, shape=[claim])
+    edit_json(cache / "shard_ledger.json", field_counts={"input_ids": claim})
+    tracemalloc.start()
+    try:
+        chunks = open_cache(LocalStore(cache), listed=False).parts[0].data_chunks()
+        last, few = chunks[-1], chunks[3:5]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    assert len(chunks) > 900_000 and last.stop == claim and [c.index for c in few] == [3, 4]
+    with pytest.raises(CacheFormatError, match="not there"):
+        open_cache(LocalStore(cache))  # the listing still refuses it where every file is read

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_train import corpus  # noqa: F401 - a fixture
 
-from marin_train.checkpoint import verify_checkpoint
+from marin_train.seal import verify_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ["--steps", "1000", "--log-every", "1", "--batch-size", "2", "--seq-len", "32"]

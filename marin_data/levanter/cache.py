@@ -10,7 +10,7 @@ Either way a cache is a list of `CachePart`s whose tokens, concatenated, are the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +24,7 @@ from marin_data.levanter.ledger import LEDGER, SHARDED, SUCCESS, TOKENS_FIELD, L
 from marin_data.levanter.source import join, read_file
 from marin_data.stores.base import Store
 
-__all__ = ["DATA_ARRAY", "OFFSETS_ARRAY", "CachePart", "ChunkFile", "LevanterCache", "open_cache",
+__all__ = ["DATA_ARRAY", "OFFSETS_ARRAY", "CachePart", "ChunkFile", "ChunkFiles", "LevanterCache", "open_cache",
            "max_chunk_file_bytes", "chunk_documents"]
 
 DATA_ARRAY = f"{TOKENS_FIELD}/data"
@@ -63,18 +63,31 @@ class CachePart:
     def tokens(self) -> int:
         return self.ledger.tokens or 0
 
-    def data_chunks(self) -> list[ChunkFile]:
+    def data_chunks(self) -> ChunkFiles:
         """The chunk files that hold its ``tokens`` values, in order."""
-        return _chunks(join(self.prefix, DATA_ARRAY), self.data, self.tokens)
+        return ChunkFiles(join(self.prefix, DATA_ARRAY), self.data, self.tokens)
 
-    def offsets_chunks(self) -> list[ChunkFile]:
+    def offsets_chunks(self) -> ChunkFiles:
         """The chunk files of its offsets array: ``rows + 1`` values."""
-        return _chunks(join(self.prefix, OFFSETS_ARRAY), self.offsets, self.rows + 1)
+        return ChunkFiles(join(self.prefix, OFFSETS_ARRAY), self.offsets, self.rows + 1)
 
 
-def _chunks(array: str, meta: ArrayMeta, n: int) -> list[ChunkFile]:
-    return [ChunkFile(join(array, meta.chunk_key(k)), k, k * meta.chunk, min(n, (k + 1) * meta.chunk))
-            for k in range(-(-n // meta.chunk))]
+class ChunkFiles(Sequence):
+    """The chunk files of an array of ``n`` values, made as they are asked for: a query that reads a few of
+    them (`marin_data.levanter.order`) costs nothing for the ones it skips, whatever count a ledger claims."""
+
+    def __init__(self, array: str, meta: ArrayMeta, n: int) -> None:
+        self.array, self.meta, self.n = array, meta, n
+
+    def __len__(self) -> int:
+        return -(-self.n // self.meta.chunk)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        k = range(len(self))[k]  # negative indices, and IndexError past the end
+        return ChunkFile(join(self.array, self.meta.chunk_key(k)), k, k * self.meta.chunk,
+                         min(self.n, (k + 1) * self.meta.chunk))
 
 
 def max_chunk_file_bytes(meta: ArrayMeta) -> int:
@@ -147,7 +160,7 @@ def _read_json(store: Store, path: str, parse, *, missing: str):
     return parse(data, store.describe(path))
 
 
-def _open_part(store: Store, prefix: str, ledger: Ledger) -> CachePart:
+def _open_part(store: Store, prefix: str, ledger: Ledger, listed: bool) -> CachePart:
     if TOKENS_FIELD not in ledger.field_counts and ledger.total_num_rows:
         raise CacheFormatError(f"the ledger counts no {TOKENS_FIELD!r} field (it has "
                                f"{', '.join(ledger.field_counts) or 'none'}): not a token cache Marin reads",
@@ -157,11 +170,11 @@ def _open_part(store: Store, prefix: str, ledger: Ledger) -> CachePart:
              for a in (DATA_ARRAY, OFFSETS_ARRAY)]
     success = store.head(join(prefix, SUCCESS)) is not None
     part = CachePart(prefix, ledger, metas[0], metas[1], success)
-    _check_counts(store, part)
+    _check_counts(store, part, listed)
     return part
 
 
-def _check_counts(store: Store, part: CachePart) -> None:
+def _check_counts(store: Store, part: CachePart, listed: bool) -> None:
     """Refuse a ledger whose counts its arrays cannot hold, before anything sizes a list by them: more values
     than a ``zarr.json`` shape declares, or more chunk files than the store lists (so a ledger claiming 10^15
     tokens costs one listing of the part's arrays, never a Python object per claimed chunk file)."""
@@ -172,6 +185,8 @@ def _check_counts(store: Store, part: CachePart) -> None:
             raise CacheFormatError(f"the ledger counts {n:,} {what}, more than the array's shape {meta.shape:,}",
                                    path=store.describe(join(part.prefix, f"{array}/{ZARR_JSON}")), expected=n,
                                    actual=meta.shape)
+    if not listed:
+        return
     base = join(part.prefix, TOKENS_FIELD)
     listed = [o.path[len(base) + 1:] for o in store.list(base) if o.path.startswith(base + "/")]
     for array, meta, n, what in arrays:
@@ -193,9 +208,10 @@ def _chunk_keys(listed: list[str], name: str, meta: ArrayMeta) -> set[int]:
     return {int(d) for d in digits if 0 < len(d) <= 19 and d.isdigit() and d.isascii() and str(int(d)) == d}
 
 
-def open_cache(store: Store, prefix: str = "", *, require_finished: bool = True) -> LevanterCache:
+def open_cache(store: Store, prefix: str = "", *, require_finished: bool = True, listed: bool = True) -> LevanterCache:
     """Open the cache whose root is ``prefix`` on ``store``: its ledgers and ``zarr.json`` files (no data), and
-    one listing of each part's arrays.
+    (``listed``) one listing of each part's arrays. Without the listing, a ledger's counts are bounded by the
+    ``zarr.json`` shapes alone: for callers that read a few chunk files by position (`ChunkFiles`), never all.
 
     Raises:
         CacheFormatError: a ledger or ``zarr.json`` missing, malformed or of an unsupported form; a ledger
@@ -208,7 +224,7 @@ def open_cache(store: Store, prefix: str = "", *, require_finished: bool = True)
     if require_finished and not ledger.is_finished:
         raise CacheUnfinishedError("the ledger says is_finished: false", path=store.describe(join(prefix, LEDGER)))
     if ledger.layout != SHARDED:
-        return LevanterCache(store, prefix, ledger, (_open_part(store, prefix, ledger),))
+        return LevanterCache(store, prefix, ledger, (_open_part(store, prefix, ledger, listed),))
     parts = []
     for name in ledger.finished_shards:
         try:
@@ -221,5 +237,5 @@ def open_cache(store: Store, prefix: str = "", *, require_finished: bool = True)
         if require_finished and not sub_ledger.is_finished:
             raise CacheUnfinishedError("the sub-cache's ledger says is_finished: false",
                                        path=store.describe(join(sub, LEDGER)))
-        parts.append(_open_part(store, sub, sub_ledger))
+        parts.append(_open_part(store, sub, sub_ledger, listed))
     return LevanterCache(store, prefix, ledger, tuple(parts))

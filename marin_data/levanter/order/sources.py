@@ -158,14 +158,15 @@ def open_components(cache_dirs: dict[str, str], *, store: str | Store | None = N
     for name, cache_dir in cache_dirs.items():
         if root is not None:
             cell = _find_cell(root, cache_dir)
-            cache = open_cache(root, cell)
+            cache = open_cache(root, cell, listed=False)  # reads chunk files by position: no listing
             out[name] = ComponentCache(name, cache, cell, (pins or {}).get(cell), kept)
             continue
         if "://" in cache_dir and not cache_dir.startswith(("s3://", "hf://")):
             raise TrainConfigError(f"component {name!r}: its cache {cache_dir!r} is on a store marin does not "
                                    "read; copy it and pass --store ROOT (the folder holding its cells)")
         try:
-            out[name] = ComponentCache(name, open_cache(open_store(cache_dir, **options)), kept=kept)
+            cache = open_cache(open_store(cache_dir, **options), listed=False)
+            out[name] = ComponentCache(name, cache, kept=kept)
         except MarinDataError as e:
             if store is None and not e.path:
                 e.path = cache_dir
