@@ -357,3 +357,18 @@ def test_an_unpinned_store_on_s3_or_the_hub_reads_as_the_local_one(published_sto
     assert f"marin-data verify {url} {' '.join(flags)} --deep --tokenizer TOK" in remote
     assert hashlib.sha256((tmp_path / "remote" / HEATMAP).read_bytes()).digest() == \
         hashlib.sha256((tmp_path / "local" / HEATMAP).read_bytes()).digest()
+
+
+def test_the_heat_map_s_colours_span_the_cells_whatever_their_spread():
+    """Cells of 1.8M to 2.2M tokens take the scale's two ends (a log scale stretched to a decade had painted
+    them alike); counts spanning decades keep a log scale."""
+    import numpy as np
+
+    from marin_data.docs.figures import heat_norm
+
+    norm, scale = heat_norm(np.array([1.8e6, 2.0e6, 2.2e6]))
+    assert scale == "linear" and float(norm(1.8e6)) == 0 and float(norm(2.2e6)) == 1
+    norm, scale = heat_norm(np.array([1e3, 1e5, 1e7]))
+    assert scale == "log" and float(norm(1e3)) == 0 and float(norm(1e7)) == 1 and abs(float(norm(1e5)) - 0.5) < 1e-9
+    norm, scale = heat_norm(np.array([5e6, 5e6]))
+    assert 0 < float(norm(5e6)) < 1

@@ -18,7 +18,8 @@ import numpy as np
 from marin_data.docs.stats import CorpusStats
 from marin_data.ui import human_count, plural
 
-__all__ = ["png_software", "composition_png", "lengths_png", "cluster_quality", "token_grid", "heatmap_png"]
+__all__ = ["png_software", "composition_png", "lengths_png", "cluster_quality", "token_grid", "heatmap_png",
+           "heat_norm"]
 
 _WIDTH_IN = 8.0
 _ROW_IN = 0.32  # figure height grows with the number of subsets so labels never overlap
@@ -140,31 +141,43 @@ def token_grid(stats: CorpusStats) -> tuple[list[int], list[int], np.ndarray] | 
 
 
 def heatmap_png(stats: CorpusStats) -> bytes | None:
-    """A cluster (rows) x quality (columns) grid of each cell's tokens, log-coloured and labelled; None when
-    no subset is named ``cluster=X/quality=Y``. A missing cell is left grey."""
-    from matplotlib.colors import LogNorm
-
+    """A cluster (rows) x quality (columns) grid of each cell's tokens, coloured (`heat_norm`) and labelled; None
+    when no subset is named ``cluster=X/quality=Y``. A missing cell is left grey."""
     found = token_grid(stats)
     if found is None:
         return None
     clusters, qualities, grid = found
     shown = np.ma.masked_invalid(np.where(grid > 0, grid, np.nan))
-    low = float(shown.min()) if shown.count() else 1.0
-    high = max(float(shown.max()) if shown.count() else 1.0, 10 * low)  # a decade at least, for the colour bar
+    norm, scale = heat_norm(shown.compressed())
 
     def draw(fig) -> None:
         ax = fig.add_subplot()
         ax.set_facecolor("#DDDDDD")  # no cell, or no tokens
-        mesh = ax.pcolormesh(shown, cmap="viridis", norm=LogNorm(vmin=low, vmax=high))
+        mesh = ax.pcolormesh(shown, cmap="viridis", norm=norm)
         for (i, j), tokens in np.ndenumerate(grid):
             label = "no cell" if np.isnan(tokens) else human_count(tokens)
             ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=7,
-                    color="black" if np.isnan(tokens) or tokens <= 0 or tokens > np.sqrt(low * high) else "white")
+                    color="black" if np.isnan(tokens) or tokens <= 0 or norm(tokens) > 0.5 else "white")
         ax.set_xticks(np.arange(len(qualities)) + 0.5, [f"quality={q}" for q in qualities])
         ax.set_yticks(np.arange(len(clusters)) + 0.5, [f"cluster={c}" for c in clusters])
         ax.invert_yaxis()  # cluster 0 on top, as the cells table lists them
         ax.set_title(f"Tokens by cluster and quality: {human_count(np.nansum(grid))} tokens in "
                      f"{plural(int(np.sum(~np.isnan(grid))), 'cell')}")
-        fig.colorbar(mesh, ax=ax, label="tokens (log scale)")
+        fig.colorbar(mesh, ax=ax, label=f"tokens ({scale} scale)")
 
     return _render(draw, len(clusters))
+
+
+def heat_norm(values: np.ndarray):
+    """The heat map's colour scale over the cells' token counts: from the least to the most, log where they
+    span a decade or more, linear otherwise (a log scale stretched to a decade paints cells of 1.8M and 2.2M
+    tokens alike). Returns the matplotlib norm and the scale's name."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    low = float(values.min()) if values.size else 1.0
+    high = float(values.max()) if values.size else 1.0
+    if high >= 10 * low:
+        return LogNorm(vmin=low, vmax=high), "log"
+    if high == low:
+        return Normalize(vmin=low * 0.9, vmax=low * 1.1), "linear"
+    return Normalize(vmin=low, vmax=high), "linear"
