@@ -555,3 +555,25 @@ def test_a_shard_that_disagrees_with_the_index_is_refused(make_corpus, tmp_path)
     first.write_bytes(second.read_bytes())  # 7 documents where the index says 5
     with pytest.raises(ShardFormatError, match="holds 7 documents"):
         write_datasheet(corpus.root, out=tmp_path / "out")
+
+
+def test_a_datasheet_that_changes_the_manifest_says_which_pin_it_replaces(make_corpus, capsys):
+    """The card, Croissant file and figures join the manifest, so its sha256 changes on the first run: the
+    command names the old digest and says that pins of it no longer match; a re-run changes nothing, says
+    nothing of it, and the old pin is refused as the warning says."""
+    corpus = make_corpus({"a": [20]})
+    before = corpus.manifest_sha256
+    with pytest.raises(SystemExit) as exit_:
+        main(["datasheet", str(corpus.root)])
+    out, err = capsys.readouterr()
+    after = load_corpus(corpus.root).manifest_sha256
+    assert exit_.value.code == 0 and after != before
+    assert f"manifest sha256 (stated in the datasheet): {after}" in out
+    assert f"sha256 changed from {before}" in err and "pin the new one" in err
+    with pytest.raises(SystemExit):
+        main(["datasheet", str(corpus.root)])
+    out, err = capsys.readouterr()
+    assert "changed from" not in err and load_corpus(corpus.root).manifest_sha256 == after
+    with pytest.raises(SystemExit) as exit_:
+        main(["verify", str(corpus.root), "--manifest-sha256", before])
+    assert exit_.value.code != 0

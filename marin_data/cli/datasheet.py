@@ -50,8 +50,9 @@ def command(source: str, meta: Path | None, meta_template: bool, out: Path | Non
     datasheets/datasheet.md (the seven sections of Datasheets for Datasets) and datasheets/*.png.
     Every number is computed from manifest.json, shards.parquet and the shards; prose answers come from
     --meta. By default they go into the corpus, and the manifest then lists the card, Croissant file and
-    figures (its sha256 changes once); the datasheet states that final sha256 and is the one file the
-    manifest does not list. Re-running on an unchanged corpus changes nothing.
+    figures (its sha256 changes once, and the command warns that pins of the old digest no longer match); the
+    datasheet states that final sha256 and is the one file the manifest does not list. Re-running on an
+    unchanged corpus changes nothing.
 
     A Levanter cache or store pinned with `marin-data adopt` is documented the same way (its card and
     Croissant file are adopt's): its cells as a table (and a cluster x quality heat map of tokens),
@@ -112,6 +113,9 @@ def command(source: str, meta: Path | None, meta_template: bool, out: Path | Non
         where = "listed in the corpus manifest" if result.in_corpus else "outside the corpus (--out)"
         echo(f"card, croissant.json and figures: {where}")
         echo(f"manifest sha256 (stated in the datasheet): {result.manifest_sha256}")
+        if result.previous_sha256:
+            echo(f"warning: the manifest now lists these files, so its sha256 changed from {result.previous_sha256}; "
+                 "a download or verify pinned to that digest refuses this copy: pin the new one", err=True)
     if result.unanswered:
         echo(f"{plural(len(result.unanswered), 'question')} not answered (marked in the datasheet): "
              f"{', '.join(result.unanswered)}", err=True)

@@ -78,6 +78,7 @@ class DatasheetResult:
     written: tuple[str, ...]  # files whose bytes changed (relative to dest)
     unchanged: tuple[str, ...]  # files that already held exactly these bytes
     unanswered: tuple[str, ...]  # question ids marked "Not answered."
+    previous_sha256: str | None = None  # the manifest's digest before this run, where the run changed it
 
     @property
     def datasheet(self) -> Path:
@@ -145,6 +146,7 @@ def _generate(corpus: Corpus, out: Path | None, meta_path, strict: bool, scan_to
                    CROISSANT: render_croissant(corpus, stats, meta).encode(), **_figures(stats)}
     in_corpus = out is None
     dest = corpus.root if in_corpus else out
+    before = corpus.manifest_sha256
     changed = {rel: _write_if_changed(dest, rel, data) for rel, data in outputs.items()}
     if in_corpus:
         digest = _commit_listed(corpus, list(outputs))
@@ -154,14 +156,16 @@ def _generate(corpus: Corpus, out: Path | None, meta_path, strict: bool, scan_to
     text = render_datasheet(corpus.manifest, stats, meta, manifest_sha256=digest, listed=in_corpus,
                             published=read_mirrors(corpus.root), cache=cache)
     changed[DATASHEET] = _write_if_changed(dest, DATASHEET, text.encode())
-    return _result(dest, in_corpus, digest, changed, meta.unanswered(corpus.manifest.subsets))
+    return _result(dest, in_corpus, digest, changed, meta.unanswered(corpus.manifest.subsets),
+                   previous=before if digest != before else None)
 
 
-def _result(dest: Path, in_corpus: bool, digest: str | None, changed: dict[str, bool], unanswered) -> DatasheetResult:
+def _result(dest: Path, in_corpus: bool, digest: str | None, changed: dict[str, bool], unanswered, *,
+            previous: str | None = None) -> DatasheetResult:
     return DatasheetResult(
         dest=dest, in_corpus=in_corpus, manifest_sha256=digest,
         written=tuple(k for k, v in changed.items() if v), unchanged=tuple(k for k, v in changed.items() if not v),
-        unanswered=tuple(unanswered),
+        unanswered=tuple(unanswered), previous_sha256=previous,
     )
 
 
