@@ -37,7 +37,7 @@ def test_download_one_subset_keeps_the_root_of_trust_and_records_what_it_fetched
     assert report.ok and report.skipped == () and SHARDS_INDEX in report.fetched  # nothing was there before
     corpus = load_corpus(dest, manifest_sha256=digest)  # manifest, index, tokenizer verbatim
     a_shards = {s.path for s in corpus.shards if s.subset == "a"}
-    assert _tree(dest) == a_shards | set(corpus.manifest.files) | {MANIFEST, RECORD, ".marin.lock"}
+    assert _tree(dest) == a_shards | set(corpus.manifest.files) | {MANIFEST, RECORD}  # no lock file left
     assert (dest / MANIFEST).read_bytes() == (src / MANIFEST).read_bytes()
     record = read_download_record(dest)
     assert record.subsets == ("a",) and record.manifest_sha256 == digest and record.source == url

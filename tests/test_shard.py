@@ -216,7 +216,7 @@ def test_a_shard_written_in_batches_is_the_bytes_of_one_write(tmp_path, seed):
 def test_the_corpus_has_exactly_the_documented_layout(reference):
     files = set(tree_bytes(reference["root"]))
     shards = {f for f in files if f.startswith("data/")}
-    assert files - shards == {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, sources_path(SUBSET), ".marin.lock"}
+    assert files - shards == {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, sources_path(SUBSET)}  # no lock file left
     assert shards == {f"data/{SUBSET}/part-{n:05d}.parquet" for n in range(len(shards))}
     assert not (reference["root"] / STAGING).exists()
     assert (reference["root"] / TOKENIZER).read_bytes() == reference["tokenizer"].read_bytes()
@@ -273,7 +273,7 @@ def test_coreutils_sha256sum_checks_the_whole_corpus(reference):
     done = subprocess.run(["sha256sum", "-c", SUMS], cwd=reference["root"], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     checked = {line.rsplit(": ", 1)[0] for line in done.stdout.splitlines() if line.endswith(": OK")}
-    assert checked == set(tree_bytes(reference["root"])) - {MANIFEST, SUMS, ".marin.lock"}
+    assert checked == set(tree_bytes(reference["root"])) - {MANIFEST, SUMS}
 
 
 def test_bos_is_prepended_with_the_flag(tmp_path, tiny_tokenizer):
@@ -429,7 +429,7 @@ def test_a_second_writer_is_refused_with_exit_code_5(tmp_path, tiny_tokenizer):
         done = run_cli("shard", inputs, "--subset", "s", "--tokenizer", tiny_tokenizer, "--out", tmp_path / "c")
     assert done.returncode == 5, done.stderr
     assert "another marin-data process is writing this corpus" in done.stderr
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [".marin.lock"]
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == []  # nothing written, the lock gone with its holder
 
 
 def _wait_for(predicate, what: str, proc: subprocess.Popen, deadline: float = 60) -> None:

@@ -296,3 +296,33 @@ def test_a_tree_listing_with_a_size_that_is_no_byte_count_is_a_remote_error(tmp_
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_lock_file_goes_with_its_holder_and_a_lock_taken_on_the_removed_file_is_taken_again(tmp_path,
+                                                                                                monkeypatch):
+    """The holder removes ``.marin.lock`` when done. A writer that opened it just before holds a lock on a
+    file no longer there: it must see that and lock the file the name now leads to, or two writers would
+    each hold "the" lock."""
+    import fcntl
+
+    import marin_data.lock as lock
+    from marin_data.errors import CorpusLockedError
+
+    first = lock.corpus_lock(tmp_path)
+    first.__enter__()
+    real, calls = fcntl.flock, []
+
+    def flock(fd, op):  # the first holder finishes between the second's open and its lock
+        if not calls:
+            first.__exit__(None, None, None)
+        calls.append(fd)
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with lock.corpus_lock(tmp_path):
+        monkeypatch.setattr(fcntl, "flock", real)
+        assert len(calls) == 2 and (tmp_path / LOCK_NAME).is_file()
+        with pytest.raises(CorpusLockedError):  # a third writer meets the lock the second holds
+            with lock.corpus_lock(tmp_path):
+                pass
+    assert not (tmp_path / LOCK_NAME).exists()
