@@ -25,7 +25,6 @@ Checkpoints of format 2 (no seal) still load, unchecked. The single-file checkpo
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -44,6 +43,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from marin_data.atomic import NO_SPACE
 from marin_data.errors import CheckpointDamagedError, InsufficientSpaceError
 from marin_model.model import Transformer
 from marin_train.config import TrainConfig
@@ -55,7 +55,6 @@ __all__ = ["Batches", "CHECKPOINT_FORMAT", "SEAL", "atomic_write", "checkpoint_c
            "save_checkpoint"]
 
 METRICS = "metrics.jsonl"
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file the file system refuses
 
 
 class Batches(Protocol):
@@ -190,7 +189,7 @@ def _full_disk(error: BaseException, folder: Path) -> str | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _FULL:
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
             return e.strerror or os.strerror(e.errno)
         if isinstance(e, CheckpointException):
             todo += [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
