@@ -129,7 +129,7 @@ def main() -> None:
     from marin_data.levanter import LZ4, ZSTD
     from marin_data.levanter.to_levanter import convert_to_levanter
     from marin_data.levanter.to_marin import convert_to_marin
-    from marin_data.parquet_io import open_parquet
+    from marin_data.fileio.parquet_io import open_parquet
     from marin_data.raw.tokenizer import TokenizerInfo
 
     out: dict = {"cores": len(os.sched_getaffinity(0)), "machine": platform.processor() or platform.machine(),

@@ -43,7 +43,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from marin_data.atomic import NO_SPACE
+from marin_data.fileio.atomic import NO_SPACE
 from marin_data.errors import CheckpointDamagedError, InsufficientSpaceError
 from marin_model.model import Transformer
 from marin_train.config import TrainConfig

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from marin_data.atomic import sha256_file
+from marin_data.fileio.atomic import sha256_file
 from marin_data.errors import CheckpointDamagedError
 
 __all__ = ["CHECKPOINT_FORMAT", "SEAL", "damaged", "problem", "read_sealed", "seal_document", "verify",

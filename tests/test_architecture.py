@@ -16,8 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("marin_data", "marin_model", "marin_train")
 # The data path, in order: a module may import from its own stage and the stages before it. `testing` and
 # `cli` come last; nothing in the library imports them.
-DATA_STAGES = ("marin_data.errors marin_data.retry marin_data.atomic marin_data.lock marin_data.ui marin_data.layout "
-               "marin_data.arrays marin_data.parquet_io marin_data.untrusted_json",
+DATA_STAGES = ("marin_data.errors marin_data.retry marin_data.fileio marin_data.ui marin_data.layout",
                "marin_data.raw", "marin_data.engines", "marin_data.corpus", "marin_data.stores", "marin_data.transfer",
                "marin_data.levanter", "marin_data.docs", "marin_data.mirror", "marin_data.loader", "marin_data.testing", "marin_data.cli")
 
@@ -174,28 +173,28 @@ def parquet_reads_outside(allowed: str, files: dict[str, Path]) -> list[str]:
 def test_parquet_reader_check_finds_a_planted_read(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("import pyarrow as pa, pyarrow.parquet as pq\nt = pq.ParquetFile(pa.BufferReader(b''))\n")
-    assert parquet_reads_outside("marin_data.parquet_io", {"planted": planted}) == \
+    assert parquet_reads_outside("marin_data.fileio.parquet_io", {"planted": planted}) == \
         ["planted:2 ParquetFile", "planted:2 BufferReader"]
 
 
 def test_every_parquet_read_goes_through_open_parquet():
     """A Python-owned source decoded on pyarrow's thread pool can abort the process at exit
-    (`marin_data.parquet_io` says how); `open_parquet` decodes such sources on the calling thread."""
-    assert parquet_reads_outside("marin_data.parquet_io", module_files()) == []
+    (`marin_data.fileio.parquet_io` says how); `open_parquet` decodes such sources on the calling thread."""
+    assert parquet_reads_outside("marin_data.fileio.parquet_io", module_files()) == []
 
 
 def test_json_parser_check_finds_a_planted_parse(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("import json\ndoc = json.loads(b'[]')\n")
-    assert references_outside(_JSON_PARSERS, "marin_data.untrusted_json", {"planted": planted}) == \
+    assert references_outside(_JSON_PARSERS, "marin_data.fileio.untrusted_json", {"planted": planted}) == \
         ["planted:2 json.loads"]
 
 
 def test_every_json_the_data_side_parses_goes_through_the_bounded_loader():
     """Python's parser recurses per nesting level: 100,000 levels raise RecursionError, not a ValueError
-    (`marin_data.untrusted_json`); `loads` refuses such nesting first."""
+    (`marin_data.fileio.untrusted_json`); `loads` refuses such nesting first."""
     files = {m: p for m, p in module_files().items() if m.startswith("marin_data")}
-    assert references_outside(_JSON_PARSERS, "marin_data.untrusted_json", files) == []
+    assert references_outside(_JSON_PARSERS, "marin_data.fileio.untrusted_json", files) == []
 
 
 # Loading a pickle runs whatever functions it names. One module reads DCP's metadata, with an unpickler that

@@ -147,7 +147,7 @@ def test_a_record_nested_100000_levels_deep_is_a_bad_record_that_skip_bad_skips(
 
 
 def test_nesting_is_measured_outside_strings_and_across_chunks():
-    from marin_data.untrusted_json import depth, loads
+    from marin_data.fileio.untrusted_json import depth, loads
 
     text = b'{"a": ["[[[\\"]]", {"b": [[1]]}], "c\\\\": "{"}'
     assert [depth(text, chunk) for chunk in (1, 2, 3, 5, 1 << 20)] == [5] * 5

@@ -99,7 +99,7 @@ def _tamper(corpus_root: Path, *, files: dict | None = None, index_path: str | N
         rows = read_shard_index(corpus_root / SHARDS_INDEX)
         rows[0] = rows[0]._replace(path=index_path)
         write_shard_index(corpus_root / SHARDS_INDEX, rows)
-        from marin_data.atomic import sha256_file
+        from marin_data.fileio.atomic import sha256_file
 
         digest, size = sha256_file(corpus_root / SHARDS_INDEX)
         manifest["files"][SHARDS_INDEX] = {"bytes": size, "sha256": digest}

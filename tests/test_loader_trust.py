@@ -71,7 +71,7 @@ def test_a_shard_of_int64_tokens_listed_with_its_hash_and_counts_is_refused_by_p
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from marin_data.atomic import sha256_file
+    from marin_data.fileio.atomic import sha256_file
     from marin_data.corpus.commit import commit_corpus
     from marin_data.corpus.verify import ProblemKind, verify_corpus
     from marin_data.errors import ShardFormatError

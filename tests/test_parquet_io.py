@@ -1,7 +1,7 @@
 """`open_parquet` decodes a Python-owned source on the calling thread and a path on Arrow's thread pool.
 
 A decode task on the pool that holds Python-owned memory can outlive the read and abort the process at
-interpreter exit (`marin_data.parquet_io`); these tests see which threads touch such a source.
+interpreter exit (`marin_data.fileio.parquet_io`); these tests see which threads touch such a source.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from marin_data.parquet_io import open_parquet
+from marin_data.fileio.parquet_io import open_parquet
 
 
 class ThreadRecordingFile(io.BytesIO):

@@ -31,7 +31,7 @@ from shard_env import (  # noqa: F401 - tiny_tokenizer is a fixture
     write_parquet,
 )
 
-from marin_data.arrays import numbers, strings, view
+from marin_data.fileio.arrays import numbers, strings, view
 from marin_data.corpus.build import shard_subset
 from marin_data.corpus.index import read_shard_index
 from marin_data.corpus.manifest import load_corpus
@@ -46,7 +46,7 @@ from marin_data.errors import (
     UnreadableInputError,
 )
 from marin_data.layout import MANIFEST, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
-from marin_data.lock import corpus_lock
+from marin_data.fileio.lock import corpus_lock
 from marin_data.raw.tokenizer import TokenizerInfo, load_tokenizer
 
 SUBSET = "web/mix"

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from marin_data.atomic import sha256_file
+from marin_data.fileio.atomic import sha256_file
 from marin_data.cli import main
 from marin_data.corpus.commit import commit_corpus
 from marin_data.corpus.shard import read_shard, write_shard

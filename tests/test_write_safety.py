@@ -13,13 +13,13 @@ import pytest
 from conftest import build_corpus
 from shard_env import make_texts, run_cli, tiny_tokenizer, write_jsonl  # noqa: F401 - a fixture
 
-from marin_data.atomic import atomic_write_bytes
+from marin_data.fileio.atomic import atomic_write_bytes
 from marin_data.corpus.commit import commit_corpus
 from marin_data.corpus.manifest import load_corpus
 from marin_data.cli._errors import EXIT_USAGE, describe
 from marin_data.errors import InvalidManifestError, RemoteError, UnsafeDestinationError
 from marin_data.layout import LOCK_NAME, PARTIAL_SUFFIX, RANGES_SUFFIX, RECORD
-from marin_data.lock import corpus_lock
+from marin_data.fileio.lock import corpus_lock
 from marin_data.stores import open_store
 from marin_data.transfer.download import download
 
@@ -305,7 +305,7 @@ def test_the_lock_file_goes_with_its_holder_and_a_lock_taken_on_the_removed_file
     each hold "the" lock."""
     import fcntl
 
-    import marin_data.lock as lock
+    import marin_data.fileio.lock as lock
     from marin_data.errors import CorpusLockedError
 
     first = lock.corpus_lock(tmp_path)

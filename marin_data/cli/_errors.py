@@ -10,7 +10,7 @@ import errno
 from collections.abc import Callable
 
 from marin_data import errors as E
-from marin_data.atomic import NO_SPACE
+from marin_data.fileio.atomic import NO_SPACE
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "EXIT_DENIED", "EXIT_LIMIT", "ERROR_TABLE", "describe"]
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from marin_data.atomic import SafeDir, atomic_write_bytes, sha256_file
+from marin_data.fileio.atomic import SafeDir, atomic_write_bytes, sha256_file
 from marin_data.corpus.commit import commit_corpus, finish_commit
 from marin_data.corpus.manifest import Corpus, Manifest, load_corpus
 from marin_data.corpus.markers import canonical, read_marker
@@ -36,7 +36,7 @@ from marin_data.corpus.units import UnitJob, UnitResult, tokenize_unit, unit_job
 from marin_data.engines import Engine, make_engine
 from marin_data.errors import CorpusConflictError, ShardFormatError, TokenizerMismatchError, UnreadableInputError
 from marin_data.layout import DATA, LOCK_NAME, MANIFEST, SHARDS_INDEX, SOURCES, STAGING, SUMS, TOKENIZER
-from marin_data.lock import corpus_lock
+from marin_data.fileio.lock import corpus_lock
 from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES, expand_inputs
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer
 from marin_data.ui import plural, progress

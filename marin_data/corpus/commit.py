@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from marin_data.atomic import SafeDir, atomic_write_bytes, sha256_file
+from marin_data.fileio.atomic import SafeDir, atomic_write_bytes, sha256_file
 from marin_data.corpus.index import write_shard_index
 from marin_data.corpus.manifest import Manifest, summarize_subsets
 from marin_data.corpus.names import safe_relpath

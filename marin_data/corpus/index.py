@@ -16,13 +16,13 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from marin_data.arrays import mask, numbers, string_buffers, strings, view
-from marin_data.atomic import atomic_path
+from marin_data.fileio.arrays import mask, numbers, string_buffers, strings, view
+from marin_data.fileio.atomic import atomic_path
 from marin_data.corpus.names import (METADATA_NAMES, WRITER_NAMES, bad_digests, check_digest, check_subset_name,
                                      reserved_paths, safe_relpath, unsafe_paths)
 from marin_data.corpus.records import KINDS, SHARD, ShardRecord
 from marin_data.errors import InvalidManifestError, shown
-from marin_data.parquet_io import decoded_bound, open_parquet
+from marin_data.fileio.parquet_io import decoded_bound, open_parquet
 
 __all__ = ["MAX_INDEX_BYTES", "read_shard_index", "write_shard_index"]
 
@@ -70,7 +70,7 @@ def read_shard_index(source: str | os.PathLike | bytes, metadata: Iterable[str] 
     that contradicts itself (`_check_paths`; ``metadata`` are the manifest's other files, whose names a shard
     may not take either). The checks run over whole columns (a 100,000-row index is checked in tens of
     milliseconds), and the first bad row in index order is the one reported. Fetched bytes are decoded on the
-    calling thread (`marin_data.parquet_io`).
+    calling thread (`marin_data.fileio.parquet_io`).
     """
     where = "shards.parquet (fetched)" if isinstance(source, bytes) else str(source)
     max_bytes = MAX_INDEX_BYTES if max_bytes is None else max_bytes

@@ -31,7 +31,7 @@ from marin_data.corpus.records import SHARD, FileRecord, ShardRecord, SubsetInfo
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, shown
 from marin_data.layout import COMMIT, DATA, MANIFEST, SHARDS_INDEX
 from marin_data.raw.tokenizer import TokenizerInfo
-from marin_data.untrusted_json import loads
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = [
     "SCHEMA_VERSION",

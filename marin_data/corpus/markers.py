@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from marin_data.untrusted_json import loads
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = ["canonical", "read_marker"]
 

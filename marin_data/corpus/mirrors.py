@@ -18,9 +18,9 @@ import json
 import os
 from pathlib import Path
 
-from marin_data.atomic import atomic_write_bytes
+from marin_data.fileio.atomic import atomic_write_bytes
 from marin_data.layout import MIRRORS
-from marin_data.untrusted_json import loads
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = ["read_mirrors", "record_mirrors"]
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from marin_data.arrays import mask, string_buffers
+from marin_data.fileio.arrays import mask, string_buffers
 from marin_data.errors import InvalidManifestError, UnknownSubsetError, UnsafePathError, shown
 from marin_data.layout import BY_SHA256, LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.atomic import atomic_write_bytes
-from marin_data.arrays import view
+from marin_data.fileio.atomic import atomic_write_bytes
+from marin_data.fileio.arrays import view
 from marin_data.corpus.markers import canonical
 from marin_data.corpus.shard import ShardStats, shard_path, write_shard
 from marin_data.corpus.units import UnitJob, unit_paths
-from marin_data.parquet_io import open_parquet
+from marin_data.fileio.parquet_io import open_parquet
 from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = ["PackJob", "pack_shard", "ShardPlan"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from marin_data.errors import InvalidManifestError
 from marin_data.layout import RECORD
-from marin_data.untrusted_json import loads
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = ["DownloadRecord", "read_download_record"]
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from marin_data.atomic import atomic_write_bytes
+from marin_data.fileio.atomic import atomic_write_bytes
 from marin_data.corpus.build import ShardReport, shard_subset
 from marin_data.corpus.info import CorpusInfo, corpus_info
 from marin_data.engines import make_engine

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.arrays import numbers, strings
-from marin_data.atomic import atomic_path, sha256_file
+from marin_data.fileio.arrays import numbers, strings
+from marin_data.fileio.atomic import atomic_path, sha256_file
 from marin_data.errors import ShardChecksumError, ShardFormatError, ShardMissingError
 from marin_data.layout import DATA
 from marin_data.corpus.records import ShardRecord
-from marin_data.parquet_io import open_parquet
+from marin_data.fileio.parquet_io import open_parquet
 from marin_data.raw.tokenizer import TokenizerInfo
 
 __all__ = [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.arrays import view
+from marin_data.fileio.arrays import view
 from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.records import ShardRecord
@@ -24,7 +24,7 @@ from marin_data.corpus.shard import MAX_ROW_GROUP_BYTES
 from marin_data.errors import (InvalidManifestError, RemoteError, ShardFormatError, ShardMissingError,
                                UnknownDocumentError, shown)
 from marin_data.layout import TOKENIZER
-from marin_data.parquet_io import decoded_bound, open_parquet
+from marin_data.fileio.parquet_io import decoded_bound, open_parquet
 from marin_data.raw.tokenizer import LoadedTokenizer, tokenizer_from_bytes
 
 __all__ = ["ShownDocument", "show_documents", "shards_to_show", "decode_rows"]

@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from marin_data.atomic import sha256_file
+from marin_data.fileio.atomic import sha256_file
 from marin_data.errors import CorpusConflictError, UnreadableInputError
 from marin_data.layout import SOURCES
 from marin_data.raw.documents import source_names
 from marin_data.ui import progress
-from marin_data.untrusted_json import loads
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = ["InputFile", "sources_path", "hash_inputs", "make_recipe", "check_recorded"]
 

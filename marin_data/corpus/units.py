@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.atomic import atomic_path, atomic_write_bytes
-from marin_data.arrays import numbers, strings
+from marin_data.fileio.atomic import atomic_path, atomic_write_bytes
+from marin_data.fileio.arrays import numbers, strings
 from marin_data.corpus.markers import canonical, read_marker
 from marin_data.corpus.shard import TOKENS_VALUES, shard_schema
 from marin_data.corpus.sources import InputFile

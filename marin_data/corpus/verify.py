@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from marin_data.atomic import sha256_file
+from marin_data.fileio.atomic import sha256_file
 from marin_data.corpus.manifest import MARIN, Corpus, load_corpus, subset_folder
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.record import read_download_record
@@ -34,7 +34,7 @@ from marin_data.engines import Engine, make_engine
 from marin_data.engines.local import default_workers
 from marin_data.errors import InvalidManifestError, ShardFormatError
 from marin_data.layout import BY_SHA256, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
-from marin_data.parquet_io import open_parquet
+from marin_data.fileio.parquet_io import open_parquet
 from marin_data.ui import progress as progress_bar
 
 __all__ = ["IGNORED_NAMES", "FOREIGN_FOLDERS", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind",

@@ -39,7 +39,7 @@ from marin_data.corpus.manifest import Corpus
 from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.shard import MAX_ROW_GROUP_BYTES
 from marin_data.errors import ShardFormatError
-from marin_data.parquet_io import decoded_bound, open_parquet
+from marin_data.fileio.parquet_io import decoded_bound, open_parquet
 from marin_data.ui import progress
 
 __all__ = ["PERCENTILES", "SCAN_TOKENS", "BUCKET_ROWS", "DIGEST_BYTES", "LengthStats", "SubsetStats", "Duplicates",

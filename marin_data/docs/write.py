@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from marin_data.atomic import atomic_write_bytes, sha256_file
+from marin_data.fileio.atomic import atomic_write_bytes, sha256_file
 from marin_data.corpus.commit import commit_corpus, finish_commit
 from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, Corpus, Manifest, load_corpus
 from marin_data.corpus.mirrors import read_mirrors
@@ -62,7 +62,7 @@ from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
 from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
 from marin_data.levanter.source import read_file
 from marin_data.levanter.summary import cell_bytes, open_cells
-from marin_data.lock import corpus_lock
+from marin_data.fileio.lock import corpus_lock
 from marin_data.raw.tokenizer import load_tokenizer, tokenizer_from_bytes
 from marin_data.stores.base import METADATA_LIMIT
 from marin_data.stores.local import LocalStore
@@ -87,7 +87,7 @@ class DatasheetResult:
 
 def _write_if_changed(dest: Path, rel: str, data: bytes) -> bool:
     """Write ``data`` to ``dest/rel`` atomically unless a regular file there already holds exactly it (keeps
-    mtimes of a re-run); a link below ``dest`` is refused, never followed (`marin_data.atomic.SafeDir`)."""
+    mtimes of a re-run); a link below ``dest`` is refused, never followed (`marin_data.fileio.atomic.SafeDir`)."""
     path = dest / rel
     try:
         if stat.S_ISREG(path.lstat().st_mode) and path.stat().st_size == len(data) and path.read_bytes() == data:

@@ -25,7 +25,7 @@ from marin_data.errors import UnknownSubsetError, UnsafePathError, shown
 from marin_data.levanter.cache import open_cache
 from marin_data.levanter.detect import CACHE, Source
 from marin_data.levanter.verify import REMOTE_WORKERS, verify_source
-from marin_data.lock import corpus_lock
+from marin_data.fileio.lock import corpus_lock
 from marin_data.retry import RetryPolicy
 from marin_data.stores import open_store
 from marin_data.stores.base import Store

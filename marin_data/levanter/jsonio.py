@@ -1,5 +1,5 @@
 """JSON from a cache, read as hostile input: a size bound before parsing, nesting that cannot exhaust the
-stack (`marin_data.untrusted_json`), and typed field access that names the file and the key on any defect (`CacheFormatError`)."""
+stack (`marin_data.fileio.untrusted_json`), and typed field access that names the file and the key on any defect (`CacheFormatError`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from marin_data.errors import CacheFormatError
-from marin_data.untrusted_json import loads
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = ["MAX_JSON_BYTES", "parse_json", "field", "int_field", "str_map"]
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.arrays import view
-from marin_data.atomic import SafeDir
+from marin_data.fileio.arrays import view
+from marin_data.fileio.atomic import SafeDir
 from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.records import ShardRecord
@@ -40,8 +40,8 @@ from marin_data.levanter.checks import TOKEN_DTYPES
 from marin_data.levanter.convert import LEVANTER, ConvertReport, Run, on_threads, refuse_inside
 from marin_data.levanter.detect import CORPUS, detect, find_cells
 from marin_data.levanter.writer import CacheWriter
-from marin_data.lock import corpus_lock
-from marin_data.parquet_io import open_parquet
+from marin_data.fileio.lock import corpus_lock
+from marin_data.fileio.parquet_io import open_parquet
 from marin_data.stores.local import LocalStore
 
 __all__ = ["convert_to_levanter"]

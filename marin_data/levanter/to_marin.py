@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from marin_data.atomic import atomic_write_bytes
+from marin_data.fileio.atomic import atomic_write_bytes
 from marin_data.corpus.build import DEFAULT_SHARD_TOKENS, check_corpus, place_shards, remove_staging
 from marin_data.corpus.commit import commit_corpus, finish_commit
 from marin_data.corpus.manifest import Corpus, Manifest, load_corpus, shards_fingerprint
@@ -52,7 +52,7 @@ from marin_data.levanter.ledger import render_ledger
 from marin_data.levanter.pinned import cell_prefixes
 from marin_data.levanter.readers import LocalFiles
 from marin_data.levanter.verify import REMOTE_WORKERS, check_cells
-from marin_data.lock import corpus_lock
+from marin_data.fileio.lock import corpus_lock
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer, tokenizer_from_bytes
 from marin_data.stores.local import LocalStore
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.atomic import atomic_write_bytes
+from marin_data.fileio.atomic import atomic_write_bytes
 from marin_data.levanter.arraymeta import LEVANTER_CHUNK, LEVANTER_INNER, LZ4, ZARR_JSON, ArrayMeta, Blosc, \
     render_array_meta
 from marin_data.levanter.cache import DATA_ARRAY, OFFSETS_ARRAY

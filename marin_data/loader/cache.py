@@ -10,7 +10,7 @@ Files are named by the shard's sha256 (content addressing): two corpora holding 
 decode, and a re-sharded file can never be served from a stale decode. Before its first decode a shard's
 SHA-256 and size are checked against the manifest, local or remote (``verify=False`` skips it; the hash
 reads the file once more, from the page cache the decode then reads). Both files are written atomically
-(`marin_data.atomic`), then a seal (``decoded.json``: the shard, its counts, each file's size and mtime),
+(`marin_data.fileio.atomic`), then a seal (``decoded.json``: the shard, its counts, each file's size and mtime),
 and only a sealed decode whose files are still the ones the seal describes is ever mapped: a partial,
 foreign or edited entry is decoded again. A file lock makes ranks and DataLoader workers on one host
 decode each shard once instead of racing.
@@ -49,13 +49,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes
+from marin_data.fileio.atomic import SafeDir, atomic_path, atomic_write_bytes
 from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.shard import check_schema, check_shard_counts, check_shard_file
 from marin_data.errors import ShardFormatError, ShardMissingError
 from marin_data.levanter.readers import read_checked
-from marin_data.parquet_io import open_parquet
-from marin_data.untrusted_json import loads
+from marin_data.fileio.parquet_io import open_parquet
+from marin_data.fileio.untrusted_json import loads
 
 if TYPE_CHECKING:
     from marin_data.levanter.cells import PinnedCells

@@ -30,7 +30,7 @@ from marin_data.corpus.shard import MAX_ROW_GROUP_BYTES, TOKENS_VALUES
 from marin_data.errors import RemoteError, ShardFormatError, UnknownDocumentError, shown
 from marin_data.loader.remote.stream import RemoteStream
 from marin_data.loader.stream import TokenStream
-from marin_data.parquet_io import decoded_bound, open_parquet
+from marin_data.fileio.parquet_io import decoded_bound, open_parquet
 from marin_data.stores import open_store
 from marin_data.transfer.remote_corpus import StoreFile
 

@@ -38,7 +38,7 @@ from marin_data.mirror.http import (BodyError, FileSpan, HubError, json_response
                                    snapshot_at)
 from marin_data.mirror.repo import FileEntry, RepoStore, Snapshot, file_stamp
 from marin_data.mirror.upload import Uploads
-from marin_data.untrusted_json import loads
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = ["MirrorApp", "DEFAULT_PAGE_SIZE"]
 

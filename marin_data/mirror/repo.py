@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from marin_data.atomic import sha256_file
+from marin_data.fileio.atomic import sha256_file
 from marin_data.corpus.index import read_shard_index
 from marin_data.corpus.manifest import Manifest
 from marin_data.layout import MANIFEST, SHARDS_INDEX
@@ -59,7 +59,7 @@ def hidden_file(name: str) -> bool:
 log = logging.getLogger(__name__)
 
 _REPO_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")  # the Hub's rule for org and repo names
-_TEMP_FILE = re.compile(r"\.[0-9a-f]{8}\.part$")  # marin_data.atomic's temporaries
+_TEMP_FILE = re.compile(r"\.[0-9a-f]{8}\.part$")  # marin_data.fileio.atomic's temporaries
 
 
 def valid_repo_part(part: str) -> bool:

@@ -26,12 +26,12 @@ from pathlib import Path
 
 from werkzeug.wrappers import Request, Response
 
-from marin_data.atomic import SafeDir, atomic_path, atomic_write_bytes
+from marin_data.fileio.atomic import SafeDir, atomic_path, atomic_write_bytes
 from marin_data.layout import MANIFEST
 from marin_data.mirror.http import MAIN_REVISIONS, HubError, json_response, read_body, repo_path, snapshot_at
 from marin_data.mirror.repo import RepoStore, Snapshot, hidden_file, split_repo_id
 from marin_data.stores.hub_ids import is_lfs
-from marin_data.untrusted_json import loads
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = ["Uploads", "STAGING"]
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from marin_data.atomic import atomic_write_bytes
+from marin_data.fileio.atomic import atomic_write_bytes
 from marin_data.errors import BadRecordError, DestinationExistsError
 from marin_data.layout import TOKENIZER
 from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES, expand_inputs, read_documents, source_names

@@ -33,10 +33,10 @@ from pathlib import Path, PurePath
 
 import numpy as np
 
-from marin_data.arrays import mask, numbers, string_buffers
+from marin_data.fileio.arrays import mask, numbers, string_buffers
 from marin_data.errors import BadRecordError, UnreadableInputError
-from marin_data.parquet_io import open_parquet
-from marin_data.untrusted_json import loads
+from marin_data.fileio.parquet_io import open_parquet
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = [
     "Document",

@@ -26,7 +26,7 @@ import numpy as np
 
 from marin_data.errors import InvalidTokenizerError, RemoteError, TokenizerChecksumError
 from marin_data.layout import TOKENIZER
-from marin_data.untrusted_json import loads
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = [
     "EOS_CANDIDATES",

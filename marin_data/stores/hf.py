@@ -38,7 +38,7 @@ from marin_data.stores.base import METADATA_LIMIT, ObjectInfo, ReadStream, Store
 from marin_data.stores.http import http_client, mapped_errors
 from marin_data.stores.hub_ids import parse_hf_url
 from marin_data.stores.limits import PAGE_MAX_BYTES, ListingBudget, RequestClock
-from marin_data.untrusted_json import loads
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = ["HfStore"]
 
@@ -139,7 +139,7 @@ class HfStore(Store):
         body = collect(stream, limit=limit, where=where)
         try:
             return loads(body), len(body), response.links
-        except ValueError as e:  # too deep a nesting is a ValueError too (`marin_data.untrusted_json`)
+        except ValueError as e:  # too deep a nesting is a ValueError too (`marin_data.fileio.untrusted_json`)
             raise RetryableRemoteError(f"not JSON from {url}: {shown(e)}", path=where) from e
 
     def _commit(self, repo: str) -> str:

@@ -20,12 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from marin_data.atomic import atomic_write_bytes
+from marin_data.fileio.atomic import atomic_write_bytes
 from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.record import DownloadRecord, read_download_record
 from marin_data.errors import RemoteError, TransferFailedError
 from marin_data.layout import MANIFEST, RECORD, SHARDS_INDEX, UNLISTED
-from marin_data.lock import corpus_lock
+from marin_data.fileio.lock import corpus_lock
 from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores import open_store
 from marin_data.stores.base import METADATA_LIMIT

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marin_data.atomic import SafeDir, sha256_file
+from marin_data.fileio.atomic import SafeDir, sha256_file
 from marin_data.errors import RemoteError, ShardChecksumError, TransferFailedError
 from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores.base import Store

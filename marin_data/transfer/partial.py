@@ -11,7 +11,7 @@ Two kinds, chosen by `open_partial`:
   (`RANGES_SUFFIX`) of the bytes each range holds, so every range resumes on its own.
 
 Both start writing back to disk as they go (`_start_writeback`), so the fsync before the rename finds
-little left to do. Both open, rename and remove their files inside a `marin_data.atomic.SafeDir`, so a link
+little left to do. Both open, rename and remove their files inside a `marin_data.fileio.atomic.SafeDir`, so a link
 in the destination is refused, never written through; and both refuse to start a file the free space
 cannot hold (`InsufficientSpaceError`).
 """
@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
-from marin_data.atomic import HASH_CHUNK, SafeDir, space_errors, write_all
+from marin_data.fileio.atomic import HASH_CHUNK, SafeDir, space_errors, write_all
 from marin_data.errors import InsufficientSpaceError, RetryableRemoteError, ShardChecksumError
 from marin_data.layout import PARTIAL_SUFFIX, RANGES_SUFFIX
 from marin_data.stores.base import Store
 from marin_data.transfer.plan import FileTask
-from marin_data.untrusted_json import loads
+from marin_data.fileio.untrusted_json import loads
 
 __all__ = ["Meter", "StreamPartial", "RangedPartial", "open_partial", "partial_path", "ranges_path",
            "resumed_bytes"]

@@ -40,12 +40,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from marin_data.atomic import sha256_file
+from marin_data.fileio.atomic import sha256_file
 from marin_data.corpus.commit import finish_commit
 from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.errors import ObjectTooLargeError, RemoteError, ShardChecksumError
 from marin_data.layout import CARD, MANIFEST, UNLISTED
-from marin_data.lock import corpus_lock
+from marin_data.fileio.lock import corpus_lock
 from marin_data.retry import DEFAULT_POLICY
 from marin_data.stores import open_store
 from marin_data.stores.hub_ids import (

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from marin_data.atomic import sha256_file
+from marin_data.fileio.atomic import sha256_file
 from marin_data.corpus.commit import finish_commit
 from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.mirrors import record_mirrors
@@ -55,7 +55,7 @@ from marin_data.errors import (
     TransferFailedError,
 )
 from marin_data.layout import MANIFEST, UNLISTED
-from marin_data.lock import corpus_lock
+from marin_data.fileio.lock import corpus_lock
 from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores import open_store
 from marin_data.stores.base import Store

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from marin_data.atomic import sha256_file
+from marin_data.fileio.atomic import sha256_file
 from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.verify import Problem, ProblemKind, VerifyReport

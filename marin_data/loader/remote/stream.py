@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from marin_data.atomic import atomic_write_bytes
+from marin_data.fileio.atomic import atomic_write_bytes
 from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import LoaderConfigError, RemoteError

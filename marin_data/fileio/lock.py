@@ -5,7 +5,7 @@ killed writer never leaves it stuck: the kernel releases the lock with the proce
 file when it is done (a killed writer leaves it behind, empty and unlocked; ``verify`` ignores it). Removing a
 lock file races with a writer that opened it just before: that writer then holds a lock on a file no longer
 there, so after locking it checks that the name still leads to the file it locked, and starts again if not.
-It is opened through `marin_data.atomic.SafeDir`: a link or a folder in its place is refused, never followed.
+It is opened through `marin_data.fileio.atomic.SafeDir`: a link or a folder in its place is refused, never followed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from marin_data.atomic import SafeDir
+from marin_data.fileio.atomic import SafeDir
 from marin_data.errors import CorpusLockedError
 from marin_data.layout import LOCK_NAME
 
