@@ -34,7 +34,7 @@ from marin_data.levanter.cache import ChunkFile, LevanterCache
 from marin_data.levanter.checks import read_stats, stats_mismatches
 from marin_data.levanter.documents import TokenReader, iter_ends
 from marin_data.levanter.ledger import LEDGER, STATS
-from marin_data.levanter.source import join
+from marin_data.transfer.read import join
 from marin_data.raw.tokenizer import LoadedTokenizer
 from marin_data.ui import printable, progress
 

@@ -60,7 +60,7 @@ from marin_data.levanter.cache import open_cache
 from marin_data.levanter.describe import render_cache_card, render_cache_croissant
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
 from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
-from marin_data.levanter.source import read_file
+from marin_data.transfer.read import read_file
 from marin_data.levanter.summary import cell_bytes, open_cells
 from marin_data.fileio.lock import corpus_lock
 from marin_data.raw.tokenizer import load_tokenizer, tokenizer_from_bytes

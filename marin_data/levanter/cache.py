@@ -21,7 +21,7 @@ from marin_data.levanter.arraymeta import ZARR_JSON, ArrayMeta, parse_array_meta
 from marin_data.levanter.chunkfile import decode_chunk
 from marin_data.levanter.jsonio import MAX_JSON_BYTES
 from marin_data.levanter.ledger import LEDGER, SHARDED, SUCCESS, TOKENS_FIELD, Ledger, parse_ledger
-from marin_data.levanter.source import join, read_file
+from marin_data.transfer.read import join, read_file
 from marin_data.stores.base import Store
 
 __all__ = ["DATA_ARRAY", "OFFSETS_ARRAY", "CachePart", "ChunkFile", "ChunkFiles", "LevanterCache", "open_cache",

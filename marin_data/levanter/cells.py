@@ -31,7 +31,7 @@ from marin_data.levanter.cache import DATA_ARRAY, OFFSETS_ARRAY, CachePart, Chun
 from marin_data.levanter.chunkfile import decode_chunk
 from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.pinned import cell_prefixes
-from marin_data.levanter.source import join
+from marin_data.transfer.read import join
 from marin_data.stores.base import ObjectInfo, ReadStream, Store
 
 __all__ = ["PinnedCells", "Reader", "DEFAULT_ENDS_BYTES"]

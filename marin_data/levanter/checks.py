@@ -20,7 +20,7 @@ from marin_data.errors import CacheCheckError, CacheFormatError, CacheUnfinished
 from marin_data.levanter.cache import CachePart, LevanterCache, max_chunk_file_bytes
 from marin_data.levanter.chunkfile import read_index
 from marin_data.levanter.ledger import LEDGER, SHARDED, STATS, SUCCESS, TOKENS_FIELD, parse_stats
-from marin_data.levanter.source import join, read_file, read_tail
+from marin_data.transfer.read import join, read_file, read_tail
 from marin_data.ui import plural
 
 __all__ = ["TOKEN_DTYPES", "check_cache", "read_stats", "refuse_problems", "stats_mismatches"]

@@ -16,7 +16,7 @@ from marin_data.errors import InvalidManifestError, UnknownSourceError, Unpinned
 from marin_data.layout import CARD, COMMIT, LOCK_NAME, MANIFEST, STAGING
 from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.pinned import is_pinned_cache
-from marin_data.levanter.source import read_file
+from marin_data.transfer.read import read_file
 from marin_data.stores import open_store
 from marin_data.stores.base import METADATA_LIMIT, Store
 from marin_data.stores.local import LocalStore

@@ -24,7 +24,7 @@ from marin_data.layout import MANIFEST, TOKENIZER
 from marin_data.levanter.cache import CachePart, LevanterCache, open_cache
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, Source, detect
 from marin_data.levanter.pinned import cell_prefixes
-from marin_data.levanter.source import read_file
+from marin_data.transfer.read import read_file
 from marin_data.raw.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_from_bytes
 from marin_data.stores.base import METADATA_LIMIT
 

@@ -50,7 +50,7 @@ from marin_data.levanter.convert import MARIN, ConvertReport, Run, on_threads, r
 from marin_data.levanter.detect import CACHE, CORPUS, Source, detect
 from marin_data.levanter.ledger import render_ledger
 from marin_data.levanter.pinned import cell_prefixes
-from marin_data.levanter.readers import LocalFiles
+from marin_data.corpus.readers import LocalFiles
 from marin_data.levanter.verify import REMOTE_WORKERS, check_cells
 from marin_data.fileio.lock import corpus_lock
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer, tokenizer_from_bytes

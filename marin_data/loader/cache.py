@@ -53,7 +53,7 @@ from marin_data.fileio.atomic import SafeDir, atomic_path, atomic_write_bytes
 from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.shard import check_schema, check_shard_counts, check_shard_file
 from marin_data.errors import ShardFormatError, ShardMissingError
-from marin_data.levanter.readers import read_checked
+from marin_data.corpus.readers import read_checked
 from marin_data.fileio.parquet_io import open_parquet
 from marin_data.fileio.untrusted_json import loads
 

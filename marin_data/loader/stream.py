@@ -43,7 +43,7 @@ from marin_data.layout import MANIFEST
 from marin_data.levanter.cells import PinnedCells
 from marin_data.levanter.detect import detect, refuse_unpinned
 from marin_data.levanter.pinned import is_pinned_cache
-from marin_data.levanter.readers import LocalFiles
+from marin_data.corpus.readers import LocalFiles
 from marin_data.loader.cache import DecodedShardCache, ShardSource
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
 from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase

@@ -20,7 +20,7 @@ import numpy as np
 from marin_data.errors import CacheCheckError, CacheFormatError
 from marin_data.levanter.cache import CachePart, LevanterCache
 from marin_data.levanter.chunkfile import EMPTY, block_items, decode_block, read_index
-from marin_data.levanter.source import read_tail
+from marin_data.transfer.read import read_tail
 from marin_data.retry import retry_call
 from marin_data.transfer.plan import DOWNLOAD_POLICY
 

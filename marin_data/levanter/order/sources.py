@@ -22,7 +22,7 @@ from marin_data.layout import MANIFEST
 from marin_data.levanter.cache import LevanterCache, open_cache
 from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.order.offsets import Document, InnerChunks, Offsets, Ranged, documents_in
-from marin_data.levanter.source import join
+from marin_data.transfer.read import join
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
 

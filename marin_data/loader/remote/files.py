@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import CacheFormatError, RemoteError, ShardChecksumError, TransferFailedError
-from marin_data.levanter.source import read_file
+from marin_data.transfer.read import read_file
 from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores.base import Store
 from marin_data.stores.order import StoreOrder

@@ -1,5 +1,6 @@
-"""Reading a cache's files through a `marin_data.stores` store: every read bounded before it is buffered,
-retried as downloads are (`DOWNLOAD_POLICY`), a missing file told apart from a failing one."""
+"""Reading small files whole through a `marin_data.stores` store (a cache's ledgers and ``zarr.json``, a
+corpus's metadata): every read bounded before it is buffered, retried as downloads are (`DOWNLOAD_POLICY`),
+a missing file told apart from a failing one."""
 
 from __future__ import annotations
 

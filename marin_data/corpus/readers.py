@@ -1,5 +1,5 @@
 """A pinned corpus's rows read whole from local disk and checked against their SHA-256 and size
-(`LocalFiles`, a `marin_data.levanter.cells.Reader`): a decode then reads exactly the bytes that were hashed.
+(`LocalFiles`, the reader a format's shard decoder is given for a local corpus): a decode then reads exactly the bytes that were hashed.
 The loader's remote streams read the same rows over stores (`marin_data.loader.remote.files`).
 """
 
