@@ -59,6 +59,7 @@ __all__ = [
     "CacheUnfinishedError",
     "CacheCheckError",
     "UnsupportedFormatError",
+    "NotApplicableError",
     "CheckpointDamagedError",
     "PublishInProgressError",
     "InvalidCheckpointError",
@@ -404,6 +405,11 @@ class UnsupportedFormatError(ValueError, MarinDataError):
 class CheckpointDamagedError(ValueError, MarinDataError):
     """A training checkpoint is missing, incomplete or not what its seal says (a file's size or sha256, its
     step). Abort the resume: the message names the file and the newest intact checkpoint to resume from."""
+
+
+class NotApplicableError(ValueError, MarinDataError):
+    """An operation or option that does not apply to what a source holds (``--row`` on a Parquet corpus, ``adopt``
+    of a corpus that is already pinned): a usage error, raised before anything is read or written."""
 
 
 class UnpinnedCacheError(UnsupportedFormatError):

@@ -18,7 +18,7 @@ PACKAGES = ("marin_data", "marin_model", "marin_train")
 # `cli` come last; nothing in the library imports them.
 DATA_STAGES = ("marin_data.errors marin_data.retry marin_data.fileio marin_data.ui marin_data.layout",
                "marin_data.raw", "marin_data.engines", "marin_data.corpus", "marin_data.stores", "marin_data.transfer",
-               "marin_data.levanter", "marin_data.docs", "marin_data.mirror", "marin_data.loader", "marin_data.testing", "marin_data.cli")
+               "marin_data.docs", "marin_data.mirror", "marin_data.formats marin_data.levanter", "marin_data.loader", "marin_data.testing", "marin_data.cli")
 
 
 def module_files() -> dict[str, Path]:

@@ -19,12 +19,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from marin_data.corpus.manifest import Corpus
 from marin_data.corpus.records import OFFSETS, SHARD, ShardRecord
-from marin_data.errors import CacheFormatError, InvalidManifestError, RemoteError
+from marin_data.corpus.readers import read_checked
+from marin_data.errors import CacheFormatError, InvalidManifestError, RemoteError, ShardFormatError
+from marin_data.fileio.arrays import write_npy
+from marin_data.formats.base import Reader
 from marin_data.levanter.arraymeta import ZARR_JSON
 from marin_data.levanter.cache import DATA_ARRAY, OFFSETS_ARRAY, CachePart, ChunkFile, LevanterCache, \
     chunk_documents, open_cache
@@ -34,9 +38,8 @@ from marin_data.levanter.pinned import cell_prefixes
 from marin_data.transfer.read import join
 from marin_data.stores.base import ObjectInfo, ReadStream, Store
 
-__all__ = ["PinnedCells", "Reader", "DEFAULT_ENDS_BYTES"]
+__all__ = ["PinnedCells", "DEFAULT_ENDS_BYTES"]
 
-Reader = Callable[[ShardRecord], bytes]  # a row's whole bytes, checked against its sha256 and size
 DEFAULT_ENDS_BYTES = 1 << 30  # document ends kept decoded: 8 bytes a document, ~134M documents
 _UINT32 = 2 ** 32
 
@@ -52,13 +55,17 @@ class _Chunk:
 
 
 class PinnedCells:
-    """The cells of a pinned cache (``corpus.manifest.format`` a Levanter one), opened as they are needed.
+    """The cells of a pinned cache (``corpus.manifest.format`` a Levanter one), opened as they are needed: the
+    loader's shard decoder of such a corpus (`marin_data.formats.ShardDecoder`; its shards decode to ``pieces``
+    of documents, cut at the chunk file's ends).
 
     Args:
         corpus: the pinned corpus (its manifest and index; the files may be elsewhere: ``read`` fetches).
         read: the checked bytes of a row (`Reader`).
         ends_bytes: bound on the document ends kept decoded in this process.
     """
+
+    pieces = True
 
     def __init__(self, corpus: Corpus, read: Reader, *, ends_bytes: int = DEFAULT_ENDS_BYTES) -> None:
         self.corpus = corpus
@@ -139,6 +146,27 @@ class PinnedCells:
                                    path=where, actual=(int(values.min()), int(values.max())))
         return chunk_documents(values.view(np.uint32) if values.dtype.itemsize == 4 else values,
                                self.ends(c.subset, c.part), c.chunk.start)
+
+    def order(self, subsets: Sequence[str]) -> list[tuple[ShardRecord, ...]]:
+        """`chunks_of`: each cell's data chunk files in the order of its flat tokens (the loader's
+        `marin_data.formats.ShardDecoder`)."""
+        return self.chunks_of(subsets)
+
+    def decode_into(self, path: Path, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *,
+                    verify: bool) -> None:
+        """Decode the data chunk file at ``path`` into ``.npy`` files, from the bytes that were hashed.
+
+        Raises:
+            ShardMissingError, ShardChecksumError: as `read_checked`.
+            CacheFormatError: the file does not decode (`decode`).
+            ShardFormatError: it holds another number of tokens than the index says.
+        """
+        tokens, offsets = self.decode(shard, read_checked(path, shard, verify=verify))
+        if len(tokens) != shard.tokens:
+            raise ShardFormatError(f"decodes to {len(tokens)} tokens, the index says {shard.tokens}", path=str(path),
+                                   expected=shard.tokens, actual=len(tokens))
+        for out, array in ((tokens_path, tokens), (offsets_path, offsets)):
+            write_npy(out, array.dtype, len(array), [np.ascontiguousarray(array)])
 
     def cache(self, subset: str) -> LevanterCache:
         """``subset``'s cache as its ledgers and ``zarr.json`` files (read through ``read``) describe it."""

@@ -21,7 +21,7 @@ from marin_data.stores import open_store
 from marin_data.stores.base import METADATA_LIMIT, Store
 from marin_data.stores.local import LocalStore
 
-__all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells", "refuse_unpinned", "unpinned_cache"]
+__all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells", "cache_roots", "refuse_unpinned", "unpinned_cache"]
 
 CORPUS = "corpus"
 CACHE = "cache"
@@ -73,21 +73,38 @@ def _moving_in(store: Store) -> str | None:
 
 
 def find_cells(store: Store) -> tuple[str, ...]:
+    """The cache roots of a tree (`cache_roots`). Raises UnknownSourceError: there are none."""
+    roots = cache_roots(store)
+    if not roots:
+        files = _own_files(store)
+        shown = ", ".join(files[:_SHOWN]) or "no files at all"
+        raise UnknownSourceError(
+            f"no {MANIFEST} (a marin corpus) and no {LEDGER} (a Levanter cache) at its root or in any folder "
+            f"below it (found: {shown})", path=store.url, expected=[MANIFEST, LEDGER])
+    return roots
+
+
+def _own_files(store: Store) -> list[str]:
+    """The files of a tree but a writer's own and the card a Hub repo of caches has at its root."""
+    return [o.path for o in store.list() if o.path.split("/")[0] not in (LOCK_NAME, STAGING) and o.path != CARD]
+
+
+def cache_roots(store: Store) -> tuple[str, ...]:
     """The cache roots of a tree: folders holding a ``shard_ledger.json`` that no other cache root holds
-    (a sharded cache's sub-caches have ledgers too). Every other file must lie inside one of them (Marin's
-    ``.stats.json`` sits inside its cache's root)."""
-    # a writer's own files, and the card a Hub repo of caches has at its root, belong to no cache
-    files = [o.path for o in store.list() if o.path.split("/")[0] not in (LOCK_NAME, STAGING) and o.path != CARD]
+    (a sharded cache's sub-caches have ledgers too); () when there are none. Every other file must lie
+    inside one of them (Marin's ``.stats.json`` sits inside its cache's root).
+
+    Raises:
+        UnknownSourceError: files outside every cache, or a cache folder that cannot name a subset.
+    """
+    files = _own_files(store)
     ledgers = sorted({str(PurePosixPath(p).parent) for p in files if PurePosixPath(p).name == LEDGER})
     roots: list[str] = []
     for folder in ledgers:  # sorted: a root comes before the folders inside it
         if not any(folder.startswith(r + "/") for r in roots):
             roots.append(folder)
     if not roots:
-        shown = ", ".join(files[:_SHOWN]) or "no files at all"
-        raise UnknownSourceError(
-            f"no {MANIFEST} (a marin corpus) and no {LEDGER} (a Levanter cache) at its root or in any folder "
-            f"below it (found: {shown})", path=store.url, expected=[MANIFEST, LEDGER])
+        return ()
     stray = [p for p in files if not any(p.startswith(r + "/") for r in roots)]
     if stray:
         raise UnknownSourceError(

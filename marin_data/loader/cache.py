@@ -20,11 +20,11 @@ the ``tokens`` column; document ids are not needed), served at once from memory 
 a background thread fsyncs and renames them into place. *Measured* on 3M-token shards: the two
 fsyncs took as long as the decode itself, so waiting for them would halve the first pass.
 
-A pinned Levanter cache (``cells``, a `marin_data.levanter.PinnedCells`) decodes the same way: its shard
-is a data chunk file, read whole, hashed, and decoded from those very bytes into the same two files (its
-``offsets`` cut at the document ends inside the chunk, `marin_data.levanter.chunk_documents`). Such a decode
-also depends on the files around the chunk (its part's offsets, ``zarr.json`` and ledger), so its seal
-records a digest of them too (``context``), and a decode sealed for other surroundings is decoded again.
+What a shard file is and how it decodes is its format's (``decoder``, a `marin_data.formats.ShardDecoder`:
+Parquet decodes its ``tokens`` column, a pinned Levanter cache's data chunk file is read whole, hashed and
+decoded from those very bytes). A decode may also depend on files around the shard (a chunk file's part's
+offsets, ``zarr.json`` and ledger): its seal then records a digest of them (the decoder's ``context``), and
+a decode sealed for other surroundings is decoded again.
 
 The interface the loader needs is one method, ``open(shard) -> DecodedShard``; the remote
 shard cache (`marin_data.loader.remote.cache`) is a bounded LRU store behind the same method.
@@ -45,20 +45,16 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from marin_data.fileio.atomic import SafeDir, atomic_path, atomic_write_bytes
 from marin_data.corpus.records import ShardRecord
-from marin_data.corpus.shard import check_schema, check_shard_counts, check_shard_file
-from marin_data.errors import ShardFormatError, ShardMissingError
-from marin_data.corpus.readers import read_checked
-from marin_data.fileio.parquet_io import open_parquet
+from marin_data.fileio.atomic import SafeDir, atomic_path, atomic_write_bytes
 from marin_data.fileio.untrusted_json import loads
-
-if TYPE_CHECKING:
-    from marin_data.levanter.cells import PinnedCells
+from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.readers import LocalFiles
+from marin_data.formats import ShardDecoder, decoder_for
 
 __all__ = ["DecodedShard", "ShardSource", "DecodedShardCache", "default_cache_dir",
            "map_npy", "SEAL", "sealed"]
@@ -94,13 +90,14 @@ class DecodedShardCache:
         cache_dir: where decoded shards live; see `default_cache_dir`.
         max_open: shards kept memory-mapped at once (two maps each; Linux allows ~65,000 maps a process).
         verify: check each shard's SHA-256 and size against the index before decoding it.
-        cells: for a pinned Levanter cache, its cells (shards are its data chunk files); None: Parquet shards.
+        decoder: the corpus's shard decoder (`marin_data.formats.decoder_for`); by default the one the manifest
+            at ``corpus_root`` names, made when first needed.
     """
 
     def __init__(self, corpus_root: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
-                 *, max_open: int = 256, verify: bool = True, cells: PinnedCells | None = None) -> None:
+                 *, decoder: ShardDecoder | None = None, max_open: int = 256, verify: bool = True) -> None:
         self.corpus_root = Path(corpus_root)
-        self.cells = cells
+        self._decoder = decoder
         self._default_dir = cache_dir is None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.max_open = max_open
@@ -111,14 +108,21 @@ class DecodedShardCache:
     def __getstate__(self) -> dict:  # DataLoader workers get the settings, not open maps or threads
         return {**self.__dict__, "_open": OrderedDict(), "_publisher": None}
 
+    @property
+    def decoder(self) -> ShardDecoder:
+        if self._decoder is None:
+            corpus = load_corpus(self.corpus_root)
+            self._decoder = decoder_for(corpus, LocalFiles(corpus.root, self.verify))
+        return self._decoder
+
     def paths(self, shard: ShardRecord) -> tuple[Path, Path]:
         """``(tokens.npy, offsets.npy)`` of a shard's decode."""
         d = self.cache_dir / shard.sha256[:2] / shard.sha256
         return d / "tokens.npy", d / "offsets.npy"
 
     def context(self, shard: ShardRecord) -> str | None:
-        """What a decode depends on besides the shard's bytes (sealed with it): None for a Parquet shard."""
-        return None if self.cells is None else self.cells.context(shard)
+        """What a decode depends on besides the shard's bytes (sealed with it), if anything."""
+        return self.decoder.context(shard)
 
     def ensure(self, shard: ShardRecord) -> None:
         """Decode ``shard`` unless its decode is already there, and wait until it is on disk."""
@@ -176,11 +180,8 @@ class DecodedShardCache:
                 # Entered tokens first: the stack closes in reverse, publishing offsets before the tokens marker.
                 tokens_tmp = files.enter_context(atomic_path(tokens_path, root=self.cache_dir))
                 offsets_tmp = files.enter_context(atomic_path(offsets_path, root=self.cache_dir))
-                if self.cells is None:
-                    _decode_into(self.corpus_root / shard.path, shard, tokens_tmp, offsets_tmp, verify=self.verify)
-                else:
-                    _decode_chunk_into(self.corpus_root / shard.path, shard, self.cells, tokens_tmp, offsets_tmp,
-                                       verify=self.verify)
+                self.decoder.decode_into(self.corpus_root / shard.path, shard, tokens_tmp, offsets_tmp,
+                                         verify=self.verify)
                 decoded = _map(tokens_tmp, offsets_tmp)
                 publish = files.pop_all()
         except BaseException:
@@ -307,64 +308,3 @@ def _fill_pages(address: int, size: int, mapping: mmap.mmap | None = None) -> in
 @functools.lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
-
-
-def _decode_chunk_into(source: Path, shard: ShardRecord, cells: PinnedCells, tokens_path: Path, offsets_path: Path,
-                       *, verify: bool) -> None:
-    """Decode a pinned cache's data chunk file into ``.npy`` files, from the bytes that were hashed.
-
-    Raises:
-        ShardMissingError, ShardChecksumError: as `read_checked`.
-        CacheFormatError: the file does not decode (`marin_data.levanter.PinnedCells.decode`).
-        ShardFormatError: it holds another number of tokens than the index says.
-    """
-    tokens, offsets = cells.decode(shard, read_checked(source, shard, verify=verify))
-    if len(tokens) != shard.tokens:
-        raise ShardFormatError(f"decodes to {len(tokens)} tokens, the index says {shard.tokens}", path=str(source),
-                               expected=shard.tokens, actual=len(tokens))
-    for path, array in ((tokens_path, tokens), (offsets_path, offsets)):
-        with open(path, "wb") as f:
-            _npy_header(f, array.dtype, len(array))
-            f.write(memoryview(np.ascontiguousarray(array)))
-
-
-def _decode_into(source: Path, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *, verify: bool) -> None:
-    """Decode a shard's ``tokens`` column straight into ``.npy`` files (one copy, no ids).
-
-    Raises:
-        ShardMissingError: the shard file is not there (a partial download).
-        ShardChecksumError: ``verify`` and its SHA-256 or size differ from the index's.
-        ShardFormatError: unreadable, or its document/token counts differ from the index's.
-    """
-    if verify:
-        check_shard_file(source, shard)
-    elif not source.exists():
-        raise ShardMissingError(f"shard of subset {shard.subset!r} is not on local disk", path=str(source))
-    try:
-        with open_parquet(source) as pf:
-            check_schema(pf.schema_arrow, source)  # the values are written out as uint32 unconverted
-            column = pf.read(columns=["tokens"]).column("tokens")
-    except ShardFormatError:
-        raise
-    except (OSError, ValueError, KeyError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on garbage
-        raise ShardFormatError(f"not a readable shard: {e}", path=str(source)) from e
-    spans = [(np.asarray(c.offsets, dtype=np.int64), c) for c in column.chunks]
-    docs, tokens = len(column), sum(int(o[-1] - o[0]) for o, _ in spans)
-    check_shard_counts(source, shard, docs, tokens)
-    # Plain writes into the page cache: *measured* 4-8x faster than storing through a memory map of a new file
-    # (every first touch of a page is a fault). The publisher's fsync puts them on disk.
-    with open(tokens_path, "wb") as f:
-        _npy_header(f, np.uint32, tokens)
-        for offsets, chunk in spans:
-            f.write(memoryview(np.asarray(chunk.values)[offsets[0] : offsets[-1]]))
-    starts = np.cumsum([0] + [int(o[-1] - o[0]) for o, _ in spans])
-    with open(offsets_path, "wb") as f:
-        _npy_header(f, np.int64, docs + 1)
-        for (offsets, _), base in zip(spans, starts):
-            f.write(memoryview(np.ascontiguousarray(offsets[:-1] - offsets[0] + base)))
-        f.write(memoryview(np.array([tokens], dtype=np.int64)))
-
-
-def _npy_header(f, dtype, length: int) -> None:
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (length,)}
-    np.lib.format.write_array_header_1_0(f, header)

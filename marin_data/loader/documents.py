@@ -234,14 +234,14 @@ class CellDocuments:
         hit = self._parts.get(s)
         if hit is None:
             hit, row, token = [], 0, 0
-            for part in self.stream.cells.cache(self.stream.subsets[s]).parts:
+            for part in self.stream.decoder.cache(self.stream.subsets[s]).parts:
                 hit.append(_Part(part, row, token))
                 row, token = row + part.rows, token + part.tokens
             self._parts[s] = hit
         return hit
 
     def _ends(self, s: int, part: _Part) -> np.ndarray:
-        return np.asarray(self.stream.cells.ends(self.stream.subsets[s], part.part), dtype=np.int64)
+        return np.asarray(self.stream.decoder.ends(self.stream.subsets[s], part.part), dtype=np.int64)
 
     def touching(self, s: int, lo: int, hi: int) -> list[Document]:
         """As `ParquetDocuments.touching`."""
@@ -277,4 +277,4 @@ class CellDocuments:
 
 def documents_of(stream: TokenStream) -> ParquetDocuments | CellDocuments:
     """The documents of ``stream``'s corpus: a pinned cache's cells, or Parquet shards."""
-    return CellDocuments(stream) if stream.cells is not None else ParquetDocuments(stream)
+    return CellDocuments(stream) if stream.decoder.pieces else ParquetDocuments(stream)

@@ -18,9 +18,10 @@ Cost grows with shards, not tokens: per subset, a few cumulative counts per shar
 split's sequences) and, per epoch being read, the shuffled order of its shards; nothing per document or per
 sequence is ever built.
 
-A pinned Levanter cache (`marin_data.levanter.adopt`) is a corpus whose subsets are its cells and whose
-shards are its data chunk files, in the order of the cell's flat tokens (`marin_data.levanter.PinnedCells`);
-an unpinned one is refused (`load_local`): no hash vouches for its bytes.
+Which files a subset's shards are, in which order, and how each decodes is the corpus's format's
+(`marin_data.formats.decoder_for`): Parquet shards by path, a pinned Levanter cache's data chunk files in the
+order of its cells' flat tokens. A source that no manifest pins is refused (`load_local`): no hash vouches
+for its bytes.
 """
 
 from __future__ import annotations
@@ -40,10 +41,8 @@ from marin_data.corpus.manifest import Corpus, load_corpus, shards_fingerprint
 from marin_data.corpus.names import select_subsets
 from marin_data.errors import InvalidManifestError, LoaderConfigError
 from marin_data.layout import MANIFEST
-from marin_data.levanter.cells import PinnedCells
-from marin_data.levanter.detect import detect, refuse_unpinned
-from marin_data.levanter.pinned import is_pinned_cache
 from marin_data.corpus.readers import LocalFiles
+from marin_data.formats import ShardDecoder, decoder_for, refuse_unpinned
 from marin_data.loader.cache import DecodedShardCache, ShardSource
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
 from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
@@ -198,7 +197,7 @@ def load_local(path: str | os.PathLike, *, manifest_sha256: str | None = None) -
         return load_corpus(path, manifest_sha256=manifest_sha256)
     except InvalidManifestError:
         if not (Path(path) / MANIFEST).exists():
-            refuse_unpinned(lambda: detect(path), str(path), SERVES_CHECKED)
+            refuse_unpinned(path, SERVES_CHECKED)
         raise
 
 
@@ -212,8 +211,8 @@ class TokenStream:
         cache_dir: where the default source keeps decoded shards (`cache.default_cache_dir`).
         verify_shards: the default source checks each shard's SHA-256 against the index before its first use
             (for a pinned cache, also each ledger, ``zarr.json`` and offsets chunk file it reads).
-        cells: a pinned cache's `PinnedCells` (the remote stream's reads them over the network); by default
-            read from the corpus's directory.
+        decoder: the corpus's shard decoder (the remote stream's reads over the network); by default its
+            format's (`marin_data.formats.decoder_for`), reading the corpus's directory.
 
     Raises:
         InvalidManifestError: a subset pattern matches nothing; a pinned cache's index and ledgers disagree.
@@ -225,7 +224,7 @@ class TokenStream:
 
     def __init__(self, corpus: Corpus | str | os.PathLike, config: LoaderConfig = LoaderConfig(), *,
                  source: ShardSource | None = None, cache_dir: str | os.PathLike | None = None,
-                 verify_shards: bool = True, cells: PinnedCells | None = None) -> None:
+                 verify_shards: bool = True, decoder: ShardDecoder | None = None) -> None:
         corpus = corpus if isinstance(corpus, Corpus) else load_local(corpus)
         counts = {"seq_len": config.seq_len, "batch_size": config.batch_size, "shuffle_window": config.shuffle_window}
         wrong = {k: v for k, v in counts.items() if not isinstance(v, (int, np.integer)) or isinstance(v, bool)}
@@ -247,11 +246,11 @@ class TokenStream:
                                     "ends, where a document's start is not recorded; use segments=False")
         self.config = config
         self.corpus = corpus
-        if is_pinned_cache(corpus.manifest) and cells is None:
-            cells = PinnedCells(corpus, LocalFiles(corpus.root, verify_shards))
-        self.cells = cells
-        self.source = source if source is not None else DecodedShardCache(corpus.root, cache_dir,
-                                                                           verify=verify_shards, cells=cells)
+        if decoder is None:
+            decoder = decoder_for(corpus, LocalFiles(corpus.root, verify_shards))
+        self.decoder = decoder
+        self.source = source if source is not None else DecodedShardCache(corpus.root, cache_dir, decoder=decoder,
+                                                                           verify=verify_shards)
         try:
             self.every = holdout_every(config.val_fraction)
         except ValueError as e:
@@ -272,10 +271,7 @@ class TokenStream:
             if shard.subset in files:
                 files[shard.subset].append(shard)
         # Each subset's token stream as shards: O(shards) numpy metadata, nothing per document.
-        if cells is not None:  # a cache's cells: its flat token order, read from its (checked) ledgers
-            ordered = dict(zip(self.subsets, cells.chunks_of(self.subsets)))
-        else:
-            ordered = {n: sorted(files[n], key=lambda s: s.path) for n in self.subsets}
+        ordered = dict(zip(self.subsets, decoder.order(self.subsets)))
         self.subset_tokens = tuple(SubsetTokens.from_shards(n, ordered[n]) for n in self.subsets)
         self.shards = tuple(s for t in self.subset_tokens for s in t.shards)  # the selected shards, subset by subset
         self._index_arrays()

@@ -26,7 +26,8 @@ import numpy as np
 
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import CorpusLockedError, LoaderConfigError, ShardFormatError
-from marin_data.levanter.cells import PinnedCells
+from marin_data.formats import ShardDecoder
+from marin_data.formats.marin import ParquetDecoder
 from marin_data.layout import PARTIAL_SUFFIX
 from marin_data.loader.cache import SEAL, DecodedShard, DecodedShardCache, map_npy, sealed
 from marin_data.retry import RetryPolicy
@@ -86,8 +87,8 @@ class RemoteShardCache:
         workers: background fetch threads.
         policy: retries per store (`marin_data.retry`); then the next store.
         peers: a directory shared by the caches of one host (module docstring); None: share nothing.
-        cells: for a pinned Levanter cache, its cells (`marin_data.levanter.PinnedCells`: they decode a data
-            chunk file, reading its part's offsets through the stores themselves); None: Parquet shards.
+        decoder: the corpus's shard decoder (`marin_data.formats.decoder_for`, reading what a decode needs
+            besides the shard through the stores themselves); None: Parquet shards (`ParquetDecoder`).
 
     Raises:
         CorpusLockedError: another process (or cache object) uses ``cache_dir``.
@@ -96,7 +97,7 @@ class RemoteShardCache:
     def __init__(self, stores: StoreOrder | Sequence[Store], cache_dir: str | Path, *,
                  max_bytes: int = DEFAULT_CACHE_BYTES, prefetch: int = 4, workers: int = 2,
                  policy: RetryPolicy = DOWNLOAD_POLICY, peers: str | Path | None = None,
-                 cells: PinnedCells | None = None) -> None:
+                 decoder: ShardDecoder | None = None) -> None:
         from filelock import FileLock, Timeout
 
         if max_bytes <= 0 or prefetch < 0 or workers < 1:
@@ -118,9 +119,9 @@ class RemoteShardCache:
             with contextlib.suppress(OSError):  # registered already; or no symlinks here: peers cannot link from us
                 (self._peers / self.root.name).symlink_to(self.root.resolve(), target_is_directory=True)
         self._fetch_root = self.root / "fetch"  # verified Parquet (or chunk files), deleted once decoded
-        self.cells = cells
+        self.decoder = decoder if decoder is not None else ParquetDecoder()
         self._decoder = DecodedShardCache(self._fetch_root, self.root / "decoded", verify=False,  # fetch verifies
-                                          cells=cells)
+                                          decoder=self.decoder)
         self._cond = threading.Condition(threading.RLock())  # re-entrant: map finalizers may run under it
         self._entries: dict[str, _Entry] = {}
         self._failed: dict[str, BaseException] = {}  # prefetches that failed; `open` tries once more
@@ -389,7 +390,7 @@ class RemoteShardCache:
         tokens_path, offsets_path = self._decoder.paths(shard)
         tokens, offsets = map_npy(tokens_path), map_npy(offsets_path)
         # a cache's chunk file decodes to its pieces of documents, not to the documents that start in it
-        pieces = len(offsets) == shard.docs + 1 or (self.cells is not None and 2 <= len(offsets) <= shard.docs + 2)
+        pieces = len(offsets) == shard.docs + 1 or (self.decoder.pieces and 2 <= len(offsets) <= shard.docs + 2)
         if tokens.shape != (shard.tokens,) or not pieces or offsets[-1] != shard.tokens:
             del tokens, offsets
             self._evict(entry)

@@ -27,7 +27,7 @@ __all__ = ["StoreFiles"]
 
 @dataclass(frozen=True)
 class StoreFiles:
-    """``read(row) -> bytes`` over ``stores`` (a `marin_data.levanter.cells.Reader`)."""
+    """``read(row) -> bytes`` over ``stores`` (a `marin_data.formats.Reader`)."""
 
     stores: StoreOrder
     policy: RetryPolicy = DOWNLOAD_POLICY

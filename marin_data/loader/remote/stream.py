@@ -27,9 +27,7 @@ from marin_data.corpus.manifest import Corpus, load_corpus
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import LoaderConfigError, RemoteError
 from marin_data.layout import MANIFEST, SHARDS_INDEX
-from marin_data.levanter.cells import PinnedCells
-from marin_data.levanter.detect import detect_store, refuse_unpinned
-from marin_data.levanter.pinned import is_pinned_cache
+from marin_data.formats import ShardDecoder, decoder_for, refuse_unpinned
 from marin_data.loader.cache import default_cache_dir
 from marin_data.loader.dataset import TokenDataset, TokenLoader, distributed_rank
 from marin_data.loader.packing import Batch
@@ -103,8 +101,8 @@ class RemoteStream(TokenStream):
                  lookahead: int | None = None, plan: CachePlan | None = None) -> None:
         if cache is None and plan is None:
             raise ValueError("a RemoteStream needs a cache, or the plan its DataLoader workers open theirs from")
-        cells = cache.cells if cache is not None else plan.cells(corpus)
-        super().__init__(corpus, config, source=cache if cache is not None else _InWorkers(), cells=cells)
+        decoder = cache.decoder if cache is not None else plan.decoder(corpus)
+        super().__init__(corpus, config, source=cache if cache is not None else _InWorkers(), decoder=decoder)
         self.plan = plan
         self._worker: tuple[int, int] | None = None  # (process id, worker id) `worker_init` opened a cache for
         self.lookahead = lookahead if lookahead is not None else 2 * max(ph.block for ph in self.mixture.phases)
@@ -212,7 +210,7 @@ class CachePlan:
     def open(self, worker: int | None = None, workers: int = 1, stores: StoreOrder | None = None, *,
              corpus: Corpus) -> RemoteShardCache:
         """The rank's cache (``worker`` None), or worker ``worker`` of ``workers``'s (`RemoteStream.worker_init`),
-        reading a pinned Levanter cache's cells through the same stores (`cells`), in one `StoreOrder`."""
+        reading what a decode needs through the same stores (`decoder`), in one `StoreOrder`."""
         own = f"{self.name}-rank{self.rank}" + ("" if worker is None else f"-worker{worker}")
         if self.share:
             peers = self.root / f"{self.name}-peers"
@@ -221,13 +219,11 @@ class CachePlan:
         stores = stores if stores is not None else self._stores()
         return RemoteShardCache(stores, self.root / own, max_bytes=self.max_bytes // workers, prefetch=self.prefetch,
                                 workers=self.fetch_workers, policy=self.policy, peers=peers,
-                                cells=self.cells(corpus, stores))
+                                decoder=self.decoder(corpus, stores))
 
-    def cells(self, corpus: Corpus, stores: StoreOrder | None = None) -> PinnedCells | None:
-        """A pinned Levanter cache's cells, read over ``stores`` (default: this plan's), else None."""
-        if not is_pinned_cache(corpus.manifest):
-            return None
-        return PinnedCells(corpus, StoreFiles(stores if stores is not None else self._stores(), self.policy))
+    def decoder(self, corpus: Corpus, stores: StoreOrder | None = None) -> ShardDecoder:
+        """``corpus``'s shard decoder, reading files over ``stores`` (default: this plan's)."""
+        return decoder_for(corpus, StoreFiles(stores if stores is not None else self._stores(), self.policy))
 
     def _stores(self) -> StoreOrder:
         return StoreOrder([open_store(u, **self.store_options) for u in self.urls])
@@ -296,7 +292,7 @@ def make_remote_loader(
         corpus = open_remote_corpus(stores, meta_dir=root / "meta", manifest_sha256=manifest_sha256, policy=policy)
     except RemoteError as e:
         if e.status == 404:
-            refuse_unpinned(lambda: detect_store(stores.primary), stores.primary.url, SERVES_CHECKED)
+            refuse_unpinned(stores.primary, SERVES_CHECKED)
         raise
     plan = CachePlan((url, *mirrors), dict(store_options), root, corpus.manifest_sha256[:16], rank, cache_bytes,
                      prefetch_shards, fetch_workers, policy, share)

@@ -1,0 +1,91 @@
+"""What a data format offers the rest of marin: a `Format` (how to recognise it, how to open it) and the
+`Source` it opens (what the commands ask of it), plus the `ShardDecoder` the loader reads shards through.
+
+A format answers for one kind of dataset. It is found in one of two ways (`marin_data.formats.registry`):
+- a corpus whose ``manifest.json`` names it in ``format``: its files are pinned by the manifest and its
+  shard index, and `Format.open_corpus` opens it; `Format.decoder` decodes its shards for the loader;
+- a tree with no manifest that `Format.detect` recognises from its own files (a Levanter cache's
+  ``shard_ledger.json``): nothing vouches for its bytes, so the loader refuses it until it is pinned.
+
+A `Source` is what a command speaks to once the format is known. Every operation has a default that says
+the operation does not apply to this kind of data (`NotApplicableError`, a usage error), so a format
+implements only what it supports, and a command never asks which format it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from marin_data.corpus.manifest import Corpus, Manifest
+from marin_data.corpus.records import ShardRecord
+from marin_data.errors import NotApplicableError
+from marin_data.stores.base import Store
+
+__all__ = ["Format", "Source", "ShardDecoder", "Reader"]
+
+Reader = Callable[[ShardRecord], bytes]  # a row's whole bytes, checked against its sha256 and size
+
+
+class ShardDecoder(Protocol):
+    """How the loader reads one corpus's shards: their order in each subset's token stream and their decode
+    into the loader's local form (``tokens`` uint32, ``offsets`` int64, written as ``.npy`` files).
+
+    ``pieces``: a shard decodes to pieces of documents cut at its ends (a chunk file of a token stream),
+    so its offsets may count one more or one fewer entry than its whole documents."""
+
+    pieces: bool
+
+    def order(self, subsets: Sequence[str]) -> list[tuple[ShardRecord, ...]]:
+        """Each subset's shards in the order of its flat tokens."""
+
+    def context(self, shard: ShardRecord) -> str | None:
+        """A digest of what a decode depends on besides the shard's own bytes (sealed with it), or None."""
+
+    def decode_into(self, path: Path, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *,
+                    verify: bool) -> None:
+        """Decode the shard file at ``path`` into the two ``.npy`` files, checking its SHA-256 and size first
+        when ``verify``. Raises ShardMissingError, ShardChecksumError, ShardFormatError."""
+
+
+class Format(Protocol):
+    """One registered format. ``name`` is what a manifest's ``format`` says for corpora of it; ``marker`` and
+    ``what`` name the file that gives it away and what that file means (``("shard_ledger.json", "a Levanter
+    cache")``), for the error that names everything a path could have held."""
+
+    name: str
+    marker: str
+    what: str
+
+    def detect(self, store: Store) -> Source | None:
+        """This format's source if ``store`` holds one without a manifest, else None."""
+
+    def open_corpus(self, store: Store, manifest: Manifest) -> Source:
+        """A corpus whose manifest names this format."""
+
+    def decoder(self, corpus: Corpus, read: Reader) -> ShardDecoder:
+        """The loader's decoder of ``corpus``'s shards, reading files through ``read``."""
+
+
+class Source:
+    """A dataset opened through its format: what `info`, `show`, `verify`, `download`, `datasheet`,
+    `convert`, `adopt` and the loader ask of it. The defaults refuse (`NotApplicableError`)."""
+
+    kind: ClassVar[str] = "corpus"  # what it is, in words: "corpus", "cache" or "store"
+    pinned: ClassVar[bool] = True  # a manifest vouches for every byte
+
+    def __init__(self, store: Store, options: dict[str, Any] | None = None) -> None:
+        self.store = store
+        self.options = dict(options or {})  # the store options it was opened with (`open_store`)
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    def _refuse(self, what: str) -> NotApplicableError:
+        return NotApplicableError(f"{what} does not apply to a {self.describe()}", path=self.url)
+
+    def describe(self) -> str:
+        """What this source is, for messages: "marin corpus", "Levanter cache", ..."""
+        return self.kind
