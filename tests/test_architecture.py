@@ -144,6 +144,27 @@ def test_data_stages_import_only_from_stages_before_them():
     assert backward == []
 
 
+def reaching(package: str, graph: dict[str, set[str]], allowed: tuple[str, ...]) -> list[str]:
+    """``module -> target`` for every import of ``package`` from outside ``package`` and ``allowed``."""
+    def inside(m: str, p: str) -> bool:
+        return m == p or m.startswith(p + ".")
+
+    return [f"{m} -> {t}" for m, targets in sorted(graph.items()) for t in sorted(targets)
+            if inside(t, package) and not any(inside(m, a) for a in (package, *allowed))]
+
+
+def test_plugin_check_finds_a_planted_import():
+    graph = {"marin_data.cli.x": {"marin_data.levanter.cache"}, "marin_data.formats.registry": {"marin_data.levanter"}}
+    assert reaching("marin_data.levanter", graph, ("marin_data.formats",)) == \
+        ["marin_data.cli.x -> marin_data.levanter.cache"]
+
+
+def test_only_the_format_registry_reaches_the_levanter_plugin():
+    """A format is reached through `marin_data.formats` alone: commands, docs, the mirror, the loader and
+    training speak to the `Source` it opens, so a new format costs one folder and one registry line."""
+    assert reaching("marin_data.levanter", import_graph(), ("marin_data.formats",)) == []
+
+
 # pyarrow's Parquet readers and the wrappers that make Python-owned memory readable by them.
 _PARQUET_READERS = {"ParquetFile", "read_table", "ParquetDataset", "BufferReader", "PythonFile"}
 # The standard library's JSON parsers, which recurse once per nesting level.
