@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,11 +38,13 @@ import numba
 import numpy as np
 
 from marin_data.corpus.manifest import Corpus, load_corpus, shards_fingerprint
+from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.names import select_subsets
 from marin_data.errors import InvalidManifestError, LoaderConfigError
 from marin_data.layout import MANIFEST
 from marin_data.corpus.readers import LocalFiles
 from marin_data.formats import ShardDecoder, decoder_for, refuse_unpinned
+from marin_data.formats.documents import Documents
 from marin_data.loader.cache import DecodedShardCache, ShardSource
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
 from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
@@ -428,6 +430,16 @@ class TokenStream:
         if not isinstance(positions, range):
             positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
         return self.fill(positions, new_batch(len(positions), self.config.seq_len, self.config.segments), split)
+
+    def documents(self) -> Documents:
+        """Where this stream's documents lie (`marin_data.formats.documents`), as its corpus's format finds them."""
+        return self.decoder.documents(self)
+
+    def shard_files(self) -> Callable[[ShardRecord], object]:
+        """Where a shard's bytes are read at random from (what `documents` reads a few row groups of): the
+        path of its local file."""
+        root = self.corpus.root
+        return lambda shard: str(root / shard.path)
 
     def train_order(self, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
         """What `_locate` reads of subset ``s`` (`marin_data.loader.trace.Trace.positions` inverts it)."""
