@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +46,9 @@ from marin_data.corpus.readers import LocalFiles
 from marin_data.formats import ShardDecoder, decoder_for, refuse_unpinned
 from marin_data.formats.documents import Documents
 from marin_data.loader.cache import DecodedShardCache, ShardSource
+from marin_data.loader.config import LoaderConfig
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
-from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
+from marin_data.loader.mixture import Mixture, Phase
 from marin_data.loader.packing import DEFAULT_PACKING, PACKINGS, Batch, ShardTable, SubsetTokens, new_batch, \
     pack_rows, shard_rows, window_shards
 from marin_data.loader.ranks import RANK_ROWS, RankRows
@@ -60,34 +61,6 @@ __all__ = ["LoaderConfig", "TokenStream", "SPLITS", "STREAM_FORMAT", "SERVES_CHE
 
 SPLITS = ("train", "validation")
 STREAM_FORMAT = 2  # bump when the position -> sequence map changes, so old checkpoints are refused
-
-
-@dataclass(frozen=True)
-class LoaderConfig:
-    """What the loader serves. Every field but ``batch_size``, ``rank_rows`` and ``segments`` is part of the
-    stream's fingerprint."""
-
-    seq_len: int = 4096  # tokens per sequence; each window holds seq_len + 1 (inputs and labels)
-    batch_size: int = 8  # sequences per rank per step (not in the fingerprint: resume with any)
-    mixture: Mapping[str, float] | Sequence[Phase] | None = None  # None: selected subsets by token count
-    subsets: Sequence[str] | None = None  # names/globs to select; None: all subsets the mixture names
-    seed: int = 0  # keys the shuffle and the order of mixture slots
-    val_fraction: float = 0.001  # held out from training as the validation stream (holdout.py)
-    shuffle: str = "hierarchical"  # one of shuffle.SHUFFLES
-    shuffle_window: int = 4  # shards shuffled together: the reader's working set per subset
-    mixture_block: int = DEFAULT_BLOCK  # smallest mixture block (raised to 1/w_min)
-    # How each global batch's rows are dealt to ranks, one of `ranks.RANK_ROWS`; "auto": `TokenStream.rank_rows`.
-    # Not in the fingerprint: the global batches are the same either way.
-    rank_rows: str = "auto"
-    # Also deliver ``segment_ids`` and ``positions`` (document boundaries, for document masking; `packing`).
-    # Not in the fingerprint: the sequences are the same either way.
-    segments: bool = False
-    # How tokens become sequences, one of `packing.PACKINGS`: "overlap" (seq_len + 1 tokens inside one shard)
-    # or "levanter" (Levanter's windows: a subset's flat tokens [i*seq_len, (i+1)*seq_len), the last label -100).
-    packing: str = DEFAULT_PACKING
-    # Every token id must lie below it: the model's vocabulary (None: the corpus tokenizer's). Checked once per
-    # shard as it is opened (`packing.ShardTable`). Not in the fingerprint: the sequences are the same.
-    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -420,6 +393,10 @@ class TokenStream:
     def worker_init(self, worker: int, workers: int) -> None:
         """Called in DataLoader worker ``worker`` of ``workers`` before it builds batches: a local stream's
         decodes and maps are per process already; a remote one opens the worker's own cache."""
+
+    def close(self) -> None:
+        """Release what the stream holds besides memory: a remote stream's cache threads and directory lock; a
+        local stream holds nothing."""
 
     def prepare(self, start: int, ranks: RankRows, split: str = "train") -> None:
         """Get ready to serve the batch at ``start`` and the next ones: a remote stream's cache starts fetching

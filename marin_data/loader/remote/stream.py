@@ -34,7 +34,8 @@ from marin_data.loader.packing import Batch
 from marin_data.loader.ranks import RankRows
 from marin_data.loader.remote.cache import DEFAULT_CACHE_BYTES, RemoteShardCache
 from marin_data.loader.remote.files import RangedFiles, StoreFiles
-from marin_data.loader.stream import SERVES_CHECKED, LoaderConfig, TokenStream
+from marin_data.loader.config import LoaderConfig
+from marin_data.loader.stream import SERVES_CHECKED, TokenStream
 from marin_data.retry import RetryPolicy
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
