@@ -70,7 +70,7 @@ def quarter_corpus(sample: Path, dest: Path) -> tuple[int, int]:
     from marin_data.corpus.records import ShardRecord, SubsetInfo
     from marin_data.corpus.shard import read_shard, shard_path, write_shard
     from marin_data.layout import TOKENIZER
-    from marin_data.loader.remote.cache import decoded_bytes
+    from marin_data.loader.remote.budget import decoded_bytes
     from marin_train.config import TRAIN_PRESETS
 
     corpus = load_corpus(sample)
