@@ -2,7 +2,7 @@
 
 The sample corpus (``marin-data sample``; built if ``--corpus`` does not exist) is published to a moto S3
 server and served by ``marin-data serve``, each in its own process on 127.0.0.1. For each source, the tiny
-model trains ``--steps`` steps twice through `marin_train.data.run_training` (the ``marin-train`` path):
+model trains ``--steps`` steps twice through `marin_train.run.run_training` (the ``marin-train`` path):
 *cold* with an empty shard cache (every shard is fetched, verified and decoded on the way), then *warm*
 with the cache the cold run filled (a fresh run from step 0; nothing is fetched). The figure is the sum
 of the time spent in the loader's ``next()`` over the sum of step times, from step 2 and from step 1
@@ -36,7 +36,7 @@ QUARTER_SUBSET, QUARTER_TOKENS, QUARTER_SHARDS = "prose/docstrings", 1 << 17, 32
 
 def run(source: str, cache_dir: Path, steps: int, store_options: dict, *, mixture: dict | None = MIXTURE,
         cache_bytes: int = 64 << 20) -> dict:
-    from marin_train.data import run_training
+    from marin_train.run import run_training
     from marin_train.config import TRAIN_PRESETS, DataConfig
 
     cfg = dataclasses.replace(TRAIN_PRESETS["tiny"], steps=steps, log_every=10**9, data=DataConfig(
@@ -70,7 +70,7 @@ def quarter_corpus(sample: Path, dest: Path) -> tuple[int, int]:
     from marin_data.corpus.records import ShardRecord, SubsetInfo
     from marin_data.corpus.shard import read_shard, shard_path, write_shard
     from marin_data.layout import TOKENIZER
-    from marin_data.loader.remote.cache import decoded_bytes
+    from marin_data.loader.remote.budget import decoded_bytes
     from marin_train.config import TRAIN_PRESETS
 
     corpus = load_corpus(sample)

@@ -19,7 +19,7 @@ from marin_data.cli._store_options import check_sha256, store_kwargs, store_opti
 from marin_data.ui import format_table
 from marin_train.checkpoint import resolve_checkpoint
 from marin_train.config import TRAIN_PRESETS, DataConfig
-from marin_train.data import run_training
+from marin_train.run import run_training
 from marin_train.distributed import shutdown_distributed
 from marin_train.evaluate import EvalResult
 from marin_train.loop import TrainResult

@@ -1,4 +1,5 @@
-"""The data side of a run: the loader a `TrainConfig` describes, then the training loop on it.
+"""The data of a run: the loader a `TrainConfig` describes, the held-out stream, the corpus's manifest and
+tokenizer (what `marin_train.run` trains on, and ``marin-train eval``, ``generate`` and ``trace`` read).
 
 A local corpus goes through `make_loader`, a remote one (``s3://``, ``hf://``) through `make_remote_loader`,
 with this process's rank and world size from ``torch.distributed``; either may be a pinned Levanter cache
@@ -12,8 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from marin_data.corpus.manifest import Manifest, load_corpus
@@ -23,19 +23,16 @@ from marin_data.layout import MANIFEST, TOKENIZER
 from marin_data.loader import LoaderConfig, Phase, make_loader
 from marin_data.loader.remote.stream import is_remote, make_remote_loader
 from marin_data.loader.stream import TokenStream, load_local
-from marin_data.raw.tokenizer import LoadedTokenizer, token_byte_lengths, tokenizer_from_bytes
+from marin_data.raw.tokenizer import LoadedTokenizer, tokenizer_from_bytes
 from marin_data.stores import open_store
 from marin_data.transfer.plan import plan_download
 from marin_data.transfer.remote_corpus import read_tokenizer_bytes
-from marin_train.checkpoint import atomic_write, resume_config
 from marin_train.config import DataConfig, TrainConfig
 from marin_train.distributed import init_distributed
-from marin_train.evaluate import EVAL_SEED, evaluate
-from marin_train.loop import TrainResult, train
-from marin_train.threads import set_threads
+from marin_train.evaluate import EVAL_SEED
 
-__all__ = ["corpus_tokenizer", "eval_config", "eval_stream", "mixture_schedule", "run_training",
-           "source_manifest", "training_loader"]
+__all__ = ["corpus_tokenizer", "eval_config", "eval_stream", "mixture_schedule", "source_manifest",
+           "tokenizer_bytes", "training_loader"]
 
 
 def mixture_schedule(data: DataConfig, global_batch: int):
@@ -85,8 +82,7 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
         try:
             data.schedule.check_loader(loader.dataset.stream.mixture)
         except InvalidScheduleError:
-            if hasattr(loader.dataset.stream, "close"):  # a remote stream: its cache's threads and directory lock
-                loader.dataset.stream.close()
+            loader.dataset.stream.close()  # a remote stream's cache threads and directory lock
             raise
     return loader
 
@@ -112,7 +108,7 @@ def eval_stream(source: str, config: LoaderConfig, *, data: DataConfig = DataCon
     return TokenStream(corpus, config, cache_dir=data.cache_dir)
 
 
-def _tokenizer_bytes(source: str, manifest: Manifest, data: DataConfig) -> bytes:
+def tokenizer_bytes(source: str, manifest: Manifest, data: DataConfig) -> bytes:
     """A corpus's ``tokenizer.json``, from its directory or its store, its sha256 the manifest's."""
     if is_remote(source):
         return read_tokenizer_bytes(open_store(source, **dict(data.store_options)), manifest)
@@ -135,72 +131,5 @@ def source_manifest(source: str, data: DataConfig = DataConfig()) -> Manifest:
 
 def corpus_tokenizer(source: str, manifest: Manifest, data: DataConfig = DataConfig()) -> LoadedTokenizer:
     """The tokenizer a corpus was encoded with, from its directory or its store, checked against its manifest."""
-    return tokenizer_from_bytes(_tokenizer_bytes(source, manifest, data), manifest.tokenizer,
+    return tokenizer_from_bytes(tokenizer_bytes(source, manifest, data), manifest.tokenizer,
                                 where=f"{source}/{TOKENIZER}")
-
-
-def _record_tokenizer(cfg: TrainConfig, stream: TokenStream) -> None:
-    """Keep the corpus's ``tokenizer.json`` in the run directory (rank 0; fetched only when it changed)."""
-    path = Path(cfg.checkpoint_dir) / TOKENIZER
-    want = stream.corpus.manifest.tokenizer.sha256
-    if path.is_file() and not path.is_symlink() and hashlib.sha256(path.read_bytes()).hexdigest() == want:
-        return
-    data = _tokenizer_bytes(cfg.data.source, stream.corpus.manifest, cfg.data)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: f.write(data))
-
-
-def _evaluator(cfg: TrainConfig, stream: TokenStream, device) -> Callable:
-    """``--eval-every``: a function of the model giving the eval fields of a metrics record. Its stream is a
-    sibling of the training one (the same corpus and shard source; `eval_config`), built for each evaluation
-    so that the shards it maps are released afterwards."""
-    table = token_byte_lengths(corpus_tokenizer(cfg.data.source, stream.corpus.manifest, cfg.data))
-    config = dataclasses.replace(eval_config(cfg.seq_len, cfg.data.val_fraction, stream.subsets),
-                                 shuffle=stream.config.shuffle, shuffle_window=stream.config.shuffle_window)
-    limit = None if cfg.eval_tokens is None else max(1, cfg.eval_tokens // cfg.seq_len)
-    TokenStream(stream.corpus, config, source=stream.source).stop("validation")  # nothing held out: say so now
-
-    def run(model) -> dict[str, float]:
-        held_out = TokenStream(stream.corpus, config, source=stream.source)
-        return evaluate(model, held_out, table, batch_size=cfg.eval_batch, max_sequences=limit,
-                        device=device).metrics()
-
-    return run
-
-
-def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = None, threads: int | None = None,
-                 log: Callable[[str], None] = print, stop: Callable[[], bool] | None = None,
-                 reschedule: bool = False) -> TrainResult:
-    """Set torch's threads (`marin_train.threads`; ``threads`` is ``--threads``), build the loader, then
-    `marin_train.loop.train` (joining ``torchrun``'s process group if there is one). A resume keeps the
-    checkpoint's global batch: the per-rank batch follows the world size. The first log line says the threads
-    chosen. ``stop`` and ``reschedule`` go to `train`."""
-    started = time.perf_counter()
-    threads = set_threads(threads)
-    rank, world, device = init_distributed()
-    if rank == 0:
-        log(threads.describe())
-    cfg = resume_config(cfg, world) if resume else cfg
-    if rank == 0 and not cfg.checkpoint_dir:
-        log("no --checkpoint-dir: this run saves no checkpoint")
-    loader = training_loader(cfg)
-    stream = loader.dataset.stream
-    # Recorded in each checkpoint's config.json: the manifest this run read, pinned for `marin-train trace`.
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, manifest_sha256=stream.corpus.manifest_sha256))
-    vocab = stream.corpus.manifest.tokenizer.vocab_size
-    cfg = dataclasses.replace(cfg, model_overrides={"vocab_size": vocab, **cfg.model_overrides})
-    try:
-        if cfg.checkpoint_dir and rank == 0:
-            _record_tokenizer(cfg, stream)
-        evaluator = _evaluator(cfg, stream, device) if cfg.eval_every else None
-        result = train(cfg, loader, resume=resume, log=log, device=device, until=until, evaluate=evaluator,
-                       started=started, stop=stop, reschedule=reschedule)
-        if hasattr(stream, "close"):
-            s = stream.source.stats()
-            log(f"shard cache: {s.fetches.total()} fetches of {len(s.fetches)} shards "
-                f"({s.bytes_fetched / 2**20:.1f} MiB), {s.hits} hits, {s.evictions} evictions, high-water "
-                f"{s.high_water / 2**20:.1f} of {s.max_bytes / 2**20:.1f} MiB")
-        return result
-    finally:
-        if hasattr(stream, "close"):  # a remote stream: its cache's threads and directory lock
-            stream.close()

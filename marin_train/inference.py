@@ -18,7 +18,7 @@ import torch
 
 from marin_data.errors import (ContextLengthError, LoaderConfigError, ModelTokenizerMismatchError,
                                UnknownModelTokenizerError)
-from marin_data.loader.stream import LoaderConfig
+from marin_data.loader.config import LoaderConfig
 from marin_data.raw.tokenizer import LoadedTokenizer, load_tokenizer, token_byte_lengths
 from marin_model.generate import generate
 from marin_train.config import DataConfig
@@ -69,8 +69,7 @@ def evaluate_saved(path: str, source: str, *, subsets: Sequence[str] | None = No
         result = evaluate(saved.model.to(device), stream, token_byte_lengths(tokenizer), batch_size=batch_size,
                           max_sequences=max_sequences, device=device)
     finally:
-        if hasattr(stream, "close"):  # a remote stream: its cache's threads and directory lock
-            stream.close()
+        stream.close()  # a remote stream's cache threads and directory lock
     meta = {"model": str(saved.path), "step": saved.step, "data": source, "tokenizer": tokenizer.info.name,
             "val_fraction": val_fraction, "batch_size": batch_size, "max_tokens": max_tokens,
             "threads": torch.get_num_threads()}  # the bits of the loss follow it (marin_train.threads)

@@ -56,8 +56,7 @@ def open_stream(cfg: TrainConfig, global_batch: int) -> Iterator[TokenStream]:
     try:
         yield stream
     finally:
-        if hasattr(stream, "close"):  # a remote stream: its cache's threads and directory lock
-            stream.close()
+        stream.close()  # a remote stream's cache threads and directory lock
 
 
 @contextmanager

@@ -327,7 +327,7 @@ def on_s3(pinned, moto, bucket_url, tmp_path):  # noqa: F811
 @pytest.mark.parametrize("packing", ["overlap", "levanter"])
 def test_a_pinned_store_on_s3_streams_what_its_local_copy_serves_within_the_cache_limit(pinned, on_s3, moto,
                                                                                        cache_dir, tmp_path, packing):
-    from marin_data.loader.remote.cache import decoded_bytes
+    from marin_data.loader.remote.budget import decoded_bytes
 
     store, _ = pinned
     config = LoaderConfig(seq_len=SEQ_LEN, batch_size=4, packing=packing, segments=packing == "overlap",

@@ -21,7 +21,7 @@ from s3_env import FAST, bucket_url, moto, proxy, s3_client  # noqa: F401 - fixt
 
 from marin_data.errors import LoaderConfigError, TransferFailedError
 from marin_data.loader import LoaderConfig, Phase, TokenStream, make_loader
-from marin_data.loader.remote.cache import decoded_bytes
+from marin_data.loader.remote.budget import decoded_bytes
 from marin_data.loader.remote.stream import make_remote_loader
 from marin_data.transfer.publish_s3 import publish
 
@@ -248,7 +248,8 @@ def test_a_limit_below_one_shard_is_refused_with_the_size_needed(corpus, publish
 def test_a_mapped_shard_is_never_evicted_and_the_least_recently_used_free_one_is(corpus, tmp_path):
     import gc
 
-    from marin_data.loader.remote.cache import RemoteShardCache, _footprint
+    from marin_data.loader.remote.budget import _footprint
+    from marin_data.loader.remote.cache import RemoteShardCache
     from marin_data.stores import open_store
 
     shards = corpus.shards[:4]

@@ -23,7 +23,8 @@ from marin_data.raw.tokenizer import load_tokenizer, token_byte_lengths
 from marin_model.model import Transformer
 from marin_train.cli import main
 from marin_train.config import DataConfig, TrainConfig
-from marin_train.data import eval_config, eval_stream, run_training
+from marin_train.data import eval_config, eval_stream
+from marin_train.run import run_training
 from marin_train.export import export_checkpoint, load_exported
 from marin_train.inference import evaluate_saved
 

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Protocol
 from marin_data.corpus.manifest import Corpus, Manifest
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import NotApplicableError
+from marin_data.formats.documents import Documents
 from marin_data.stores.base import Store
 
 __all__ = ["Format", "Source", "ShardDecoder", "Reader"]
@@ -47,6 +48,12 @@ class ShardDecoder(Protocol):
                     verify: bool) -> None:
         """Decode the shard file at ``path`` into the two ``.npy`` files, checking its SHA-256 and size first
         when ``verify``. Raises ShardMissingError, ShardChecksumError, ShardFormatError."""
+
+    def documents(self, stream: Any) -> Documents:
+        """Where the documents of ``stream`` lie (`marin_data.formats.documents`: which ones a window of a
+        subset's tokens touches, where one with a given id is), for the loader's trace. ``stream`` is the
+        loader's ``TokenStream`` over this decoder's corpus, read by duck typing (the loader comes after
+        the formats): its ``subsets``, ``subset_tokens``, ``corpus``, ``source`` and ``shard_files()``."""
 
 
 class Format(Protocol):

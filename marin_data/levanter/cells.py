@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from marin_data.formats.base import Reader
 from marin_data.levanter.arraymeta import ZARR_JSON
 from marin_data.levanter.cache import DATA_ARRAY, OFFSETS_ARRAY, CachePart, ChunkFile, LevanterCache, \
     chunk_documents, open_cache
+from marin_data.levanter.cell_documents import CellDocuments
 from marin_data.levanter.chunkfile import decode_chunk
 from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.pinned import cell_prefixes
@@ -167,6 +169,10 @@ class PinnedCells:
                                    expected=shard.tokens, actual=len(tokens))
         for out, array in ((tokens_path, tokens), (offsets_path, offsets)):
             write_npy(out, array.dtype, len(array), [np.ascontiguousarray(array)])
+
+    def documents(self, stream: Any) -> CellDocuments:
+        """Where ``stream``'s documents (``SUBSET:ROW``) lie: its cells' offsets."""
+        return CellDocuments(stream, self)
 
     def cache(self, subset: str) -> LevanterCache:
         """``subset``'s cache as its ledgers and ``zarr.json`` files (read through ``read``) describe it."""

@@ -22,7 +22,7 @@ import importlib
 # Imported on first use (PEP 562): `marin_data.loader.cache` or `.shuffle` alone need neither torch nor
 # the rest, and a CLI command that touches one of them should not pay for torch's import.
 _EXPORTS = {
-    "LoaderConfig": "stream",
+    "LoaderConfig": "config",
     "TokenStream": "stream",
     "Phase": "mixture",
     "phases_by_fraction": "mixture",

@@ -14,7 +14,8 @@ from marin_data.corpus.manifest import Corpus
 from marin_data.errors import LoaderConfigError
 from marin_data.loader.dataset import TokenDataset, TokenLoader
 from marin_data.loader.remote.stream import is_remote, make_remote_loader
-from marin_data.loader.stream import LoaderConfig, TokenStream
+from marin_data.loader.config import LoaderConfig
+from marin_data.loader.stream import TokenStream
 
 __all__ = ["make_loader"]
 

@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,14 +38,17 @@ import numba
 import numpy as np
 
 from marin_data.corpus.manifest import Corpus, load_corpus, shards_fingerprint
+from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.names import select_subsets
 from marin_data.errors import InvalidManifestError, LoaderConfigError
 from marin_data.layout import MANIFEST
 from marin_data.corpus.readers import LocalFiles
 from marin_data.formats import ShardDecoder, decoder_for, refuse_unpinned
+from marin_data.formats.documents import Documents
 from marin_data.loader.cache import DecodedShardCache, ShardSource
+from marin_data.loader.config import LoaderConfig
 from marin_data.loader.holdout import held_before, holdout_every, train_window1, val_window1
-from marin_data.loader.mixture import DEFAULT_BLOCK, Mixture, Phase
+from marin_data.loader.mixture import Mixture, Phase
 from marin_data.loader.packing import DEFAULT_PACKING, PACKINGS, Batch, ShardTable, SubsetTokens, new_batch, \
     pack_rows, shard_rows, window_shards
 from marin_data.loader.ranks import RANK_ROWS, RankRows
@@ -58,34 +61,6 @@ __all__ = ["LoaderConfig", "TokenStream", "SPLITS", "STREAM_FORMAT", "SERVES_CHE
 
 SPLITS = ("train", "validation")
 STREAM_FORMAT = 2  # bump when the position -> sequence map changes, so old checkpoints are refused
-
-
-@dataclass(frozen=True)
-class LoaderConfig:
-    """What the loader serves. Every field but ``batch_size``, ``rank_rows`` and ``segments`` is part of the
-    stream's fingerprint."""
-
-    seq_len: int = 4096  # tokens per sequence; each window holds seq_len + 1 (inputs and labels)
-    batch_size: int = 8  # sequences per rank per step (not in the fingerprint: resume with any)
-    mixture: Mapping[str, float] | Sequence[Phase] | None = None  # None: selected subsets by token count
-    subsets: Sequence[str] | None = None  # names/globs to select; None: all subsets the mixture names
-    seed: int = 0  # keys the shuffle and the order of mixture slots
-    val_fraction: float = 0.001  # held out from training as the validation stream (holdout.py)
-    shuffle: str = "hierarchical"  # one of shuffle.SHUFFLES
-    shuffle_window: int = 4  # shards shuffled together: the reader's working set per subset
-    mixture_block: int = DEFAULT_BLOCK  # smallest mixture block (raised to 1/w_min)
-    # How each global batch's rows are dealt to ranks, one of `ranks.RANK_ROWS`; "auto": `TokenStream.rank_rows`.
-    # Not in the fingerprint: the global batches are the same either way.
-    rank_rows: str = "auto"
-    # Also deliver ``segment_ids`` and ``positions`` (document boundaries, for document masking; `packing`).
-    # Not in the fingerprint: the sequences are the same either way.
-    segments: bool = False
-    # How tokens become sequences, one of `packing.PACKINGS`: "overlap" (seq_len + 1 tokens inside one shard)
-    # or "levanter" (Levanter's windows: a subset's flat tokens [i*seq_len, (i+1)*seq_len), the last label -100).
-    packing: str = DEFAULT_PACKING
-    # Every token id must lie below it: the model's vocabulary (None: the corpus tokenizer's). Checked once per
-    # shard as it is opened (`packing.ShardTable`). Not in the fingerprint: the sequences are the same.
-    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -419,6 +394,10 @@ class TokenStream:
         """Called in DataLoader worker ``worker`` of ``workers`` before it builds batches: a local stream's
         decodes and maps are per process already; a remote one opens the worker's own cache."""
 
+    def close(self) -> None:
+        """Release what the stream holds besides memory: a remote stream's cache threads and directory lock; a
+        local stream holds nothing."""
+
     def prepare(self, start: int, ranks: RankRows, split: str = "train") -> None:
         """Get ready to serve the batch at ``start`` and the next ones: a remote stream's cache starts fetching
         their shards in the background; a local stream has nothing to do."""
@@ -428,6 +407,16 @@ class TokenStream:
         if not isinstance(positions, range):
             positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
         return self.fill(positions, new_batch(len(positions), self.config.seq_len, self.config.segments), split)
+
+    def documents(self) -> Documents:
+        """Where this stream's documents lie (`marin_data.formats.documents`), as its corpus's format finds them."""
+        return self.decoder.documents(self)
+
+    def shard_files(self) -> Callable[[ShardRecord], object]:
+        """Where a shard's bytes are read at random from (what `documents` reads a few row groups of): the
+        path of its local file."""
+        root = self.corpus.root
+        return lambda shard: str(root / shard.path)
 
     def train_order(self, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
         """What `_locate` reads of subset ``s`` (`marin_data.loader.trace.Trace.positions` inverts it)."""

@@ -9,7 +9,7 @@ the first) trains on the global batch of stream positions ``[(t-1)·G, t·G)``, 
 - Forward (`Trace.step`): each slot's subset, the subset's sequence number (counting every epoch), the
   window's tokens in the subset's stream (``seq_len + 1`` of them with the default packing: the inputs and
   the last label), the shard holding its first token (path, sha256), the subset's license and the
-  documents the window touches (`marin_data.loader.documents`) — what `TokenStream.locate` serves.
+  documents the window touches (`marin_data.formats.documents`, as the corpus's format finds them) — what `TokenStream.locate` serves.
 - Backward (`Trace.document`): every (step, slot) at which any token of a document was served, by
   inverting each stage instead of scanning steps: its tokens -> the windows that touch them (packing grid)
   -> their training indices (`holdout.train_indices`) -> for each epoch the subset has started, the pass
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from marin_data.errors import LoaderConfigError
-from marin_data.loader.documents import CellDocuments, Document, ParquetDocuments, documents_of
+from marin_data.formats.documents import Document, Documents
 from marin_data.loader.holdout import train_indices
 from marin_data.loader.packing import PACKINGS
 from marin_data.loader.shuffle import unshuffle
@@ -77,16 +77,16 @@ class Trace:
     Args:
         stream: the run's stream (same corpus, config and fingerprint as the run's).
         global_batch: sequences per optimizer step.
-        documents: where documents lie (default `documents_of`).
+        documents: where documents lie (default `TokenStream.documents`).
     """
 
     def __init__(self, stream: TokenStream, global_batch: int,
-                 documents: ParquetDocuments | CellDocuments | None = None) -> None:
+                 documents: Documents | None = None) -> None:
         if global_batch < 1:
             raise LoaderConfigError(f"global batch must be >= 1, got {global_batch}")
         self.stream = stream
         self.global_batch = int(global_batch)
-        self.documents = documents if documents is not None else documents_of(stream)
+        self.documents = documents if documents is not None else stream.documents()
         self.length = stream.seq_len + PACKINGS[stream.config.packing].extra  # tokens a window holds
 
     def steps(self) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from marin_data.corpus.shard import check_schema, check_shard_counts, check_shar
 from marin_data.errors import ShardFormatError, ShardMissingError
 from marin_data.fileio.arrays import write_npy
 from marin_data.fileio.parquet_io import open_parquet
+from marin_data.formats.marin.documents import ParquetDocuments
 
 __all__ = ["ParquetDecoder"]
 
@@ -35,6 +37,10 @@ class ParquetDecoder:
             if shard.subset in files:
                 files[shard.subset].append(shard)
         return [tuple(sorted(files[n], key=lambda s: s.path)) for n in subsets]
+
+    def documents(self, stream: Any) -> ParquetDocuments:
+        """Where ``stream``'s documents lie: its shards' row groups, read from its ``shard_files()``."""
+        return ParquetDocuments(stream, stream.shard_files())
 
     def context(self, shard: ShardRecord) -> None:
         return None  # a Parquet shard's decode depends on its bytes alone

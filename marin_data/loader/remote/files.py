@@ -1,4 +1,7 @@
-"""A remote corpus's small files read whole into memory, each checked against its row of the index: what a
+"""A remote corpus's files read through its stores: small ones whole into memory (`StoreFiles`), a shard in
+byte ranges (`RangedFiles`).
+
+`StoreFiles`: a remote corpus's small files read whole into memory, each checked against its row of the index: what a
 pinned Levanter cache's cells (`marin_data.levanter.PinnedCells`) read over the network (ledgers,
 ``zarr.json`` files, offsets chunk files) besides the data chunk files the shard cache fetches.
 
@@ -13,16 +16,19 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from typing import Any
 
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import CacheFormatError, RemoteError, ShardChecksumError, TransferFailedError
 from marin_data.transfer.read import read_file
 from marin_data.retry import RetryPolicy, retry_call
+from marin_data.stores import open_store
 from marin_data.stores.base import Store
 from marin_data.stores.order import StoreOrder
 from marin_data.transfer.plan import DOWNLOAD_POLICY
+from marin_data.transfer.remote_corpus import StoreFile
 
-__all__ = ["StoreFiles"]
+__all__ = ["StoreFiles", "RangedFiles"]
 
 
 @dataclass(frozen=True)
@@ -59,3 +65,17 @@ def _checked(store: Store, row: ShardRecord, policy: RetryPolicy) -> bytes:
                                  "in the shard index", path=store.describe(row.path), expected=row.sha256,
                                  actual=digest)
     return data
+
+
+class RangedFiles:
+    """``files(row)``: a seekable file over ``row``'s object in the store at ``url``, each read one ranged request
+    (`StoreFile`, unverified: what ``show`` reads), the store opened on first use."""
+
+    def __init__(self, url: str, store_options: dict[str, Any]) -> None:
+        self.url, self.store_options = url, store_options
+        self._store: Store | None = None
+
+    def __call__(self, row: ShardRecord) -> StoreFile:
+        if self._store is None:
+            self._store = open_store(self.url, **self.store_options)
+        return StoreFile(self._store, row.path, row.bytes)

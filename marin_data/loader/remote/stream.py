@@ -33,8 +33,9 @@ from marin_data.loader.dataset import TokenDataset, TokenLoader, distributed_ran
 from marin_data.loader.packing import Batch
 from marin_data.loader.ranks import RankRows
 from marin_data.loader.remote.cache import DEFAULT_CACHE_BYTES, RemoteShardCache
-from marin_data.loader.remote.files import StoreFiles
-from marin_data.loader.stream import SERVES_CHECKED, LoaderConfig, TokenStream
+from marin_data.loader.remote.files import RangedFiles, StoreFiles
+from marin_data.loader.config import LoaderConfig
+from marin_data.loader.stream import SERVES_CHECKED, TokenStream
 from marin_data.retry import RetryPolicy
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
@@ -170,6 +171,10 @@ class RemoteStream(TokenStream):
         self._worker = (os.getpid(), worker)
         self._table, self._wanted, self._horizon_key = None, [], None
         self._horizon.clear()
+
+    def shard_files(self) -> RangedFiles:
+        """`TokenStream.shard_files`: byte ranges of the corpus's primary store."""
+        return RangedFiles(self.plan.urls[0], self.plan.store_options)
 
     def close(self) -> None:
         """Stop the cache's prefetch threads and release its directory."""

@@ -1,76 +1,45 @@
-"""A stream's documents by where their tokens lie: which documents a window of a subset's tokens touches, and
-where a document's tokens lie (what `marin_data.loader.trace` needs on top of the order).
+"""A Parquet corpus's documents by where their tokens lie (`marin_data.formats.documents`), for the loader's
+trace: only the row groups a window touches are read (ids and token lists, ~1M tokens each), found from the
+shard's footer (each row group's token count), through `open_parquet` from the local file or, for a remote
+corpus, in byte ranges (`StoreFile`), as ``show`` reads them: not the whole shard, and unverified (the order
+itself never depends on them). A footer whose counts do not add up to the index's falls back to the loader's
+own decode of the shard. Finding a document by id reads the ``id`` column of its subset's shards until it
+turns up; an id starting with ``SUBSET:`` searches that subset first.
 
-Positions are tokens of a subset's concatenated stream (`packing.SubsetTokens`), the coordinates the loader
-cuts its windows in. Two kinds, by the corpus's format (`documents_of` picks):
-
-- `ParquetDocuments`: only the row groups a window touches are read (ids and token lists, ~1M tokens
-  each), found from the shard's footer (each row group's token count), through `open_parquet` from the
-  local file or, for a remote corpus, in byte ranges (`StoreFile`), as ``show`` reads them: not the whole
-  shard, and unverified (the order itself never depends on them). A footer whose counts do not add up to
-  the index's falls back to the loader's own decode of the shard. Finding a document by id reads the ``id``
-  column of its subset's shards until it turns up; an id starting with ``SUBSET:`` searches that subset
-  first.
-- `CellDocuments`: a pinned Levanter cache has no ids: a document is ``SUBSET:ROW``, its row in its cell
-  (the ids `marin-data convert` gives such rows too). Its boundaries are its part's offsets, read from the
-  pinned ledgers and offsets chunk files alone; no token data is read.
+The stream is the loader's ``TokenStream``, read by duck typing (this stage comes before the loader): its
+``subsets``, ``subset_tokens``, ``corpus`` and ``source`` (the decoded shards), and ``shard_files()`` (where a
+shard's bytes are read from at random: a local path, or ranges of a store).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from marin_data.corpus.records import SHARD, ShardRecord
 from marin_data.corpus.shard import MAX_ROW_GROUP_BYTES, TOKENS_VALUES
 from marin_data.errors import RemoteError, ShardFormatError, UnknownDocumentError, shown
-from marin_data.loader.remote.stream import RemoteStream
-from marin_data.loader.stream import TokenStream
 from marin_data.fileio.parquet_io import decoded_bound, open_parquet
-from marin_data.stores import open_store
-from marin_data.transfer.remote_corpus import StoreFile
+from marin_data.formats.documents import Document, touching
 
-__all__ = ["Document", "ParquetDocuments", "CellDocuments", "documents_of"]
+__all__ = ["ParquetDocuments"]
 
 _KEPT = 64  # shards' footers, and row groups' ids and boundaries, kept (a step reads a few per subset)
 
 
-@dataclass(frozen=True)
-class Document:
-    """One document a window touches: its id and the first and last of its tokens inside the window, counted
-    from the document's first token (both inclusive)."""
-
-    id: str
-    first: int
-    last: int
-
-
-def _touching(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> list[int]:
-    """The documents ``d`` (``[starts[d], ends[d])``, sorted, back to back) that share a token with ``[lo, hi)``
-    (an empty one shares none)."""
-    first, stop = int(np.searchsorted(ends, lo, side="right")), int(np.searchsorted(starts, hi, side="left"))
-    return [d for d in range(first, stop) if ends[d] > starts[d]]
-
-
 class ParquetDocuments:
-    """The documents of a Parquet corpus's stream (module docstring)."""
+    """The documents of a Parquet corpus's stream (module docstring); ``files``: a shard's bytes to read at
+    random (the stream's ``shard_files()``)."""
 
-    def __init__(self, stream: TokenStream) -> None:
+    def __init__(self, stream: Any, files: Callable[[ShardRecord], object]) -> None:
         self.stream = stream
+        self._file = files
         self._groups: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._read: OrderedDict[tuple[str, int], tuple[np.ndarray, object]] = OrderedDict()
-        self._store = None  # a remote corpus's, opened once
-
-    def _file(self, shard: ShardRecord) -> object:
-        if isinstance(self.stream, RemoteStream):
-            if self._store is None:
-                self._store = open_store(self.stream.plan.urls[0], **self.stream.plan.store_options)
-            return StoreFile(self._store, shard.path, shard.bytes)
-        return str(self.stream.corpus.root / shard.path)
 
     def groups(self, shard: ShardRecord) -> tuple[np.ndarray, np.ndarray]:
         """``(tokens, rows)`` before each row group of ``shard`` and at its end (``[groups + 1]`` int64 each),
@@ -115,22 +84,17 @@ class ParquetDocuments:
         for k in range(int(np.searchsorted(cum, lo, side="right")) - 1, int(np.searchsorted(cum, hi, side="left"))):
             shard, base = tokens.shards[k], int(cum[k])
             starts = self.groups(shard)[0]
-            for g in _touching(starts[:-1], starts[1:], lo - base, hi - base):
+            for g in touching(starts[:-1], starts[1:], lo - base, hi - base):
                 offsets, ids = self._group(shard, g)
                 at = base + int(starts[g])
-                for d in _touching(offsets[:-1], offsets[1:], lo - at, hi - at):
+                for d in touching(offsets[:-1], offsets[1:], lo - at, hi - at):
                     begin = at + int(offsets[d])
                     out.append(Document(ids[d].as_py(), max(lo, begin) - begin,
                                         min(hi, at + int(offsets[d + 1])) - 1 - begin))
         return out
 
     def find(self, doc_id: str) -> tuple[int, int, int]:
-        """``(subset index, first token, one past its last token)`` of the document ``doc_id`` in its subset's
-        stream; subset -1 for a document of a subset the stream does not read (a weight of 0).
-
-        Raises:
-            UnknownDocumentError: no subset of the corpus holds a document with that id.
-        """
+        """As `marin_data.formats.documents.Documents.find`."""
         import pyarrow.compute as pc
 
         names = self.stream.subsets
@@ -212,69 +176,3 @@ def _read_ids(source: object, shard: ShardRecord):
         raise ShardFormatError(f"holds {len(ids)} ids, the index says {shard.docs} documents", path=shard.path,
                                expected=shard.docs, actual=len(ids))
     return ids
-
-
-@dataclass(frozen=True)
-class _Part:
-    """One part of a cell: its rows and tokens start at these in the cell (and in its subset's stream)."""
-
-    part: object  # marin_data.levanter.cache.CachePart
-    row: int
-    token: int
-
-
-class CellDocuments:
-    """The documents of a pinned Levanter cache's stream: ``SUBSET:ROW`` (module docstring)."""
-
-    def __init__(self, stream: TokenStream) -> None:
-        self.stream = stream
-        self._parts: dict[int, list[_Part]] = {}
-
-    def parts(self, s: int) -> list[_Part]:
-        hit = self._parts.get(s)
-        if hit is None:
-            hit, row, token = [], 0, 0
-            for part in self.stream.decoder.cache(self.stream.subsets[s]).parts:
-                hit.append(_Part(part, row, token))
-                row, token = row + part.rows, token + part.tokens
-            self._parts[s] = hit
-        return hit
-
-    def _ends(self, s: int, part: _Part) -> np.ndarray:
-        return np.asarray(self.stream.decoder.ends(self.stream.subsets[s], part.part), dtype=np.int64)
-
-    def touching(self, s: int, lo: int, hi: int) -> list[Document]:
-        """As `ParquetDocuments.touching`."""
-        name, out = self.stream.subsets[s], []
-        for p in self.parts(s):
-            if p.token >= hi or p.token + p.part.tokens <= lo:
-                continue
-            ends = self._ends(s, p)
-            starts = np.concatenate(([0], ends[:-1]))
-            for d in _touching(starts, ends, lo - p.token, hi - p.token):
-                begin = p.token + int(starts[d])
-                out.append(Document(f"{name}:{p.row + d}", max(lo, begin) - begin,
-                                    min(hi, p.token + int(ends[d])) - 1 - begin))
-        return out
-
-    def find(self, doc_id: str) -> tuple[int, int, int]:
-        """As `ParquetDocuments.find`, for an id ``SUBSET:ROW``."""
-        name, _, row = doc_id.rpartition(":")
-        if name not in self.stream.corpus.manifest.subsets or not row.isdigit():
-            raise UnknownDocumentError(f"a pinned cache's documents are SUBSET:ROW of one of its subsets, not "
-                                       f"{shown(doc_id)}", actual=doc_id)
-        if name not in self.stream.subsets:
-            return -1, 0, 0
-        s, row = self.stream.subsets.index(name), int(row)
-        for p in self.parts(s):
-            if p.row <= row < p.row + p.part.rows:
-                ends = self._ends(s, p)
-                d = row - p.row
-                return s, p.token + (int(ends[d - 1]) if d else 0), p.token + int(ends[d])
-        raise UnknownDocumentError(f"subset {name!r} has {sum(p.part.rows for p in self.parts(s)):,} rows, no row "
-                                   f"{row:,}", actual=doc_id)
-
-
-def documents_of(stream: TokenStream) -> ParquetDocuments | CellDocuments:
-    """The documents of ``stream``'s corpus: a pinned cache's cells, or Parquet shards."""
-    return CellDocuments(stream) if stream.decoder.pieces else ParquetDocuments(stream)
