@@ -34,7 +34,7 @@ def provenance(corpus: Path) -> dict:
 
 def generate(corpus: Path, dest: Path) -> None:
     """Write the documents of ``corpus`` under ``dest`` (the corpus is not touched)."""
-    from marin_data.docs.write import write_datasheet
+    from marin_data.formats.datasheet import write_datasheet
 
     write_datasheet(corpus, out=dest)  # a sample corpus: the answers shipped with marin
 

@@ -28,7 +28,7 @@ from marin_data.corpus.mirrors import record_mirrors
 from marin_data.corpus.shard import read_shard, write_shard
 from marin_data.docs.questions import QUESTIONS, SUBSET_QUESTIONS, not_answered
 from marin_data.docs.stats import PERCENTILES, nearest_rank
-from marin_data.docs.write import write_datasheet
+from marin_data.formats.datasheet import write_datasheet
 from marin_data.errors import DatasheetIncompleteError, InvalidMetadataError, ShardFormatError
 from marin_data.layout import CARD, CROISSANT, DATASHEET, FIGURES, LISTED, MANIFEST, UNLISTED
 

@@ -20,10 +20,10 @@ from shard_env import tiny_tokenizer, tree_bytes  # noqa: F401
 from test_datasheet import md_tables, num
 
 from marin_data.cli import main
-from marin_data.docs.cachestats import FIRST_CHARS
+from marin_data.levanter.cachestats import FIRST_CHARS
 from marin_data.docs.figures import token_grid
 from marin_data.docs.stats import CorpusStats, SubsetStats, spread
-from marin_data.docs.write import write_datasheet
+from marin_data.formats.datasheet import write_datasheet
 from marin_data.errors import CacheCheckError, CacheUnfinishedError
 from marin_data.layout import DATASHEET, FIGURES, HEATMAP
 from marin_data.levanter import LZ4, ZSTD, write_cache
@@ -217,7 +217,7 @@ def test_the_lengths_pass_holds_one_offsets_chunk_file_whatever_the_documents(ti
     from memory_checks import peak_bytes
 
     import marin_data.docs.stats as stats
-    from marin_data.docs.cachestats import cache_stats
+    from marin_data.levanter.cachestats import cache_stats
     from marin_data.levanter import ArrayMeta, CacheWriter, detect, open_cache
     from marin_data.raw.tokenizer import load_tokenizer
 

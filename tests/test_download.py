@@ -176,7 +176,7 @@ def info_cli(capsys, *args: str) -> str:
 
 
 def test_any_subset_brings_the_documentation_and_info_marks_what_the_copy_holds(make_corpus, tmp_path, capsys):
-    from marin_data.docs.write import write_datasheet
+    from marin_data.formats.datasheet import write_datasheet
 
     corpus = make_corpus({"a": [20], "b/c": [10]})
     written = write_datasheet(corpus.root)
@@ -208,7 +208,7 @@ def test_the_datasheet_falls_back_to_a_mirror_like_any_file(make_corpus, moto, b
     none, the download still succeeds and says what it could not fetch; only every store failing fails it."""
     from faultproxy import Fault
 
-    from marin_data.docs.write import write_datasheet
+    from marin_data.formats.datasheet import write_datasheet
 
     corpus = make_corpus({"a": [5]})
     write_datasheet(corpus.root)

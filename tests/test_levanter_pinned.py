@@ -20,7 +20,8 @@ from shard_env import tiny_tokenizer, tree_bytes  # noqa: F401
 from test_datasheet import md_tables, num
 from test_datasheet_levanter import CELLS as CELLS_TABLE
 
-from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, load_corpus
+from marin_data.corpus.manifest import load_corpus
+from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
 from marin_data.corpus.records import META, OFFSETS, SHARD
 from marin_data.corpus.verify import ProblemKind, verify_corpus
 from marin_data.errors import CacheCheckError, CacheUnfinishedError, CorpusConflictError

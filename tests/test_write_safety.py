@@ -208,7 +208,7 @@ def test_shard_never_writes_through_a_linked_folder_of_the_corpus(tiny_tokenizer
 
 
 def test_the_decode_cache_and_the_datasheet_refuse_links(source, tmp_path):
-    from marin_data.docs.write import write_datasheet
+    from marin_data.formats.datasheet import write_datasheet
     from marin_data.loader.cache import DecodedShardCache
 
     elsewhere = tmp_path / "elsewhere"

@@ -1,5 +1,5 @@
 """``marin-data datasheet``: document a corpus, or a Levanter cache or store, from its data (library:
-`marin_data.docs.write`)."""
+`marin_data.formats.datasheet`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import click
 from marin_data.cli._hf_options import hf_options
 from marin_data.cli._store_options import is_url, store_options
 from marin_data.docs.stats import SCAN_TOKENS
-from marin_data.docs.write import source_subsets, write_datasheet
+from marin_data.errors import NotApplicableError
+from marin_data.formats import open_source
 from marin_data.ui import echo, plural
 
 __all__ = ["command"]
@@ -71,7 +72,6 @@ def command(source: str, meta: Path | None, meta_template: bool, out: Path | Non
           --tokenizer meta-llama/Llama-3.1-8B --out sheets/store
     """
     from marin_data.cli.info import remote_options
-    from marin_data.levanter.detect import CORPUS, detect
 
     if is_url(source):
         options = remote_options(source, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
@@ -87,21 +87,15 @@ def command(source: str, meta: Path | None, meta_template: bool, out: Path | Non
                                    "--strict or --tokenizer")
         from marin_data.docs.questions import meta_template as template
 
-        click.echo(template(source_subsets(source, **options), corpus=source), nl=False)  # names checked
+        click.echo(template(open_source(source, **options).datasheet(source).subsets, corpus=source),
+                   nl=False)  # names checked
         return
-    found = detect(source, **options)
-    if found.kind != CORPUS and (tokenizer is None or out is None):
-        raise click.UsageError(f"a Levanter {found.kind} not pinned yet carries no tokenizer and takes nothing "
-                               "written into it: pass --tokenizer (the one it was built with) and --out DIR "
-                               "(or pin it first: `marin-data adopt PATH --tokenizer TOK`)")
-    if found.kind == CORPUS and tokenizer:
-        raise click.UsageError("a corpus, or a pinned Levanter cache, decodes with its own tokenizer: drop "
-                               "--tokenizer")
-    if found.kind == CORPUS and is_url(source):
-        raise click.UsageError("a published corpus is documented from a local copy: `marin-data download` it, "
-                               "then run the datasheet on the copy")
-    result = write_datasheet(source, meta=meta, out=out, strict=strict, scan_tokens=scan_tokens,
-                             tokenizer=tokenizer, **options)
+    sheet = open_source(source, **options).datasheet(source)
+    try:
+        sheet.check_options(tokenizer=tokenizer, out=out)
+    except NotApplicableError as e:
+        raise click.UsageError(e.message) from e
+    result = sheet.write(meta=meta, out=out, strict=strict, scan_tokens=scan_tokens, tokenizer=tokenizer)
     for rel in result.written:
         echo(f"wrote      {result.dest / rel}")
     for rel in result.unchanged:

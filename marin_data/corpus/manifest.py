@@ -29,32 +29,29 @@ from marin_data.corpus.index import read_shard_index
 from marin_data.corpus.names import check_digest, check_subset_name, is_reserved, safe_relpath
 from marin_data.corpus.records import SHARD, FileRecord, ShardRecord, SubsetInfo
 from marin_data.errors import InvalidManifestError, ManifestHashMismatchError, shown
-from marin_data.layout import COMMIT, DATA, MANIFEST, SHARDS_INDEX
+from marin_data.layout import COMMIT, MANIFEST, SHARDS_INDEX
 from marin_data.raw.tokenizer import TokenizerInfo
 from marin_data.fileio.untrusted_json import loads
 
 __all__ = [
     "SCHEMA_VERSION",
     "MARIN",
-    "LEVANTER_STORE",
-    "LEVANTER_CACHE",
     "FORMATS",
     "Manifest",
     "Corpus",
     "load_corpus",
     "shards_fingerprint",
     "summarize_subsets",
-    "subset_folder",
 ]
 
 SCHEMA_VERSION = 1
-# `Manifest.format`: what the shards are. MARIN (the default): Parquet shards under data/<subset>/. A Levanter
-# cache pinned in place (`marin_data.levanter.pinned`): a store, each subset the cache at the folder of its
-# name, or one cache at the corpus root holding the one subset.
+# `Manifest.format`: what the shards are, the name of a registered format (`marin_data.formats`). MARIN (the
+# default): Parquet shards under data/<subset>/. The others are the Levanter plug-in's caches pinned in place
+# (`marin_data.levanter.pinned`). Every reader of a manifest (the registry's or not) refuses a name outside
+# FORMATS, so this stage lists the names it cannot import; tests/test_formats_names.py keeps it equal to the
+# registry's.
 MARIN = "marin"
-LEVANTER_STORE = "levanter-store"
-LEVANTER_CACHE = "levanter-cache"
-FORMATS = (MARIN, LEVANTER_STORE, LEVANTER_CACHE)
+FORMATS = (MARIN, "levanter-store", "levanter-cache")
 
 
 @dataclass
@@ -138,12 +135,6 @@ class Corpus:
     def shards_of(self, subsets: Iterable[str]) -> list[ShardRecord]:
         wanted = set(subsets)
         return [s for s in self.shards if s.subset in wanted]
-
-
-def subset_folder(manifest: Manifest, subset: str) -> str:
-    """The folder that holds ``subset``'s files: ``data/<subset>`` in a Parquet corpus, ``<subset>`` in a
-    pinned Levanter store, the root ("") for a single pinned cache."""
-    return {MARIN: f"{DATA}/{subset}", LEVANTER_STORE: subset, LEVANTER_CACHE: ""}[manifest.format]
 
 
 def summarize_subsets(shards: Iterable[ShardRecord], licenses: dict[str, str]) -> dict[str, SubsetInfo]:

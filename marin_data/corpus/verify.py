@@ -18,14 +18,14 @@ import enum
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from marin_data.fileio.atomic import sha256_file
-from marin_data.corpus.manifest import MARIN, Corpus, load_corpus, subset_folder
+from marin_data.corpus.manifest import MARIN, Corpus, load_corpus
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.record import read_download_record
 from marin_data.corpus.records import ShardRecord
@@ -33,7 +33,7 @@ from marin_data.corpus.shard import check_schema, count_tokens, inspect_shard
 from marin_data.engines import Engine, make_engine
 from marin_data.engines.local import default_workers
 from marin_data.errors import InvalidManifestError, ShardFormatError
-from marin_data.layout import BY_SHA256, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
+from marin_data.layout import BY_SHA256, DATA, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.fileio.parquet_io import open_parquet
 from marin_data.ui import progress as progress_bar
 
@@ -169,6 +169,7 @@ def verify_corpus(
     progress: bool | None = None,
     engine: str = "local",
     engine_address: str | None = None,
+    folders: Mapping[str, str] | None = None,
 ) -> VerifyReport:
     """Re-hash every listed file of a local corpus and look for files nobody listed.
 
@@ -185,6 +186,9 @@ def verify_corpus(
         engine: ``"local"`` hashes on threads here; ``"ray"`` runs the checks as Ray tasks.
         engine_address: for ``engine="ray"``, the Ray cluster (``auto``, ``HOST:PORT``); None starts a local
             Ray instance. Its nodes must see the corpus at ``root``.
+        folders: subset -> the folder that holds its files, walked for unlisted files when ``subsets`` is
+            given; None: ``data/<subset>`` (Parquet shards). Another format's caller passes its own (a pinned
+            Levanter store: the subset's name; a single pinned cache: the root, "").
 
     Returns:
         A `VerifyReport`; the caller decides what a finding means (the CLI exits 1).
@@ -199,7 +203,7 @@ def verify_corpus(
     parquet = corpus.manifest.format == MARIN  # a pinned Levanter cache's files are checked by its own package
     targets = [_Target(s.path, s.bytes, s.sha256, s if parquet else None) for s in corpus.shards_of(chosen)]
     targets += [_Target(p, r.bytes, r.sha256) for p, r in corpus.manifest.files.items()]
-    unlisted, partial, ignored = _scan_tree(corpus, chosen if scope == SCOPE_FILTER else None)
+    unlisted, partial, ignored = _scan_tree(corpus, chosen if scope == SCOPE_FILTER else None, folders)
     jobs = [CheckJob(str(corpus.root), t, deep, corpus.manifest.tokenizer.sha256)
             for t in sorted(targets, key=lambda t: -t.bytes)]  # largest first: the last file to start is small
 
@@ -339,11 +343,12 @@ def _inspect(path: Path, shard: ShardRecord, tokenizer_sha256: str) -> list[Prob
     return problems
 
 
-def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], list[str], list[str]]:
+def _scan_tree(corpus: Corpus, chosen: list[str] | None,
+               folders: Mapping[str, str] | None) -> tuple[list[str], list[str], list[str]]:
     """Files under the tree that nothing lists (``unlisted``), leftover ``*.part`` files (``partial``) and
     the `FOREIGN_FOLDERS` found and skipped (``ignored``).
 
-    ``chosen=None`` walks the whole corpus; otherwise only the chosen subsets' folders (`subset_folder`:
+    ``chosen=None`` walks the whole corpus; otherwise only the chosen subsets' folders (``folders``, else
     ``data/<subset>/`` of a Parquet corpus), without descending into the folders of subsets that were not
     chosen (``data/a/b`` inside ``data/a``).
     """
@@ -351,8 +356,9 @@ def _scan_tree(corpus: Corpus, chosen: list[str] | None) -> tuple[list[str], lis
     if chosen is None:
         tops, skip = [""], set(IGNORED_NAMES)
     else:
-        tops = [subset_folder(corpus.manifest, s) for s in chosen]
-        skip = {subset_folder(corpus.manifest, s) for s in corpus.manifest.subsets} - set(tops)
+        folder = folders or {s: f"{DATA}/{s}" for s in corpus.manifest.subsets}
+        tops = [folder[s] for s in chosen]
+        skip = {folder[s] for s in corpus.manifest.subsets} - set(tops)
     unlisted: set[str] = set()
     partial: set[str] = set()
     ignored: set[str] = set()

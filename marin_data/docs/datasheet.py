@@ -4,29 +4,61 @@ Each section interleaves computed facts (tables built from the manifest and the 
 curated answers to the questions of `marin_data.docs.questions`, quoted as written in the metadata file.
 No number is typed in and no answer is made up: a missing answer prints **Not answered.** with its id.
 The text holds no timestamp and no tool version, so the same corpus and metadata give the same bytes.
-A Levanter cache or store (``cache``) keeps the sections and swaps in its own facts where a cache differs
-(`marin_data.docs.cachesheet`).
+What a format says in its own words (the headline, the subsets table, how lengths are measured, how tokens
+are stored, and, for a source nothing pins, that it has no root of trust) comes from its `SheetParts`
+(a Parquet corpus: `marin_data.formats.marin.datasheet`; a Levanter cache or store:
+`marin_data.levanter.cachesheet`); the sections around them are the same for every format.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from marin_data.corpus.manifest import Manifest
-from marin_data.docs import cachesheet
 from marin_data.docs import markdown as md
-from marin_data.docs.cachesheet import CacheSource
 from marin_data.docs.distribution import SOURCE_PLACEHOLDER, download_command, mirrors, mirrors_of, verify_commands
 from marin_data.docs.questions import QUESTIONS, SECTIONS, SUBSET_QUESTIONS, Metadata
 from marin_data.docs.stats import PERCENTILES, CorpusStats
 from marin_data.layout import COMPOSITION_PNG, LENGTHS_PNG
-from marin_data.ui import human_bytes, plural
+from marin_data.ui import plural
 
-__all__ = ["render_datasheet"]
+__all__ = ["SheetParts", "render_datasheet", "subset_table"]
 
 
 SUBSET_HEADERS = ("Subset", "Documents", "Tokens", "Bytes", "Shards", "Token share", "License")
 LENGTH_HEADERS = ("Subset", "Documents scanned", *(f"p{p}" for p in PERCENTILES), "max", "mean", "Scope")
+
+
+class SheetParts(Protocol):
+    """What a format says in its own words. ``lengths``: how document lengths were measured;
+    ``everything``: the *Scope* of a subset measured in full."""
+
+    lengths: str
+    everything: str
+
+    def generated_from(self) -> str:
+        """What the datasheet was computed from, for its header comment."""
+
+    def headline(self, manifest: Manifest, stats: CorpusStats, manifest_sha256: str | None) -> list[str]:
+        """The lines under the title: what it is, its totals and its pin."""
+
+    def subsets(self, manifest: Manifest, stats: CorpusStats) -> list[str]:
+        """The composition section's table of subsets (its heading included)."""
+
+    def scan_scopes(self) -> list[str] | None:
+        """What the duplicate scan read of each subset, where it is not what the lengths read (else None)."""
+
+    def subset_detail(self, index: int, manifest: Manifest) -> list[str]:
+        """Computed lines atop the ``index``-th subset's own questions."""
+
+    def tokenization(self, manifest: Manifest) -> tuple[list[str], list[tuple[str, str]]]:
+        """How the tokens are stored (paragraphs), and the tokenizer table's rows after name, digest and
+        vocabulary size."""
+
+    def unpinned(self, manifest: Manifest) -> list[str] | None:
+        """The distribution section after the licenses table of a source nothing pins (it has no root of
+        trust); None where a manifest pins it."""
 
 
 def _questions(meta: Metadata, section: str) -> list[str]:
@@ -37,7 +69,8 @@ def _questions(meta: Metadata, section: str) -> list[str]:
     return out
 
 
-def _subset_table(stats: CorpusStats) -> str:
+def subset_table(stats: CorpusStats) -> str:
+    """Every subset's totals, its token share and license, and a total row."""
     rows = [(f"`{s.name}`", md.count(s.docs), md.count(s.tokens), md.count(s.bytes), md.count(s.shards),
              md.share(s.token_share), s.license) for s in stats.subsets]
     licenses = ", ".join(sorted({s.license for s in stats.subsets}))
@@ -98,53 +131,29 @@ def _duplicates(stats: CorpusStats, scopes: list[str] | None) -> list[str]:
                             "Documents of B also in A", "Share of B's tokens"), rows, "llrrrr"), ""]
 
 
-def _composition(manifest: Manifest, stats: CorpusStats, meta: Metadata, cache: CacheSource | None) -> list[str]:
+def _composition(manifest: Manifest, stats: CorpusStats, meta: Metadata, parts: SheetParts) -> list[str]:
     sampled = any(s.lengths.sampled for s in stats.subsets)
-    if cache:
-        out = cachesheet.cells_section(cache)
-    else:
-        out = ["### Subsets (computed)", "",
-               "Every number below is read from `manifest.json`, whose totals `marin-data` checks against "
-               "`shards.parquet` (one row per shard) before writing this page. Token counts include the EOS token "
-               "appended after every document" + (" and the BOS token before it" if manifest.tokenizer.add_bos
-                                                  else "") + "; bytes are the sizes of the Parquet shards.", "",
-               _subset_table(stats), ""]
-    out += [f"![Token composition by subset]({COMPOSITION_PNG})", "",
-            "### Document lengths (computed)", "",
-            cachesheet.LENGTHS_FROM_OFFSETS if cache else
-            "Tokens per document, streamed from the shards' `tokens` column one row group at a time. Percentiles "
-            "are nearest-rank: p90 is the smallest length that at least 90% of documents do not exceed. The mean "
-            "is the subset's tokens divided by its documents.", ""]
+    out = [*parts.subsets(manifest, stats),
+           f"![Token composition by subset]({COMPOSITION_PNG})", "",
+           "### Document lengths (computed)", "", parts.lengths, ""]
     if sampled:
         out += ["Subsets too large to decode in full were measured on whole shards spread evenly over the "
                 "subset (see *Scope*): their percentiles are estimates from the documents scanned, and *max* "
                 "is the longest document seen.", ""]
-    out += [_length_table(stats, "all documents" if cache else "all shards"), "",
+    out += [_length_table(stats, parts.everything), "",
             f"![Document-length distribution by subset]({LENGTHS_PNG})", "",
-            *_duplicates(stats, cachesheet.scan_scopes(cache) if cache else None),
+            *_duplicates(stats, parts.scan_scopes()),
             "### Questions", "", *_questions(meta, "composition"), "### Subsets in detail", ""]
     for i, s in enumerate(stats.subsets):
-        out += [f"#### `{s.name}`", ""]
-        if cache:
-            out += cachesheet.first_document(cache.stats.cells[i], manifest.tokenizer.name)
+        out += [f"#### `{s.name}`", "", *parts.subset_detail(i, manifest)]
         for q in SUBSET_QUESTIONS:
             out += [f"**{q.text}**", "", md.answer(meta, q.for_subset(s.name).id), ""]
     return out
 
 
-def _preprocessing(manifest: Manifest, meta: Metadata, cache: CacheSource | None) -> list[str]:
+def _preprocessing(manifest: Manifest, meta: Metadata, parts: SheetParts) -> list[str]:
     tok = manifest.tokenizer
-    if cache:  # what a cache's tokenizer run added is its own record's to say (`cachesheet.storage`)
-        rows = [("EOS id", f"`{tok.eos_id}`"), ("BOS id", "none" if tok.bos_id is None else f"`{tok.bos_id}`")]
-        about = [*cachesheet.storage(cache), "The tokenizer named here is " + (
-            "the pinned `tokenizer.json`, whose fingerprint the manifest holds." if cache.pinned else
-            "the one given with `--tokenizer`: a cache carries none until it is pinned.")]
-    else:
-        bos = f"`{tok.bos_id}`, prepended to every document" if tok.add_bos else "not added"
-        rows = [("EOS id (appended to every document)", f"`{tok.eos_id}`"), ("BOS", bos)]
-        about = ["Documents are stored tokenized, one row per document: columns `id` (string) and `tokens` "
-                 "(`large_list<uint32>`), zstd-compressed Parquet. The tokenizer is shipped as `tokenizer.json`; "
-                 "its fingerprint is also written in every shard's key-value metadata."]
+    about, rows = parts.tokenization(manifest)
     rows = [("Name", f"`{tok.name}`"), ("Fingerprint (sha256 of `tokenizer.json`)", f"`{tok.sha256}`"),
             ("Vocabulary size", md.count(tok.vocab_size)), *rows]
     return ["### Tokenization (computed)", "", *about, "",
@@ -153,16 +162,15 @@ def _preprocessing(manifest: Manifest, meta: Metadata, cache: CacheSource | None
 
 
 def _distribution(manifest: Manifest, stats: CorpusStats, meta: Metadata, manifest_sha256: str | None,
-                  listed: bool, published: Sequence[dict], cache: CacheSource | None) -> list[str]:
+                  listed: bool, published: Sequence[dict], parts: SheetParts) -> list[str]:
     dest = f"./{manifest.name}"
     recorded = mirrors(published)
     out = ["### Licenses (computed)", "",
            md.table(("Subset", "License (SPDX)"), [(f"`{s.name}`", s.license) for s in stats.subsets], "ll"),
            ""]
-    if cache and not cache.pinned:
-        return out + ["A Levanter cache records no license: `marin-data adopt --license SPDX` records one for every "
-                      "subset of the pinned copy.", "", *cachesheet.not_pinned(cache, manifest.tokenizer.name),
-                      "### Questions", "", *_questions(meta, "distribution")]
+    unpinned = parts.unpinned(manifest)
+    if unpinned is not None:
+        return out + [*unpinned, "### Questions", "", *_questions(meta, "distribution")]
     out += ["### Root of trust", "",
            f"`manifest.json` has sha256 **`{manifest_sha256}`**. It lists the sha256 and size of every "
            "other metadata file, and `shards.parquet` lists those of every shard, so this one digest vouches "
@@ -200,43 +208,39 @@ def _distribution(manifest: Manifest, stats: CorpusStats, meta: Metadata, manife
 
 
 def render_datasheet(manifest: Manifest, stats: CorpusStats, meta: Metadata, *, manifest_sha256: str | None,
-                     listed: bool, published: Sequence[dict] = (), cache: CacheSource | None = None) -> str:
+                     listed: bool, parts: SheetParts, published: Sequence[dict] = ()) -> str:
     """The datasheet's Markdown.
 
     Args:
         manifest: the corpus manifest, as it stands once the generated files are committed (a cache nothing
             pins: one made in memory from its ledgers and the tokenizer given, pinning nothing).
-        stats: `marin_data.docs.stats.corpus_stats` of the same corpus (a cache: ``cache.stats.corpus``).
+        stats: the statistics of the same data (`marin_data.docs.stats.CorpusStats`).
         meta: curated answers.
         manifest_sha256: sha256 of that manifest's bytes (None for a cache nothing pins).
         listed: whether the card, Croissant file and figures are listed in the manifest (False with --out).
         published: the places the corpus was published (`marin_data.corpus.mirrors.read_mirrors`).
-        cache: a Levanter cache or store, and what was computed from it.
+        parts: what its format says in its own words (`SheetParts`).
     """
     title = meta.pretty_name or manifest.name
     unanswered = meta.unanswered(s.name for s in stats.subsets)
     out = [
         f"# Datasheet: {title}", "",
         "<!-- Generated by `marin-data datasheet` from "
-        + (cachesheet.generated_from(cache) if cache else "manifest.json, shards.parquet and the shards")
+        + parts.generated_from()
         + (f", with answers from {meta.source}" if meta.source else "")
         + ". Edit the metadata file and regenerate; do not edit this file. -->", "",
-        *(cachesheet.headline(manifest, cache, manifest_sha256) if cache else [
-            f"Corpus `{manifest.name}` version `{manifest.version}`: {plural(len(stats.subsets), 'subset')}, "
-            f"{plural(stats.docs, 'document')}, {plural(stats.tokens, 'token')}, {plural(stats.bytes, 'byte')} "
-            f"({human_bytes(stats.bytes)}) in {plural(stats.shards, 'shard')}. Manifest sha256 "
-            f"`{manifest_sha256}`.", ""]),
+        *parts.headline(manifest, stats, manifest_sha256),
         "Numbers marked *computed* come from the corpus itself; every other answer is quoted from the "
         "dataset's metadata file, and a question nobody answered says so.", "",
     ]
     for n, (key, name) in enumerate(SECTIONS, 1):
         out += [f"## {n}. {name}", ""]
         if key == "composition":
-            out += _composition(manifest, stats, meta, cache)
+            out += _composition(manifest, stats, meta, parts)
         elif key == "preprocessing":
-            out += _preprocessing(manifest, meta, cache)
+            out += _preprocessing(manifest, meta, parts)
         elif key == "distribution":
-            out += _distribution(manifest, stats, meta, manifest_sha256, listed, published, cache)
+            out += _distribution(manifest, stats, meta, manifest_sha256, listed, published, parts)
         else:
             out += _questions(meta, key)
     out += ["## Unanswered questions", ""]

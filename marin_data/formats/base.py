@@ -96,3 +96,8 @@ class Source:
     def describe(self) -> str:
         """What this source is, for messages: "marin corpus", "Levanter cache", ..."""
         return self.kind
+
+    def datasheet(self, url: str | None = None) -> Any:
+        """Its documentation (`marin_data.formats.datasheet`): ``subsets`` (whose questions it asks),
+        ``check_options`` and ``write``; ``url``: the source as it was named (the datasheet quotes it)."""
+        raise self._refuse("datasheet")

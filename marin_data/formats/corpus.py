@@ -28,3 +28,8 @@ class CorpusSource(Source):
 
     def describe(self) -> str:
         return "marin corpus"
+
+    def datasheet(self, url: str | None = None) -> Any:
+        from marin_data.formats.marin.datasheet import parquet_datasheet
+
+        return parquet_datasheet(self.store, self.manifest, url)

@@ -26,7 +26,7 @@ import numpy as np
 
 from marin_data.fileio.atomic import sha256_file
 from marin_data.corpus.commit import commit_corpus, finish_commit
-from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, Manifest, load_corpus, summarize_subsets
+from marin_data.corpus.manifest import Manifest, load_corpus, summarize_subsets
 from marin_data.corpus.names import as_subset_name
 from marin_data.corpus.records import META, OFFSETS, SHARD, ShardRecord, SubsetInfo
 from marin_data.engines.local import default_workers
@@ -40,6 +40,7 @@ from marin_data.levanter.chunkfile import decode_inner, read_index, stored_frame
 from marin_data.levanter.describe import render_cache_card, render_cache_croissant
 from marin_data.levanter.detect import CACHE, CORPUS, detect
 from marin_data.levanter.documents import refuse_ids
+from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
 from marin_data.fileio.lock import corpus_lock
 from marin_data.raw.tokenizer import load_tokenizer
 from marin_data.stores.local import LocalStore

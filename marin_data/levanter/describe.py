@@ -12,9 +12,9 @@ import json
 
 import yaml
 
-from marin_data.corpus.manifest import LEVANTER_CACHE, Manifest
+from marin_data.corpus.manifest import Manifest
 from marin_data.corpus.records import SHARD, ShardRecord
-from marin_data.levanter.pinned import cell_prefixes
+from marin_data.levanter.pinned import LEVANTER_CACHE, cell_prefixes
 
 __all__ = ["render_cache_card", "render_cache_croissant"]
 

@@ -10,13 +10,16 @@ place, every chunk file a row of the shard index). The loader reads a pinned one
 
 from __future__ import annotations
 
-from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, Corpus, Manifest
+from typing import Any
+
+from marin_data.corpus.manifest import Corpus, Manifest
 from marin_data.formats.base import Reader, Source
 from marin_data.formats.corpus import CorpusSource
 from marin_data.levanter.cells import PinnedCells
 from marin_data.levanter.detect import CACHE, STORE, cache_roots
 from marin_data.levanter.detect import Source as Found
 from marin_data.levanter.ledger import LEDGER
+from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
 from marin_data.stores.base import Store
 
 __all__ = ["LevanterCacheFormat", "LevanterStoreFormat", "CacheSource", "PinnedSource"]
@@ -42,6 +45,11 @@ class CacheSource(Source):
     def describe(self) -> str:
         return f"Levanter {self.found.kind}"
 
+    def datasheet(self, url: str | None = None) -> Any:
+        from marin_data.levanter.datasheet import CacheDatasheet
+
+        return CacheDatasheet(self.found, url or self.url, self.options)
+
 
 class PinnedSource(CorpusSource):
     """A Levanter cache or store pinned in place by ``marin-data adopt``: a corpus whose shards are the
@@ -49,6 +57,11 @@ class PinnedSource(CorpusSource):
 
     def describe(self) -> str:
         return "pinned Levanter cache"
+
+    def datasheet(self, url: str | None = None) -> Any:
+        from marin_data.levanter.datasheet import pinned_datasheet
+
+        return pinned_datasheet(self.store, self.manifest, url)
 
 
 class _Levanter:

@@ -80,9 +80,10 @@ def verify_source(url: str | os.PathLike, *, subsets: list[str] | None = None, t
         corpus = load_corpus(url, manifest_sha256=manifest_sha256)
         if not is_pinned_cache(corpus.manifest):
             raise InvalidManifestError("a corpus of Parquet shards, not of Levanter caches", path=str(url))
+        prefixes = cell_prefixes(corpus.manifest)
         hashed = verify_corpus(url, subsets=subsets, workers=workers, progress=progress,
-                               manifest_sha256=corpus.manifest_sha256)
-        cells = {s: p for s, p in cell_prefixes(corpus.manifest).items() if s in hashed.subsets}
+                               manifest_sha256=corpus.manifest_sha256, folders=prefixes)
+        cells = {s: p for s, p in prefixes.items() if s in hashed.subsets}
         problems, _, _ = check_cells(found.store, cells, tokens=tokens, expect_bos=expect_bos, workers=workers,
                                      vocab_size=vocab_size or corpus.manifest.tokenizer.vocab_size)
         return replace(hashed, deep=tokens, seconds=time.perf_counter() - t0,

@@ -1,9 +1,9 @@
-"""The parts of a datasheet that differ for a Levanter cache or store (`marin_data.docs.datasheet` composes
-them): the headline, the cells table with the cluster x quality heat map and Marin's registry columns, where
+"""The parts of a datasheet that differ for a Levanter cache or store (`CacheSheet`, the `SheetParts` that
+`marin_data.docs.datasheet` composes): the headline, the cells table with the cluster x quality heat map and Marin's registry columns, where
 the document lengths come from, what the duplicate scan read, each cell's first scanned document, how the
 tokens are stored, and, for a cache nothing pins yet, a distribution section that says so and how to pin it.
 
-Every number is computed (`marin_data.docs.cachestats`); text from a cache (its metadata, a decoded document)
+Every number is computed (`marin_data.levanter.cachestats`); text from a cache (its metadata, a decoded document)
 is hostile: control characters are escaped, and a document is quoted in a fence longer than any it holds.
 """
 
@@ -12,15 +12,17 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from marin_data.corpus.manifest import Manifest
 from marin_data.docs import markdown as md
-from marin_data.docs.cachestats import FIRST_CHARS, REGISTRY_COLUMNS, CacheStats, CellFacts
+from marin_data.docs.stats import CorpusStats
+from marin_data.levanter.cachestats import FIRST_CHARS, REGISTRY_COLUMNS, CacheStats, CellFacts
 from marin_data.docs.distribution import ENDPOINT_FLAGS
 from marin_data.layout import HEATMAP_PNG
 from marin_data.ui import human_bytes, plural, terminal_safe
 
-__all__ = ["CacheSource", "MARIN_REGISTRY", "generated_from", "headline", "cells_section", "LENGTHS_FROM_OFFSETS",
+__all__ = ["CacheSheet", "MARIN_REGISTRY", "generated_from", "headline", "cells_section", "LENGTHS_FROM_OFFSETS",
            "scan_scopes", "first_document", "storage", "not_pinned"]
 
 MARIN_REGISTRY = ("Marin's token-count registry ([`marin-community/token-counts`]"
@@ -34,8 +36,12 @@ LENGTHS_FROM_OFFSETS = ("Tokens per document, from the offsets arrays (the docum
 
 
 @dataclass(frozen=True)
-class CacheSource:
-    """A Levanter cache or store the datasheet describes, and what was computed from it."""
+class CacheSheet:
+    """A Levanter cache or store the datasheet describes, and what was computed from it: the datasheet's
+    words for it (`marin_data.docs.datasheet.SheetParts`)."""
+
+    lengths: ClassVar[str] = LENGTHS_FROM_OFFSETS
+    everything: ClassVar[str] = "all documents"
 
     url: str  # where it was read (a path, s3://..., hf://datasets/...)
     kind: str  # "cache" or "store"
@@ -48,13 +54,42 @@ class CacheSource:
     def what(self) -> str:
         return "store of Levanter caches" if self.kind == "store" else "Levanter cache"
 
+    def generated_from(self) -> str:
+        return generated_from(self)
 
-def generated_from(source: CacheSource) -> str:
+    def headline(self, manifest: Manifest, stats: CorpusStats, manifest_sha256: str | None) -> list[str]:
+        return headline(manifest, self, manifest_sha256)
+
+    def subsets(self, manifest: Manifest, stats: CorpusStats) -> list[str]:
+        return cells_section(self)
+
+    def scan_scopes(self) -> list[str]:
+        return scan_scopes(self)
+
+    def subset_detail(self, index: int, manifest: Manifest) -> list[str]:
+        return first_document(self.stats.cells[index], manifest.tokenizer.name)
+
+    def tokenization(self, manifest: Manifest) -> tuple[list[str], list[tuple[str, str]]]:
+        """What a cache's tokenizer run added is its own record's to say (`storage`)."""
+        tok = manifest.tokenizer
+        about = [*storage(self), "The tokenizer named here is " + (
+            "the pinned `tokenizer.json`, whose fingerprint the manifest holds." if self.pinned else
+            "the one given with `--tokenizer`: a cache carries none until it is pinned.")]
+        return about, [("EOS id", f"`{tok.eos_id}`"), ("BOS id", "none" if tok.bos_id is None else f"`{tok.bos_id}`")]
+
+    def unpinned(self, manifest: Manifest) -> list[str] | None:
+        if self.pinned:
+            return None
+        return ["A Levanter cache records no license: `marin-data adopt --license SPDX` records one for every "
+                "subset of the pinned copy.", "", *not_pinned(self, manifest.tokenizer.name)]
+
+
+def generated_from(source: CacheSheet) -> str:
     return ("manifest.json, shards.parquet and the cache's files" if source.pinned else
             "the cache's ledgers, zarr.json files, offsets and data chunk files")
 
 
-def headline(manifest: Manifest, source: CacheSource, manifest_sha256: str | None) -> list[str]:
+def headline(manifest: Manifest, source: CacheSheet, manifest_sha256: str | None) -> list[str]:
     """The sentence under the title: what it is, its totals, and its pin (or that it has none)."""
     s = source.stats.corpus
     totals = (f"{plural(len(s.subsets), 'cell')}, {plural(s.docs, 'document')}, {plural(s.tokens, 'token')}, "
@@ -68,7 +103,7 @@ def headline(manifest: Manifest, source: CacheSource, manifest_sha256: str | Non
             f"(*Distribution* says how); its datasheet then states the manifest's sha256.", ""]
 
 
-def cells_section(source: CacheSource) -> list[str]:
+def cells_section(source: CacheSheet) -> list[str]:
     """The cells table, the heat map (a store of ``cluster=X/quality=Y`` cells) and the registry columns."""
     s = source.stats.corpus
     rows = [(f"`{c.name}`", md.count(x.docs), md.count(x.tokens), md.count(x.bytes), md.count(x.shards),
@@ -102,7 +137,7 @@ def _registry(cells: tuple[CellFacts, ...]) -> list[str]:
             md.table(("Cell", *columns), rows, "l" + "l" * len(columns)), ""]
 
 
-def scan_scopes(source: CacheSource) -> list[str]:
+def scan_scopes(source: CacheSheet) -> list[str]:
     """What the duplicate scan read of each cell, for the duplicates table's *Scope* column."""
     sampled = source.stats.corpus.duplicates.sampled
     return [f"sample: {c.files_scanned:,} of {plural(x.shards, 'chunk file')}" if sampled[i] else "all chunk files"
@@ -120,7 +155,7 @@ def first_document(cell: CellFacts, tokenizer: str) -> list[str]:
             f"with `{tokenizer}`){more}:", "", fence + "text", text, fence, ""]
 
 
-def storage(source: CacheSource) -> list[str]:
+def storage(source: CacheSheet) -> list[str]:
     """How the tokens are stored, and what the ledgers say of the tokenizer that made them."""
     cells = source.stats.cells
     seen = sorted({(c.dtype, c.codec, c.layout) for c in cells})
@@ -141,7 +176,7 @@ def _said(metadata: dict) -> str:
     return ", ".join(found) if found else "nothing (no `preprocessor_metadata`)"
 
 
-def not_pinned(source: CacheSource, tokenizer: str) -> list[str]:
+def not_pinned(source: CacheSheet, tokenizer: str) -> list[str]:
     """The distribution section's root of trust for a cache nothing pins: none, how to pin it, how to check it."""
     flags = [f for key, flag in ENDPOINT_FLAGS.items() if source.store_flags.get(key)
              for f in (flag, str(source.store_flags[key]))]
