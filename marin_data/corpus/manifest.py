@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +37,6 @@ from marin_data.fileio.untrusted_json import loads
 __all__ = [
     "SCHEMA_VERSION",
     "MARIN",
-    "FORMATS",
     "Manifest",
     "Corpus",
     "load_corpus",
@@ -45,13 +45,10 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-# `Manifest.format`: what the shards are, the name of a registered format (`marin_data.formats`). MARIN (the
-# default): Parquet shards under data/<subset>/. The others are the Levanter plug-in's caches pinned in place
-# (`marin_data.levanter.pinned`). Every reader of a manifest (the registry's or not) refuses a name outside
-# FORMATS, so this stage lists the names it cannot import; tests/test_formats_names.py keeps it equal to the
-# registry's.
+# `Manifest.format`: what the shards are, the name of a registered format (`marin_data.formats`, which refuses
+# a name it does not know when the corpus is opened). MARIN (the default): Parquet shards under data/<subset>/.
 MARIN = "marin"
-FORMATS = (MARIN, "levanter-store", "levanter-cache")
+_FORMAT_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
 @dataclass
@@ -104,9 +101,9 @@ class Manifest:
                 repos={str(k): int(v) for k, v in doc.get("repos", {}).items()},
                 format=doc.get("format", MARIN),
             )
-            if manifest.format not in FORMATS:
-                raise InvalidManifestError(f"unknown format {manifest.format!r} (this marin reads "
-                                           f"{', '.join(FORMATS)})", path=path, actual=manifest.format)
+            if not isinstance(manifest.format, str) or not _FORMAT_NAME.fullmatch(manifest.format):
+                raise InvalidManifestError(f"format {shown(str(manifest.format))} is no format name", path=path,
+                                           actual=manifest.format)
         except InvalidManifestError:
             raise
         except (ValueError, TypeError, KeyError, AttributeError) as e:

@@ -12,8 +12,8 @@ from marin_data.corpus.manifest import Manifest
 
 __all__ = ["LEVANTER_STORE", "LEVANTER_CACHE", "is_pinned_cache", "cell_prefixes"]
 
-# The names of the plug-in's formats: a manifest's ``format`` (`marin_data.corpus.manifest.FORMATS` lists them),
-# the registry's `Format.name` (`marin_data.levanter.formats`).
+# The names of the plug-in's formats: a manifest's ``format``, the registry's `Format.name`
+# (`marin_data.levanter.formats`).
 LEVANTER_STORE = "levanter-store"
 LEVANTER_CACHE = "levanter-cache"
 
