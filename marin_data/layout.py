@@ -13,6 +13,9 @@ under its content (`marin_data.transfer.versions`),
 
 and, while it is being written or fetched, ``.marin.lock``, ``.staging/``, ``*.marin-download.part`` (with
 ``*.marin-download.ranges.part``) and, in a partial download, ``.marin-download.json``.
+
+A Levanter cache (`marin_data.levanter`) names its own marker files, which are data, not a writer's
+leftovers, though their names start with a dot: ``.success`` and ``.stats.json``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ __all__ = [
     "RECORD",
     "PARTIAL_SUFFIX",
     "RANGES_SUFFIX",
+    "SUCCESS",
+    "STATS",
 ]
 
 # The description of the corpus: the manifest vouches for the others (the root of trust).
@@ -75,3 +80,7 @@ COMMIT = f"{STAGING}/commit"  # a commit's index, SHA256SUMS and manifest before
 RECORD = ".marin-download.json"  # which subsets a partial download holds
 PARTIAL_SUFFIX = ".marin-download.part"  # data/x/part-00000.parquet.marin-download.part
 RANGES_SUFFIX = ".marin-download.ranges.part"  # beside a partial fetched in ranges: what each range holds
+
+# A Levanter cache's own dot files (`marin_data.levanter.ledger`).
+SUCCESS = ".success"  # a finished sub-cache of the sharded layout
+STATS = ".stats.json"  # Marin's totals beside a cache: {total_tokens, total_elements}

@@ -15,13 +15,14 @@ import click
 import torch.distributed as dist
 
 from marin_data.cli._errors import describe
-from marin_data.cli._store_options import check_sha256, store_kwargs, store_options
 from marin_data.ui import format_table
 from marin_train.checkpoint import resolve_checkpoint
-from marin_train.config import TRAIN_PRESETS, DataConfig
+from marin_train.cli_options import corpus_options, data_config, threads_option
+from marin_train.config import TRAIN_PRESETS
 from marin_train.run import run_training
 from marin_train.distributed import shutdown_distributed
 from marin_train.evaluate import EvalResult
+from marin_train.help_sections import SectionedCommand
 from marin_train.loop import TrainResult
 from marin_train.schedule import load_schedule
 from marin_train.signals import StopSignals, exit_code
@@ -77,41 +78,20 @@ def summary(result: TrainResult, window: int = 10) -> str:
             f"time after the first step" + (f", checkpoint {result.checkpoint}" if result.checkpoint else ""))
 
 
-def corpus_options(fn):
-    """The options of a corpus to read: a remote one's mirrors, pin, endpoints and cache."""
-    for option in reversed([
-        click.option("--mirror", "mirrors", multiple=True, metavar="URL",
-                     help="Fallback store of a remote corpus (repeat)."),
-        click.option("--manifest-sha256", metavar="HEX", help="Pin the corpus manifest's sha256."),
-        click.option("--endpoint", metavar="URL",
-                     help="Hugging Face endpoint of an hf:// corpus (e.g. marin-data serve)."),
-        click.option("--cache-dir", metavar="DIR", help="Shard cache: a remote corpus's fetched shards, a local "
-                     "one's decoded copies (default ~/.cache/marin/remote, ~/.cache/marin/decoded)."),
-        click.option("--cache-gb", type=float, help="Remote shard cache limit per rank, in GiB (default 64)."),
-    ]):
-        fn = option(fn)
-    return store_options(fn)
+# `train --help` under headings, each with its options in the order they print.
+TRAIN_SECTIONS = (
+    ("Data", ("source", "mixture", "mixture_from", "schedule_file")),
+    ("Remote corpus and shard cache", ("mirrors", "manifest_sha256", "endpoint", "endpoint_url", "profile",
+                                       "anonymous", "requester_pays", "cache_dir", "cache_gb")),
+    ("Model and schedule", ("preset", "steps", "batch_size", "accumulation", "seq_len", "lr", "seed", "ep",
+                            "recompute")),
+    ("Checkpoints and resume", ("checkpoint_dir", "checkpoint_every", "keep_checkpoints", "until", "no_resume",
+                                "reschedule", "checkpoint_on_signal")),
+    ("Run", ("threads", "log_every", "eval_every", "eval_tokens", "tensorboard_dir", "wandb_project")),
+)
 
 
-threads_option = click.option(
-    "--threads", type=click.IntRange(min=1), metavar="N",
-    help="Torch's intra-op threads per process (default: 1 under torchrun, else the usable cores less one; "
-         "OMP_NUM_THREADS also sets it). Processes agree to the last bit only at equal counts.")
-
-
-def data_config(source, *, mirrors, manifest_sha256, endpoint, cache_dir, cache_gb, endpoint_url, profile, anonymous,
-                requester_pays, **fields) -> DataConfig:
-    """The `DataConfig` of `corpus_options` (and any other fields)."""
-    check_sha256(manifest_sha256)
-    options = store_kwargs(endpoint_url, profile, anonymous, requester_pays)
-    if endpoint:
-        options["endpoint"] = endpoint
-    cache = {"cache_bytes": int(cache_gb * (1 << 30))} if cache_gb else {}
-    return DataConfig(source=source, mirrors=tuple(mirrors), manifest_sha256=manifest_sha256, cache_dir=cache_dir,
-                      store_options=options, **cache, **fields)
-
-
-@click.command("train", context_settings={"max_content_width": 100})
+@click.command("train", cls=SectionedCommand, sections=TRAIN_SECTIONS, context_settings={"max_content_width": 100})
 @click.option("--data", "source", required=True, metavar="CORPUS",
               help="A corpus or a pinned Levanter cache/store: a local directory, s3://bucket/prefix or "
                    "hf://datasets/org/name.")

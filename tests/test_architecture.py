@@ -265,3 +265,68 @@ def test_nothing_unpickles_more_than_tensors_and_plain_values():
     """A checkpoint is input: whoever can write it can seal it anew (docs/security.md, "Training
     checkpoints"), so none of its pickles may name a function that runs."""
     assert unsafe_unpickling(source_files()) == []
+
+
+# House size limits: a package shows its parts on its first listing, a module holds one concept a reader can
+# keep in mind, a function fits on a screen.
+MAX_TOP_LEVEL_MODULES = 8  # .py files directly in marin_data/, __init__ and __main__ included
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 80  # from the ``def`` line to the body's last, decorators not counted
+
+
+def crowded_folder(folder: Path, files: dict[str, Path], limit: int = MAX_TOP_LEVEL_MODULES) -> list[str]:
+    """The modules directly in ``folder`` when they are more than ``limit``; [] otherwise."""
+    here = sorted(mod for mod, path in files.items() if path.parent == folder)
+    return here if len(here) > limit else []
+
+
+def long_modules(files: dict[str, Path], limit: int = MAX_MODULE_LINES) -> list[str]:
+    """``module (N lines)`` of every module over ``limit`` lines."""
+    counts = {mod: len(path.read_text().splitlines()) for mod, path in files.items()}
+    return [f"{mod} ({n} lines)" for mod, n in counts.items() if n > limit]
+
+
+def long_functions(files: dict[str, Path], limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``module:line name (N lines)`` of every function over ``limit`` lines: methods and nested functions
+    too, each counted from its ``def`` to its last line (a nested function counts in its parent as well)."""
+    found = []
+    for mod, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    found.append(f"{mod}:{node.lineno} {node.name} ({n} lines)")
+    return found
+
+
+def test_size_checks_find_a_planted_crowd_module_and_function(tmp_path):
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    planted = {}
+    for name in ("__init__", "__main__", *(f"m{i}" for i in range(7))):
+        planted[f"pkg.{name}"] = folder / f"{name}.py"
+        planted[f"pkg.{name}"].write_text("")
+    assert crowded_folder(folder, planted) == sorted(planted)  # nine modules
+    del planted["pkg.m6"]
+    assert crowded_folder(folder, planted) == []  # eight
+
+    def body(indent: str) -> str:
+        return "".join(f"{indent}x{i} = {i}\n" for i in range(79))
+
+    (folder / "m0.py").write_text(f"import functools\n@functools.cache\n@functools.wraps(print)\ndef fits():\n"
+                                  f"{body('    ')}class C:\n    async def over(self):\n{body('        ')}"
+                                  "        def inner():\n            pass\n" + "\n" * 285)
+    assert long_functions(planted) == ["pkg.m0:85 over (82 lines)"]  # fits: 80 lines, its decorators not counted
+    assert long_modules(planted) == ["pkg.m0 (451 lines)"]
+
+
+def test_marin_data_shows_at_most_eight_top_level_modules():
+    assert crowded_folder(ROOT / "marin_data", module_files()) == []
+
+
+def test_no_module_is_over_450_lines():
+    assert long_modules(module_files()) == []
+
+
+def test_no_function_is_over_80_lines():
+    assert long_functions(module_files()) == []

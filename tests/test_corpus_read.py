@@ -8,14 +8,8 @@ from pathlib import Path
 import pytest
 from shard_env import write_jsonl, write_parquet
 
-from marin_data.raw.documents import (
-    BAD_JSON,
-    MISSING_TEXT,
-    UNDECODABLE,
-    expand_inputs,
-    read_documents,
-    source_names,
-)
+from marin_data.raw.documents import expand_inputs, read_documents, source_names
+from marin_data.raw.records import BAD_JSON, MISSING_TEXT, UNDECODABLE
 from marin_data.errors import BadRecordError, UnreadableInputError
 
 RECORDS = [{"text": "first doc", "id": "a"}, {"text": "second\ndoc é", "id": 7}, {"text": "", "id": "c"},

@@ -16,7 +16,8 @@ from memory_checks import peak_bytes
 from shard_env import run_cli, tiny_tokenizer  # noqa: F401 - a fixture
 
 from marin_data.errors import BadRecordError, RemoteError, UnreadableInputError
-from marin_data.raw.documents import TOO_LONG, read_documents
+from marin_data.raw.documents import read_documents
+from marin_data.raw.records import TOO_LONG
 from marin_data.stores.hf import HfStore
 from marin_data.testing.mirror import running_mirror
 
@@ -78,9 +79,9 @@ def test_a_value_many_parquet_rows_repeat_is_refused_by_length_without_being_exp
 
 
 def test_a_parquet_page_that_decompresses_a_thousandfold_is_refused_before_decoding(tmp_path, monkeypatch):
-    from marin_data.raw import documents
+    from marin_data.raw import parquet
 
-    monkeypatch.setattr(documents, "_BATCH_BYTES", 4 << 20)  # the floor below which any ratio is read
+    monkeypatch.setattr(parquet, "_BATCH_BYTES", 4 << 20)  # the floor below which any ratio is read
     path = tmp_path / "bomb.parquet"
     pq.write_table(pa.table({"text": ["y" * (1 << 20)] * 16}), path, compression="zstd", use_dictionary=False)
     err, peak = peak_bytes(lambda: list(read_documents(path, max_doc_bytes=64 << 10)))
@@ -91,9 +92,9 @@ def test_a_parquet_page_that_decompresses_a_thousandfold_is_refused_before_decod
 def test_plain_parquet_strings_are_read_in_batches_bounded_in_bytes(tmp_path, monkeypatch):
     import numpy as np
 
-    from marin_data.raw import documents
+    from marin_data.raw import parquet
 
-    monkeypatch.setattr(documents, "_BATCH_BYTES", 1 << 20)
+    monkeypatch.setattr(parquet, "_BATCH_BYTES", 1 << 20)
     texts = [np.random.default_rng(i).bytes(60_000).hex() for i in range(100)]  # 120 KB each, 12 MB in all
     path = tmp_path / "plain.parquet"
     pq.write_table(pa.table({"text": texts}), path, compression="zstd", use_dictionary=False)

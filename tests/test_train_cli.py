@@ -150,3 +150,40 @@ def test_the_checkpoint_just_written_is_kept_even_when_newer_steps_are_there(tmp
     assert sorted(p.name for p in deleted) == ["step-00000100", "step-00000200"]
     assert [p.name for p in tmp_path.iterdir()] == [current.name]
     assert prune_checkpoints(tmp_path, keep=0, current=current) == []
+
+
+def test_train_help_lists_every_option_under_exactly_one_heading(capsys):
+    import re
+
+    import click
+
+    from marin_train.cli import command
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    sections: dict[str, list[str]] = {}
+    for line in capsys.readouterr().out.splitlines():
+        if line.endswith(":") and not line.startswith(" "):
+            sections[line[:-1]] = heading = []
+        elif line.startswith("  -") and sections:  # an option's first line: its flags, then its help
+            heading += re.findall(r"(?<![\w-])--?[a-z][\w-]*", line[2:].split("  ")[0])
+    assert list(sections) == ["Data", "Remote corpus and shard cache", "Model and schedule",
+                              "Checkpoints and resume", "Run"]
+    flags = [flag for listed in sections.values() for flag in listed]
+    every = [o for p in command.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)]
+    assert sorted(flags) == sorted([*every, "-h", "--help"])  # each once
+    assert sections["Data"][:1] == ["--data"] and "--checkpoint-dir" in sections["Checkpoints and resume"]
+
+
+def test_a_sectioned_command_refuses_an_option_without_exactly_one_heading():
+    import click
+
+    from marin_train.help_sections import SectionedCommand
+
+    params = [click.Option(["--a"]), click.Option(["--b"])]
+    with pytest.raises(ValueError, match=r"heading, or unknown: b$"):
+        SectionedCommand("x", params=params, sections=[("A", ["a"])])
+    with pytest.raises(ValueError, match=r"heading, or unknown: a$"):
+        SectionedCommand("x", params=params, sections=[("A", ["a", "b"]), ("B", ["a"])])
+    with pytest.raises(ValueError, match=r"heading, or unknown: c$"):
+        SectionedCommand("x", params=params, sections=[("A", ["a", "b", "c"])])

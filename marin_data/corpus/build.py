@@ -73,29 +73,14 @@ def run_job(job: UnitJob | PackJob) -> UnitResult | ShardStats:
     return tokenize_unit(job) if isinstance(job, UnitJob) else pack_shard(job)
 
 
-def shard_subset(
-    inputs: Sequence[str | os.PathLike],
-    *,
-    subset: str,
-    tokenizer: str | LoadedTokenizer,
-    out: str | os.PathLike,
-    workers: int | None = None,
-    engine: str | Engine = "local",
-    engine_address: str | None = None,
-    text_field: str = "text",
-    id_field: str = "id",
-    add_bos: bool = False,
-    eos_token: str | None = None,
-    bos_token: str | None = None,
-    tokenizer_name: str | None = None,
-    skip_bad: bool = False,
-    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES,
-    license: str = "unknown",
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-    name: str | None = None,
-    version: str | None = None,
-    extra_files: Sequence[str] = (),
-) -> ShardReport:
+def shard_subset(inputs: Sequence[str | os.PathLike], *, subset: str, tokenizer: str | LoadedTokenizer,
+                 out: str | os.PathLike, workers: int | None = None, engine: str | Engine = "local",
+                 engine_address: str | None = None, text_field: str = "text", id_field: str = "id",
+                 add_bos: bool = False, eos_token: str | None = None, bos_token: str | None = None,
+                 tokenizer_name: str | None = None, skip_bad: bool = False,
+                 max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES, license: str = "unknown",
+                 shard_tokens: int = DEFAULT_SHARD_TOKENS, name: str | None = None, version: str | None = None,
+                 extra_files: Sequence[str] = ()) -> ShardReport:
     """Tokenize ``inputs`` into subset ``subset`` of the corpus at ``out`` (created if needed).
 
     Args:
@@ -144,33 +129,17 @@ def shard_subset(
         recipe = make_recipe(files, text_field=text_field, id_field=id_field, shard_tokens=shard_tokens)
         if existing is not None and subset in existing.manifest.subsets:
             return _unchanged(root, existing, subset, recipe)
-        if existing is None:
-            manifest = Manifest(name=name or root.resolve().name, version=version or "0.1.0", tokenizer=info)
-            _write_if_changed(root / TOKENIZER, loaded.data)
-        else:
-            manifest = existing.manifest
-        staging = root / STAGING / urllib.parse.quote(subset, safe="")
-        for folder in (staging, root / DATA / subset, (root / sources_path(subset)).parent):
-            SafeDir(root, folder.relative_to(root)).close()  # refuses a link or a file on the way, up front
+        manifest, staging = _start_subset(root, subset, existing, loaded, info, name=name, version=version)
         units, reused = unit_jobs(files, staging / "units", root / TOKENIZER, info, text_field=text_field,
                                    id_field=id_field, skip_bad=skip_bad, max_doc_bytes=max_doc_bytes)
         plan = ShardPlan(units, staging, subset, shard_tokens, info)
-        owned = isinstance(engine, str)
-        pool = make_engine(engine, workers, address=engine_address) if owned else engine
-        with contextlib.closing(pool) if owned else contextlib.nullcontext(pool):
-            results, stats = _build(pool, units, reused, plan)
+        results, stats = _build_on(engine, workers, engine_address, units, reused, plan)
         skipped, examples = _merge_skips(results)
         if not any(result.docs for result in results):
             raise UnreadableInputError(f"the inputs hold no documents to shard (skipped: {skipped or 'none'})",
                                        path=files[0].path if len(files) == 1 else f"{len(files)} inputs")
-        shards = place_shards(root, subset, [p.out for p in plan.packs], stats)
-        record = {**recipe, "subset": subset, "tokenizer_sha256": info.sha256, "add_bos": info.add_bos,
-                  "docs": sum(s.docs for s in shards), "tokens": sum(s.tokens for s in shards), "skipped": skipped}
-        atomic_write_bytes(root / sources_path(subset), canonical(record), root=root)
-        manifest = replace(manifest, subsets={**manifest.subsets, subset: SubsetInfo(0, 0, 0, 0, license=license)})
-        kept = [f for f in manifest.files if f not in (TOKENIZER, SHARDS_INDEX, SUMS)]
-        digest = commit_corpus(root, manifest, [*(existing.shards if existing else ()), *shards],
-                               extra_files=sorted({*kept, sources_path(subset), *extra_files}))
+        shards, record, digest = _commit_subset(root, subset, existing, manifest, plan, stats, recipe, info, skipped,
+                                                license=license, extra_files=extra_files)
         remove_staging(root, staging)
     return ShardReport(corpus=str(root), subset=subset, docs=record["docs"], tokens=record["tokens"],
                        shards=len(shards), bytes=sum(s.bytes for s in shards), skipped=skipped, examples=examples,
@@ -206,10 +175,14 @@ def check_corpus(root: Path, existing: Corpus | None, loaded: LoadedTokenizer, *
     return m.tokenizer  # new shards carry the corpus's own tokenizer facts (its name included)
 
 
+def _staging(root: Path, subset: str) -> Path:
+    return root / STAGING / urllib.parse.quote(subset, safe="")
+
+
 def _unchanged(root: Path, existing: Corpus, subset: str, recipe: dict) -> ShardReport:
     """The no-op for a subset already built from these inputs; `CorpusConflictError` for anything else."""
     recorded = check_recorded(root, subset, recipe)
-    remove_staging(root, root / STAGING / urllib.parse.quote(subset, safe=""))  # left by a crash after commit
+    remove_staging(root, _staging(root, subset))  # left by a crash after commit
     info = existing.manifest.subsets[subset]
     return ShardReport(corpus=str(root), subset=subset, docs=info.docs, tokens=info.tokens, shards=info.shards,
                        bytes=info.bytes, skipped=recorded.get("skipped", {}), examples={},
@@ -217,9 +190,33 @@ def _unchanged(root: Path, existing: Corpus, subset: str, recipe: dict) -> Shard
                        manifest_sha256=existing.manifest_sha256, unchanged=True)
 
 
+def _start_subset(root: Path, subset: str, existing: Corpus | None, loaded: LoadedTokenizer, info: TokenizerInfo,
+                  *, name: str | None, version: str | None) -> tuple[Manifest, Path]:
+    """The manifest a new subset joins (a new corpus's, with its ``tokenizer.json`` written) and the subset's
+    staging folder; every folder the run writes in is checked first."""
+    if existing is None:
+        manifest = Manifest(name=name or root.resolve().name, version=version or "0.1.0", tokenizer=info)
+        _write_if_changed(root / TOKENIZER, loaded.data)
+    else:
+        manifest = existing.manifest
+    staging = _staging(root, subset)
+    for folder in (staging, root / DATA / subset, (root / sources_path(subset)).parent):
+        SafeDir(root, folder.relative_to(root)).close()  # refuses a link or a file on the way, up front
+    return manifest, staging
+
+
 def _write_if_changed(path: Path, data: bytes) -> None:
     if not path.exists() or path.read_bytes() != data:
         atomic_write_bytes(path, data)
+
+
+def _build_on(engine: str | Engine, workers: int | None, engine_address: str | None, units: Sequence[UnitJob],
+              reused: dict[int, UnitResult], plan: ShardPlan) -> tuple[list[UnitResult], list[ShardStats]]:
+    """`_build` on ``engine``: a running one, or one started by name here and closed when done."""
+    owned = isinstance(engine, str)
+    pool = make_engine(engine, workers, address=engine_address) if owned else engine
+    with contextlib.closing(pool) if owned else contextlib.nullcontext(pool):
+        return _build(pool, units, reused, plan)
 
 
 def _build(pool: Engine, units: Sequence[UnitJob], reused: dict[int, UnitResult],
@@ -249,6 +246,22 @@ def _build(pool: Engine, units: Sequence[UnitJob], reused: dict[int, UnitResult]
                 _queue_packs(plan.advance(results), jobs, slots, stats)
             bar.set_postfix_str(f"{tokens:,} tokens, {plural(len(stats), 'shard')} written", refresh=False)
     return [results[i] for i in range(len(units))], [stats[n] for n in range(len(plan.packs))]
+
+
+def _commit_subset(root: Path, subset: str, existing: Corpus | None, manifest: Manifest, plan: ShardPlan,
+                   stats: Sequence[ShardStats], recipe: dict, info: TokenizerInfo, skipped: dict[str, int], *,
+                   license: str, extra_files: Sequence[str]) -> tuple[list[ShardRecord], dict, str]:
+    """Commit a built subset: its shards placed, its inputs recorded in ``sources/<subset>.json``, then the
+    manifest that lists it. Returns the shards' index rows, the record and the manifest's sha256."""
+    shards = place_shards(root, subset, [p.out for p in plan.packs], stats)
+    record = {**recipe, "subset": subset, "tokenizer_sha256": info.sha256, "add_bos": info.add_bos,
+              "docs": sum(s.docs for s in shards), "tokens": sum(s.tokens for s in shards), "skipped": skipped}
+    atomic_write_bytes(root / sources_path(subset), canonical(record), root=root)
+    manifest = replace(manifest, subsets={**manifest.subsets, subset: SubsetInfo(0, 0, 0, 0, license=license)})
+    kept = [f for f in manifest.files if f not in (TOKENIZER, SHARDS_INDEX, SUMS)]
+    digest = commit_corpus(root, manifest, [*(existing.shards if existing else ()), *shards],
+                           extra_files=sorted({*kept, sources_path(subset), *extra_files}))
+    return shards, record, digest
 
 
 def _queue_packs(packs: Iterable[tuple[int, PackJob]], jobs: list[UnitJob | PackJob], slots: list[int],

@@ -5,6 +5,8 @@ Every name in a manifest or shard index is untrusted: `safe_relpath` keeps a pat
 each raising a typed error that names the file it came from. `unsafe_paths` and `bad_digests` are the same
 checks over a whole Arrow column at once, for the shard index's 100,000 rows (a test holds each to its
 one-name twin). `select_subsets` resolves the patterns a user types against the names a corpus holds.
+`safe_relpath` and `unsafe_paths` live in `marin_data.fileio.untrusted_paths`, where the stores take the
+path check from; they are given here with the other checks.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from marin_data.fileio.arrays import mask, string_buffers
-from marin_data.errors import InvalidManifestError, UnknownSubsetError, UnsafePathError, shown
+from marin_data.fileio.untrusted_paths import safe_relpath, unsafe_paths
+from marin_data.errors import InvalidManifestError, UnknownSubsetError, shown
 from marin_data.layout import BY_SHA256, LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 
 if TYPE_CHECKING:
@@ -34,38 +37,8 @@ WRITER_NAMES = (MANIFEST, RECORD, LOCK_NAME, STAGING, MIRRORS, BY_SHA256)
 METADATA_NAMES = (SHARDS_INDEX, SUMS, TOKENIZER)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-# What `safe_relpath` refuses, as one RE2 pattern (where `$` is the end of the text, never before a final
-# newline): empty, absolute, a backslash or NUL, a drive letter, an empty, "." or ".." component.
-_UNSAFE_PATH = r"^$|^/|\\|\x00|^[A-Za-z]:|(^|/)\.{0,2}(/|$)"
 _HEX_BYTES = np.zeros(256, bool)
 _HEX_BYTES[np.frombuffer(b"0123456789abcdef", np.uint8)] = True
-
-
-def safe_relpath(path: str, *, where: str = MANIFEST) -> str:
-    """Return ``path`` if it is a clean relative POSIX path inside the corpus, else raise `UnsafePathError`.
-
-    Absolute paths, ``..`` components, backslashes and empty components are refused, never followed:
-    a tampered manifest must not make us read or write outside the corpus.
-    """
-    if (
-        not isinstance(path, str)
-        or not path
-        or path.startswith("/")
-        or "\\" in path
-        or "\x00" in path
-        or re.match(r"^[A-Za-z]:", path)
-        or any(part in ("", ".", "..") for part in path.split("/"))
-    ):
-        raise UnsafePathError(f"unsafe path {shown(path)} in corpus description (absolute, '..' or malformed)",
-                              path=where, actual=path)
-    return path
-
-
-def unsafe_paths(paths: pa.Array) -> np.ndarray:
-    """``[n]`` bool: which of a null-free string column's paths `safe_relpath` refuses."""
-    import pyarrow.compute as pc
-
-    return mask(pc.match_substring_regex(paths, _UNSAFE_PATH))
 
 
 def is_reserved(path: str, names: Sequence[str] = WRITER_NAMES) -> bool:

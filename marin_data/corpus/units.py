@@ -23,7 +23,8 @@ from marin_data.fileio.arrays import numbers, strings
 from marin_data.corpus.markers import canonical, read_marker
 from marin_data.corpus.shard import TOKENS_VALUES, shard_schema
 from marin_data.corpus.sources import InputFile
-from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES, TOO_LONG, Document, read_documents
+from marin_data.raw.documents import DEFAULT_MAX_DOC_BYTES, read_documents
+from marin_data.raw.records import TOO_LONG, Document
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, tokenizer_from_bytes
 
 __all__ = ["EMPTY", "UnitJob", "UnitResult", "unit_paths", "tokenize_unit", "unit_jobs"]

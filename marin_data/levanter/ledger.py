@@ -14,14 +14,13 @@ from dataclasses import dataclass, field as dc_field
 from typing import Any
 
 from marin_data.errors import CacheFormatError
+from marin_data.layout import STATS, SUCCESS
 from marin_data.levanter.jsonio import field, int_field, parse_json, str_map
 
 __all__ = ["LEDGER", "SUCCESS", "STATS", "TOKENS_FIELD", "CONSOLIDATED", "SHARDED", "Ledger", "parse_ledger",
            "render_ledger", "parse_stats"]
 
 LEDGER = "shard_ledger.json"
-SUCCESS = ".success"  # a finished sub-cache of the sharded layout
-STATS = ".stats.json"  # Marin's totals beside a cache: {total_tokens, total_elements}
 TOKENS_FIELD = "input_ids"
 CONSOLIDATED = "consolidated"
 SHARDED = "sharded"

@@ -7,7 +7,8 @@ that unmodified ``huggingface_hub`` clients — ``snapshot_download``, ``hf_hub_
 
 Modules: `repo` (what is served: snapshots, content ids, the commit id), `http` (errors in the Hub's shape,
 safe path parsing, bounded bodies), `app` (the read API), `upload` (the write API), `front` (the HTTP
-server: limits, idle and slow clients), `server` (running it).
+server: limits, idle and slow clients), `request_body` (a request body as the front reads it), `server`
+(running it).
 
 Why werkzeug behind an asyncio front: werkzeug parses requests, forms and ``Range`` headers and builds
 responses the way a mature WSGI toolkit does, while the work is file reads and hashing, which threads do well

@@ -8,7 +8,8 @@ body is pulled from the app's iterable one chunk at a time on that pool and sent
 reads slowly holds a socket (and its kernel buffers) and an open file, or one chunk of a small answer, never
 a worker.
 Bodies of requests that carry credentials (``streams_body``) stream to the app as they arrive (a multi-GB
-LFS upload never sits in memory); the app checks the credentials before it reads.
+LFS upload never sits in memory); the app checks the credentials before it reads. How a body is read, on the
+loop and by the app: `marin_data.mirror.request_body`.
 
 Answers of the front itself: 400 (malformed), 408 (head or body too slow), 413 (body too large),
 414 (request line too long), 431 (headers too large), 501 (a transfer coding other than chunked), 503 (too
@@ -32,7 +33,8 @@ from email.utils import formatdate
 from http import HTTPStatus
 from urllib.parse import unquote_to_bytes
 
-from marin_data.mirror.http import MAX_JSON_BODY, BodyError, FileSpan
+from marin_data.mirror.http import MAX_JSON_BODY, FileSpan
+from marin_data.mirror.request_body import Body, Refuse, ThreadBody
 
 __all__ = ["Limits", "HttpFront"]
 
@@ -58,80 +60,6 @@ class Limits:
     max_connections: int = 4096  # open connections; more are answered 503 and closed
     send_buffer: int = 256 << 10  # response bytes queued per connection before waiting for the client; also
     # a file's sendfile piece, which the client must take within send_timeout
-
-
-class _Refuse(Exception):
-    """The front answers ``status`` itself and closes the connection."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-class _Body:
-    """A request body on the loop's side: ``Content-Length`` or chunked, each read bounded in time."""
-
-    def __init__(self, reader: asyncio.StreamReader, length: int | None, limits: Limits):
-        self._reader, self._limits = reader, limits
-        self._left = length  # bytes left (Content-Length), or of the current chunk (chunked)
-        self._chunked = length is None
-        self.done = length == 0
-
-    async def _line(self) -> bytes:
-        line = await asyncio.wait_for(self._reader.readuntil(b"\n"), self._limits.body_timeout)
-        if len(line) > 4096:
-            raise _Refuse(400, "chunk header too long")
-        return line
-
-    async def read(self, n: int) -> bytes:
-        """Up to ``n`` bytes; b"" once the body is complete."""
-        if self.done:
-            return b""
-        if self._chunked and not self._left:
-            try:
-                size = int(self._line_value(await self._line()), 16)
-            except ValueError:
-                raise _Refuse(400, "malformed chunk size") from None
-            if size == 0:
-                while (await self._line()).strip():  # trailers, ignored
-                    pass
-                self.done = True
-                return b""
-            self._left = size
-        data = await asyncio.wait_for(self._reader.read(min(n, self._left)), self._limits.body_timeout)
-        if not data:
-            raise ConnectionError("the client closed the connection in the middle of a body")
-        self._left -= len(data)
-        if not self._left:
-            if self._chunked:
-                await self._line()  # the CRLF after a chunk
-            else:
-                self.done = True
-        return data
-
-    @staticmethod
-    def _line_value(line: bytes) -> bytes:
-        return line.split(b";", 1)[0].strip()
-
-
-class _ThreadBody(io.RawIOBase):
-    """A streamed body as a blocking file for the app's worker thread; each read waits on the loop."""
-
-    def __init__(self, body: _Body, loop: asyncio.AbstractEventLoop, timeout: float):
-        self._body, self._loop, self._timeout = body, loop, timeout
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        try:
-            data = asyncio.run_coroutine_threadsafe(self._body.read(len(b)), self._loop).result(self._timeout + 5)
-        except TimeoutError:
-            raise BodyError(408, f"request body stalled for {self._timeout:g} s") from None
-        except _Refuse as e:
-            raise BodyError(e.status, e.message) from None
-        b[:len(data)] = data
-        return len(data)
 
 
 class HttpFront:
@@ -162,7 +90,7 @@ class HttpFront:
         peer = (writer.get_extra_info("peername") or ("-", 0))[:2]
         try:
             if len(self.connections) > self.limits.max_connections:
-                await self._refuse(writer, peer, _Refuse(503, "too many connections; retry later"))
+                await self._refuse(writer, peer, Refuse(503, "too many connections; retry later"))
                 return
             while await self._one_request(reader, writer, peer):
                 pass
@@ -193,19 +121,19 @@ class HttpFront:
             try:
                 head += await asyncio.wait_for(self._head(reader, first), lim.head_timeout)
             except asyncio.TimeoutError:
-                raise _Refuse(408, f"request head not received within {lim.head_timeout:g} s") from None
+                raise Refuse(408, f"request head not received within {lim.head_timeout:g} s") from None
             environ, body = self._environ(head, peer, reader)
             if body is not None and not self.streams_body(environ):
-                if body._left is not None and body._left > lim.max_buffered_body:
-                    raise _Refuse(413, f"request body over {lim.max_buffered_body} bytes")
+                if body.left is not None and body.left > lim.max_buffered_body:
+                    raise Refuse(413, f"request body over {lim.max_buffered_body} bytes")
                 environ["wsgi.input"] = io.BytesIO(await self._buffer(body, environ, writer))
             elif body is not None:
                 self._continue(environ, writer)
-                environ["wsgi.input"] = io.BufferedReader(_ThreadBody(body, asyncio.get_running_loop(),
+                environ["wsgi.input"] = io.BufferedReader(ThreadBody(body, asyncio.get_running_loop(),
                                                                       lim.body_timeout), 64 << 10)
             else:
                 environ["wsgi.input"] = io.BytesIO()
-        except _Refuse as e:
+        except Refuse as e:
             await self._refuse(writer, peer, e, head)
             return False
         keep = await self._respond(environ, writer)
@@ -216,32 +144,32 @@ class HttpFront:
         try:
             line = await reader.readuntil(b"\n")
         except asyncio.LimitOverrunError:
-            raise _Refuse(414, f"request line over {lim.max_request_line} bytes") from None
+            raise Refuse(414, f"request line over {lim.max_request_line} bytes") from None
         if len(first) + len(line) > lim.max_request_line:
-            raise _Refuse(414, f"request line over {lim.max_request_line} bytes")
+            raise Refuse(414, f"request line over {lim.max_request_line} bytes")
         head, count = line, 0
         while True:
             try:
                 line = await reader.readuntil(b"\n")
             except asyncio.LimitOverrunError:
-                raise _Refuse(431, f"a header line over {lim.max_request_line} bytes") from None
+                raise Refuse(431, f"a header line over {lim.max_request_line} bytes") from None
             head += line
             count += 1
             if len(head) > lim.max_head or count > lim.max_headers + 1:
-                raise _Refuse(431, f"request headers over {lim.max_head} bytes or {lim.max_headers} lines")
+                raise Refuse(431, f"request headers over {lim.max_head} bytes or {lim.max_headers} lines")
             if line in (b"\r\n", b"\n"):
                 return head
 
-    def _environ(self, head: bytes, peer, reader: asyncio.StreamReader) -> tuple[dict, _Body | None]:
+    def _environ(self, head: bytes, peer, reader: asyncio.StreamReader) -> tuple[dict, Body | None]:
         lines = head.decode("latin-1").split("\n")
         parts = lines[0].rstrip("\r").split(" ")
         if len(parts) != 3 or not parts[0].isalpha():
-            raise _Refuse(400, "malformed request line")
+            raise Refuse(400, "malformed request line")
         method, target, version = parts
         if version not in ("HTTP/1.1", "HTTP/1.0"):
-            raise _Refuse(505, f"{version[:20]!r} is not HTTP/1.0 or HTTP/1.1")
+            raise Refuse(505, f"{version[:20]!r} is not HTTP/1.0 or HTTP/1.1")
         if any(ord(c) < 0x21 or ord(c) > 0x7E for c in target):
-            raise _Refuse(400, "the request target must be printable ASCII")
+            raise Refuse(400, "the request target must be printable ASCII")
         headers: dict[str, str] = {}
         for raw in lines[1:]:
             raw = raw.rstrip("\r")
@@ -249,7 +177,7 @@ class HttpFront:
                 continue
             name, sep, value = raw.partition(":")
             if not sep or not _TOKEN.match(name.encode("latin-1")) or "\0" in value or "\r" in value:
-                raise _Refuse(400, "malformed header line")
+                raise Refuse(400, "malformed header line")
             key = name.upper().replace("-", "_")
             key = key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else f"HTTP_{key}"
             value = value.strip(" \t")
@@ -269,35 +197,35 @@ class HttpFront:
         }
         return environ, self._body_of(environ, reader)
 
-    def _body_of(self, environ: dict, reader: asyncio.StreamReader) -> _Body | None:
+    def _body_of(self, environ: dict, reader: asyncio.StreamReader) -> Body | None:
         te = environ.get("HTTP_TRANSFER_ENCODING")
         length = environ.get("CONTENT_LENGTH")
         if te is not None:
             if length is not None:
-                raise _Refuse(400, "both Content-Length and Transfer-Encoding: refused (request smuggling)")
+                raise Refuse(400, "both Content-Length and Transfer-Encoding: refused (request smuggling)")
             if te.strip().lower() != "chunked":
-                raise _Refuse(501, f"transfer coding {te[:40]!r} is not supported (only chunked)")
+                raise Refuse(501, f"transfer coding {te[:40]!r} is not supported (only chunked)")
             environ.pop("CONTENT_LENGTH", None)
-            return _Body(reader, None, self.limits)
+            return Body(reader, None, self.limits.body_timeout)
         if length is None:
             return None
         if not length.isdigit():
-            raise _Refuse(400, "malformed Content-Length")
-        return _Body(reader, int(length), self.limits) if int(length) else None
+            raise Refuse(400, "malformed Content-Length")
+        return Body(reader, int(length), self.limits.body_timeout) if int(length) else None
 
-    async def _buffer(self, body: _Body, environ: dict, writer) -> bytes:
+    async def _buffer(self, body: Body, environ: dict, writer) -> bytes:
         self._continue(environ, writer)
         out = bytearray()
         try:
             while not body.done:
                 out += await body.read(64 << 10)
                 if len(out) > self.limits.max_buffered_body:
-                    raise _Refuse(413, f"request body over {self.limits.max_buffered_body} bytes")
+                    raise Refuse(413, f"request body over {self.limits.max_buffered_body} bytes")
         except asyncio.TimeoutError:
-            raise _Refuse(408, f"request body stalled for {self.limits.body_timeout:g} s") from None
+            raise Refuse(408, f"request body stalled for {self.limits.body_timeout:g} s") from None
         return bytes(out)
 
-    async def _discard(self, body: _Body) -> bool:
+    async def _discard(self, body: Body) -> bool:
         """Read what the app left of a body (it refused the request before reading), up to
         ``max_buffered_body`` bytes within ``head_timeout``: closing with unread bytes would reset the
         connection, and the client could lose the answer. True when the body was read to its end."""
@@ -306,7 +234,7 @@ class HttpFront:
             async with asyncio.timeout(self.limits.head_timeout):
                 while not body.done and left > 0:
                     left -= len(await body.read(64 << 10))
-        except (TimeoutError, _Refuse):
+        except (TimeoutError, Refuse):
             return False
         return body.done
 
@@ -380,7 +308,7 @@ class HttpFront:
             sent += n
         return sent
 
-    async def _refuse(self, writer, peer, e: _Refuse, head: bytes = b"") -> None:
+    async def _refuse(self, writer, peer, e: Refuse, head: bytes = b"") -> None:
         method, target = (head.split(b" ", 2)[:2] + [b"-", b"-"])[:2] if head else (b"-", b"-")
         access_log.info("%s %s %s %s", peer[0], method.decode("latin-1")[:16], target.decode("latin-1")[:200],
                         e.status)

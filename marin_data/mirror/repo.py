@@ -38,8 +38,7 @@ from pathlib import Path
 from marin_data.fileio.atomic import sha256_file
 from marin_data.corpus.index import read_shard_index
 from marin_data.corpus.manifest import Manifest
-from marin_data.layout import MANIFEST, SHARDS_INDEX
-from marin_data.levanter.ledger import STATS, SUCCESS
+from marin_data.layout import MANIFEST, SHARDS_INDEX, STATS, SUCCESS
 from marin_data.stores.hub_ids import LFS_SAMPLE_BYTES, git_blob_sha1, git_blob_sha1_file, is_lfs, lfs_pointer
 from marin_data.transfer.versions import content_path
 

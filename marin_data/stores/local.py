@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from marin_data.fileio.atomic import atomic_path
-from marin_data.corpus.names import safe_relpath
+from marin_data.fileio.untrusted_paths import safe_relpath
 from marin_data.errors import RemoteError, RetryableRemoteError
 from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store
 from marin_data.stores.limits import ListingBudget

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from marin_data.corpus.names import safe_relpath
+from marin_data.fileio.untrusted_paths import safe_relpath
 from marin_data.errors import MarinDataError, NoSuchBucketError, RemoteError, RetryableRemoteError, TooSlowError, shown
 from marin_data.retry import parse_retry_after, status_error
 from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_span, range_header
