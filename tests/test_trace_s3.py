@@ -1,6 +1,6 @@
-"""``marin-data trace --store s3://...`` on caches uploaded to a local S3 server (moto): the same answers as
-from local disk, reading the ledgers, the offsets' shard indexes and inner chunks in ranges, and never a
-byte of token data or a listing."""
+"""``marin-data trace --store s3://...`` on caches uploaded to a local S3 server (moto), and ``hf://...`` through a
+Hub mirror: the same answers as from local disk; from S3, reading the ledgers, the offsets' shard indexes and
+inner chunks in ranges, and never a byte of token data or a listing."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from s3_env import bucket_url, moto, proxy, s3_client  # noqa: F401 - fixtures
 from shard_env import tree_bytes
 
 from marin_data.levanter.order.trace import open_trace
+from marin_data.testing.mirror import running_mirror
 
 CELLS = {"cluster=0/quality=1": 700, "cluster=1/quality=1": 300}
 
@@ -44,3 +45,14 @@ def test_a_store_on_s3_traces_as_on_disk_in_ranges_without_token_data(tmp_path, 
     assert not any("list-type" in r.path or r.path.rstrip("/").endswith(bucket) for r in gets)  # no listing
     offsets = [r for r in gets if "input_ids/offsets/c/" in r.path]
     assert offsets and all(r.range for r in offsets)  # shard indexes and inner chunks, never a whole file
+
+
+def test_a_store_on_a_hub_mirror_traces_as_on_disk(tmp_path):
+    root = tmp_path / "mirror" / "team" / "store"
+    make_store(root, CELLS)
+    local = open_trace(run_yaml(tmp_path), store=str(root))
+    with running_mirror(tmp_path / "mirror") as mirror:
+        remote = open_trace(run_yaml(tmp_path), store="hf://datasets/team/store", endpoint=mirror.url)
+        for step in (0, 5, 39):
+            assert remote.step(step) == local.step(step)
+        assert remote.document("cluster=0/quality=1:3") == local.document("cluster=0/quality=1:3")
