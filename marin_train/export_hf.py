@@ -163,9 +163,10 @@ def _shared_tensors(cfg: ModelConfig, block: Block) -> dict[str, Tensor]:
     model without shared experts gets one of width 1 and zero weights (its output is 0)."""
     D, shared = cfg.d_model, block.moe.shared
     if shared is None:
-        zeros = torch.zeros(1, D)
-        return {"mlp.shared_expert.gate_proj.weight": zeros, "mlp.shared_expert.up_proj.weight": zeros,
-                "mlp.shared_expert.down_proj.weight": zeros.T, "mlp.shared_expert_gate.weight": zeros}
+        return {"mlp.shared_expert.gate_proj.weight": torch.zeros(1, D),
+                "mlp.shared_expert.up_proj.weight": torch.zeros(1, D),
+                "mlp.shared_expert.down_proj.weight": torch.zeros(D, 1),
+                "mlp.shared_expert_gate.weight": torch.zeros(1, D)}
     gate_HD, up_HD = shared.w13.weight.chunk(2, dim=0)
     return {"mlp.shared_expert.gate_proj.weight": gate_HD, "mlp.shared_expert.up_proj.weight": up_HD,
             "mlp.shared_expert.down_proj.weight": 2 * shared.w2.weight,
