@@ -153,7 +153,8 @@ def _block_tensors(cfg: ModelConfig, block: Block, prefix: str) -> dict[str, Ten
             gate_up_2FD = moe.experts.w13_EL2F[e].float().T @ down_LD.float()  # the latent projection folded in
             tensors[f"mlp.experts.{e}.gate_proj.weight"], tensors[f"mlp.experts.{e}.up_proj.weight"] = \
                 gate_up_2FD.chunk(2, dim=0)
-            tensors[f"mlp.experts.{e}.down_proj.weight"] = m.route_scale * (up_DL.float() @ moe.experts.w2_EFL[e].float().T)
+            down_DF = up_DL.float() @ moe.experts.w2_EFL[e].float().T
+            tensors[f"mlp.experts.{e}.down_proj.weight"] = m.route_scale * down_DF
         tensors.update(_shared_tensors(cfg, block))
     return {prefix + name: t for name, t in tensors.items()}
 
