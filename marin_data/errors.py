@@ -60,6 +60,7 @@ __all__ = [
     "CacheCheckError",
     "UnsupportedFormatError",
     "NotApplicableError",
+    "UnexportableModelError",
     "CheckpointDamagedError",
     "PublishInProgressError",
     "InvalidCheckpointError",
@@ -410,6 +411,11 @@ class CheckpointDamagedError(ValueError, MarinDataError):
 class NotApplicableError(ValueError, MarinDataError):
     """An operation or option that does not apply to what a source holds (``--row`` on a Parquet corpus, ``adopt``
     of a corpus that is already pinned): a usage error, raised before anything is read or written."""
+
+
+class UnexportableModelError(NotApplicableError):
+    """A model that uses an option the export's target architecture cannot compute (``marin-train export
+    --format transformers`` of a model routed by sigmoid): the message names the option; nothing was written."""
 
 
 class UnpinnedCacheError(UnsupportedFormatError):

@@ -204,24 +204,31 @@ def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute,
 @click.command("export", context_settings={"max_content_width": 100})
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
 @click.option("--to", "to", required=True, metavar="DIR", help="Write model.safetensors and config.json here.")
-def export(checkpoint, to) -> None:
+@click.option("--format", "fmt", type=click.Choice(["marin", "transformers"]), default="marin", show_default=True,
+              help="marin: this package's model; transformers: a Qwen2-MoE model for "
+                   "AutoModelForCausalLM.from_pretrained(DIR) (docs/training.md says what it refuses).")
+def export(checkpoint, to, fmt) -> None:
     """Write CHECKPOINT (a step-NNNNNNNN directory, or a run directory: its latest) as one model.
 
     One process, no process group: every sharded tensor is reassembled whole into model.safetensors, with
-    config.json. Load it back with marin_train.export.load_exported(DIR), or any safetensors reader.
+    config.json. Load it back with marin_train.export.load_exported(DIR), or any safetensors reader; with
+    --format transformers, with transformers' AutoModelForCausalLM.from_pretrained(DIR).
 
     \b
     EXAMPLES
       marin-train export out/run --to out/model
       marin-train export out/run/step-00000050 --to out/model-50
+      marin-train export out/run --to out/hf-model --format transformers
     """
     from marin_train.export import export_checkpoint  # safetensors only where exporting
+    from marin_train.export_hf import export_transformers
 
     try:
         path = resolve_checkpoint(checkpoint)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="CHECKPOINT") from None
-    click.echo(f"exported {path} to {export_checkpoint(path, to)}")
+    write = export_transformers if fmt == "transformers" else export_checkpoint
+    click.echo(f"exported {path} to {write(path, to)}")
 
 
 @click.command("plot", context_settings={"max_content_width": 100})

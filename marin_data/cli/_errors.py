@@ -88,6 +88,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                   "the tokenizer it was built with); nothing was written"), 21),
     (E.UnpinnedCacheError, _with_fix("pin it in place first: `marin-data adopt PATH --tokenizer TOK` hashes every "
                                      "file and rewrites none (a remote store: `marin-data download` copies it, then adopt)"), 22),
+    (E.UnexportableModelError, _with_fix("nothing was written; docs/training.md (\"Export for transformers\") "
+                                         "lists what the transformers export maps and what it refuses"), EXIT_USAGE),
     (E.NotApplicableError, _with_fix("`marin-data COMMAND --help` says what each option applies to"), EXIT_USAGE),
     (E.UnsupportedFormatError, _with_fix("nothing was read or written; `marin-data download` it (the subsets you "
                                          "need) and run the command on the local copy"), 22),
