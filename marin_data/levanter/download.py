@@ -62,22 +62,25 @@ class CacheDownload:
         if report.dry_run:
             rows = [(f.path, human_bytes(f.bytes)) for f in plan.files]
             return Downloaded(((format_table(["file", "bytes"], rows), False), (
-                f"Would fetch {plural(len(plan.files), 'file')}, {human_bytes(plan.bytes)}, {human_count(plan.tokens)} "
-                f"tokens ({plural(len(plan.subsets), 'cell')}) into {report.dest}; not pinned: files are checked by "
-                "size (and by a SHA-256 where the store lists one), then the copy's structure.", False)), None, self)
+                f"Would fetch {plural(len(plan.files), 'file')}, {human_bytes(plan.bytes)}, "
+                f"{human_count(plan.tokens)} tokens ({plural(len(plan.subsets), 'cell')}) into {report.dest}; not "
+                "pinned: files are checked by size (and by a SHA-256 where the store lists one), then the copy's "
+                "structure.", False)), None, self)
         lines = [(f"{'Downloaded' if report.ok else 'INCOMPLETE'}: {plural(len(report.fetched), 'file')} fetched "
                   f"({human_bytes(report.bytes_fetched)} in {report.seconds:.1f}s), {len(report.skipped)} already "
                   f"present at their listed size, {len(report.failed)} failed; {plural(len(plan.subsets), 'cell')} in "
                   f"{report.dest}.", False),
                  (f"not pinned: {self.hashed} of {plural(len(plan.files), 'file')} checked by a SHA-256 the store "
-                  f"lists, the rest by size only; `marin-data adopt {report.dest} --tokenizer TOK` pins the copy", False)]
+                  f"lists, the rest by size only; `marin-data adopt {report.dest} --tokenizer TOK` pins the copy",
+                  False)]
         if not report.ok:
             return Downloaded(tuple(lines), report.error(), self)
-        lines.append((f"structure: {'OK' if self.checks.ok else 'BAD'} ({plural(self.checks.files_checked, 'chunk file')} "
-                      "checked against the ledgers)", False))
+        checked = plural(self.checks.files_checked, 'chunk file')
+        lines.append((f"structure: {'OK' if self.checks.ok else 'BAD'} ({checked} checked against the ledgers)", False))
         if self.checks.ok:
             return Downloaded(tuple(lines), None, self)
-        lines += [(f"  {printable(p.path)}: {p.kind.value}: {printable(p.message)}", True) for p in self.checks.problems]
+        lines += [(f"  {printable(p.path)}: {p.kind.value}: {printable(p.message)}", True)
+                  for p in self.checks.problems]
         return Downloaded(tuple(lines), VerificationFailedError(
             f"{plural(len(self.checks.problems), 'problem')} found in the copy at {report.dest}",
             problems=list(self.checks.problems)), self)

@@ -16,7 +16,7 @@ from typing import Any
 
 from marin_data.corpus.manifest import LEVANTER_CACHE, LEVANTER_STORE, Corpus, Manifest
 from marin_data.errors import NotApplicableError
-from marin_data.formats.base import LEVANTER, MARIN, Downloaded, Reader, Source
+from marin_data.formats.base import MARIN, Downloaded, Reader, Source
 from marin_data.formats.corpus import CorpusSource
 from marin_data.levanter.cells import PinnedCells
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, cache_roots
@@ -81,8 +81,9 @@ class CacheSource(Source):
         if engine != "local" or engine_address:
             raise NotApplicableError(RAY)
         vocab = load_tokenizer(tokenizer).info.vocab_size if tokenizer else None
-        return verify_found(self.found, self.given, subsets=list(subsets) or None, tokens=deep or expect_bos is not None,
-                            vocab_size=vocab, expect_bos=expect_bos, manifest_sha256=manifest_sha256, workers=workers)
+        return verify_found(self.found, self.given, subsets=list(subsets) or None,
+                            tokens=deep or expect_bos is not None, vocab_size=vocab, expect_bos=expect_bos,
+                            manifest_sha256=manifest_sha256, workers=workers)
 
     def download(self, *, subsets: Sequence[str], dest: str | Path, mirrors: Sequence[str] = (),
                  manifest_sha256: str | None = None, workers: int = 8, part_bytes: int, dry_run: bool = False,
@@ -143,8 +144,9 @@ class PinnedSource(CorpusSource):
             raise NotApplicableError("a pinned cache has its own tokenizer: drop --tokenizer")
         if engine != "local" or engine_address:
             raise NotApplicableError(RAY)
-        return verify_found(self.found, self.given, subsets=list(subsets) or None, tokens=deep or expect_bos is not None,
-                            expect_bos=expect_bos, manifest_sha256=manifest_sha256, workers=workers)
+        return verify_found(self.found, self.given, subsets=list(subsets) or None,
+                            tokens=deep or expect_bos is not None, expect_bos=expect_bos,
+                            manifest_sha256=manifest_sha256, workers=workers)
 
     def convert(self, *, to: str, dest: str | Path, subsets: Sequence[str] = (), **settings: Any) -> Any:
         if to != MARIN:
