@@ -1,13 +1,21 @@
-"""Command-line options shared by the commands that talk to a store (publish, download, verify --remote)."""
+"""Command-line options shared by the commands that talk to a store (publish, download, verify --remote), and
+the one place a command turns them into store options (`source_options`) and a source's refusal into a usage
+error (`usage_errors`)."""
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
 
-__all__ = ["store_options", "store_kwargs", "check_s3_flags", "check_sha256", "show_retries", "is_url"]
+from marin_data.cli._hf_options import check_hf_flags
+from marin_data.errors import NotApplicableError
+
+__all__ = ["store_options", "store_kwargs", "check_s3_flags", "check_sha256", "show_retries", "is_url",
+           "remote_options", "source_options", "usage_errors"]
 
 
 def is_url(source: str) -> bool:
@@ -59,3 +67,35 @@ def check_sha256(value: str | None, flag: str = "--manifest-sha256") -> None:
 def show_retries() -> None:
     """Print the retry helper's ``Retrying in Xs [n/N]`` lines on stderr."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+
+
+def remote_options(url: str, endpoint_url: str | None, profile: str | None, anonymous: bool,
+                   requester_pays: bool, endpoint: str | None, token: str | None) -> dict:
+    """The store options for ``url``, refusing the flags its kind of store does not take."""
+    s3 = {"--endpoint-url": endpoint_url, "--profile": profile, "--anonymous": anonymous,
+          "--requester-pays": requester_pays}
+    if check_hf_flags(url, endpoint, token, **s3):
+        return {k: v for k, v in {"endpoint": endpoint, "token": token}.items() if v}
+    return store_kwargs(endpoint_url, profile, anonymous, requester_pays)
+
+
+def source_options(source: str, endpoint_url: str | None, profile: str | None, anonymous: bool,
+                   requester_pays: bool, endpoint: str | None, token: str | None) -> dict:
+    """What a command opens ``source`` with: for a URL its `remote_options`; for a local path the store
+    options given, unchecked (a local store ignores them): empty unless the user passed some, which the
+    command or the source then refuses where they cannot apply."""
+    if is_url(source):
+        return remote_options(source, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
+    given = {"endpoint_url": endpoint_url, "profile": profile, "anonymous": anonymous,
+             "requester_pays": requester_pays, "endpoint": endpoint, "token": token}
+    return {k: v for k, v in given.items() if v}
+
+
+@contextmanager
+def usage_errors() -> Iterator[None]:
+    """A source's `NotApplicableError` (an option or operation its format does not take) as click's usage
+    error, with the same words."""
+    try:
+        yield
+    except NotApplicableError as e:
+        raise click.UsageError(e.message) from e

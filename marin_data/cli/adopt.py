@@ -1,4 +1,5 @@
-"""``marin-data adopt``: pin a Levanter cache or store in place (library: `marin_data.levanter.adopt`)."""
+"""``marin-data adopt``: pin a Levanter cache or store in place (library: the source
+`marin_data.formats.open_source` opens, its ``adopt``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from marin_data.cli._store_options import usage_errors
 from marin_data.ui import echo, human_bytes, plural
 
 __all__ = ["command"]
@@ -34,9 +36,10 @@ def command(path: Path, tokenizer: str, name: str | None, license_: str, workers
       marin-data adopt ./fineweb-edu-10B/train --tokenizer ./llama3/tokenizer.json --license odc-by
       marin-data verify /data/marin-store && marin-data publish /data/marin-store --to s3://bucket/store
     """
-    from marin_data.levanter.adopt import adopt
+    from marin_data.formats import open_source
 
-    report = adopt(path, tokenizer=tokenizer, name=name, license=license_, workers=workers)
+    with usage_errors():
+        report = open_source(path).adopt(tokenizer=tokenizer, name=name, license=license_, workers=workers)
     how = f"hashed in {report.seconds:.2f}s" if report.seconds is not None else "hashed by the run that was stopped"
     echo(f"pinned {plural(len(report.subsets), 'subset')}, {plural(report.files, 'file')}, "
          f"{human_bytes(report.bytes)} {how}; manifest sha256 {report.manifest_sha256}")

@@ -1,5 +1,5 @@
 """``marin-data convert``: a Levanter cache or store into a Parquet corpus, or a corpus into a store of caches
-(library: `marin_data.levanter.to_marin`, `marin_data.levanter.to_levanter`)."""
+(library: the source `marin_data.formats.open_source` opens, its ``convert``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 
 from marin_data.cli._hf_options import hf_options
-from marin_data.cli._store_options import check_sha256, is_url, store_options
+from marin_data.cli._store_options import check_sha256, is_url, source_options, store_options, usage_errors
 from marin_data.cli.shard import TokenCount
 from marin_data.corpus.build import DEFAULT_SHARD_TOKENS
-from marin_data.levanter.convert import FORMATS, LEVANTER, MARIN, ConvertReport
+from marin_data.formats.base import LEVANTER, MARIN, TARGETS
 from marin_data.ui import echo, format_table, human_bytes, plural
 
 __all__ = ["command"]
@@ -22,7 +22,7 @@ __all__ = ["command"]
 @click.option("--to", "dest", required=True, type=click.Path(file_okay=False, path_type=Path), metavar="DEST",
               help="Where to write: a corpus (created, or an existing one of the same tokenizer gaining the "
                    "subsets) for --format marin; a store of caches, DEST/<subset>/, for --format levanter.")
-@click.option("--format", "format_", required=True, type=click.Choice(FORMATS),
+@click.option("--format", "format_", required=True, type=click.Choice(TARGETS),
               help="What to write: marin (a Parquet corpus, from a Levanter cache or store) or levanter (a store "
                    "of Levanter caches, from a corpus).")
 @click.option("--subset", "subsets", multiple=True, metavar="NAME",
@@ -78,21 +78,18 @@ def command(source: str, dest: Path, format_: str, subsets: tuple[str, ...], tok
       marin-data convert corpus --subset pretrain --to caches --format levanter --token-dtype int64 --codec zstd
       marin-data adopt out/sample-caches --tokenizer out/sample/tokenizer.json   # pin the caches in place
     """
-    from marin_data.cli.info import remote_options
-    from marin_data.levanter.detect import CORPUS, detect
+    from marin_data.formats import open_source
 
     check_sha256(manifest_sha256)
-    if is_url(source):
-        if format_ == LEVANTER:
-            raise click.UsageError("a published corpus is converted from local disk: `marin-data download` the "
-                                   "subsets you want first (every shard checked), then convert the copy")
-        options = remote_options(source, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
-    else:
-        if endpoint_url or profile or anonymous or requester_pays or endpoint or token:
+    if is_url(source) and format_ == LEVANTER:
+        raise click.UsageError("a published corpus is converted from local disk: `marin-data download` the "
+                               "subsets you want first (every shard checked), then convert the copy")
+    options = source_options(source, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
+    if not is_url(source):
+        if options:
             raise click.UsageError("the store options apply to s3:// and hf:// sources only")
         if not Path(source).is_dir():
             raise click.UsageError(f"{source!r} is no folder (a remote source is named s3://... or hf://...)")
-        options = {}
     given = {"--tokenizer": tokenizer, "--name": name, "--license": license_, "--shard-tokens": shard_tokens,
              "--token-dtype": token_dtype, "--codec": codec}
     other = ("--token-dtype", "--codec") if format_ == MARIN else ("--tokenizer", "--name", "--license",
@@ -101,35 +98,15 @@ def command(source: str, dest: Path, format_: str, subsets: tuple[str, ...], tok
     if wrong:
         raise click.UsageError(f"{', '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} to the other "
                                f"direction, not --format {format_}")
-    found = detect(source, **options)
-    parquet = found.kind == CORPUS and not found.pinned_cache
-    if format_ == MARIN and parquet:
-        raise click.UsageError(f"{source} is a marin corpus already: --format levanter writes it as Levanter caches")
-    if format_ == LEVANTER and not parquet:
-        what = "a pinned Levanter cache" if found.kind == CORPUS else f"a Levanter {found.kind}"
-        raise click.UsageError(f"{source} is {what}: --format marin writes it as a Parquet corpus")
-    if format_ == MARIN:
-        if found.kind != CORPUS and tokenizer is None:
-            raise click.UsageError("a Levanter cache carries no tokenizer: pass --tokenizer (the one it was built "
-                                   "with)")
-        if found.kind == CORPUS and tokenizer is not None:
-            raise click.UsageError("a pinned Levanter cache converts with its own tokenizer: drop --tokenizer")
-        from marin_data.levanter.to_marin import convert_to_marin
-
-        report = convert_to_marin(source, dest=dest, tokenizer=tokenizer, name=name, subsets=list(subsets) or None,
-                                  license=license_ or "unknown", shard_tokens=shard_tokens or DEFAULT_SHARD_TOKENS,
-                                  workers=workers, manifest_sha256=manifest_sha256, **options)
-    else:
-        from marin_data.levanter.arraymeta import LZ4, ZSTD
-        from marin_data.levanter.to_levanter import convert_to_levanter
-
-        report = convert_to_levanter(source, dest=dest, subsets=list(subsets) or None, dtype=token_dtype or "int32",
-                                     codec=ZSTD if codec == "zstd" else LZ4, manifest_sha256=manifest_sha256,
-                                     workers=workers)
+    with usage_errors():
+        report = open_source(source, **options).convert(
+            to=format_, dest=dest, subsets=subsets, tokenizer=tokenizer, name=name, license=license_ or "unknown",
+            shard_tokens=shard_tokens or DEFAULT_SHARD_TOKENS, dtype=token_dtype or "int32", codec=codec,
+            workers=workers, manifest_sha256=manifest_sha256)
     echo(summary(report))
 
 
-def summary(report: ConvertReport) -> str:
+def summary(report) -> str:
     """What was converted, what was already there, and the corpus's new manifest sha256."""
     unit = "shard" if report.format == MARIN else "chunk file"
     lines = [f"converted {plural(len(report.subsets), 'subset')} of {report.source} into {report.dest} "

@@ -1,4 +1,5 @@
-"""``marin-data download``: fetch chosen subsets, verified and resumable (library: `marin_data.transfer.download`)."""
+"""``marin-data download``: fetch chosen subsets, verified and resumable (library: the source
+`marin_data.formats.open_for_download` opens, its ``download``)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,10 @@ from pathlib import Path
 import click
 
 from marin_data.cli._hf_options import check_hf_flags, hf_options
-from marin_data.cli._store_options import check_s3_flags, check_sha256, show_retries, store_kwargs, store_options
-from marin_data.errors import RemoteError, VerificationFailedError
-from marin_data.layout import RECORD
-from marin_data.transfer.download import DownloadReport, download
+from marin_data.cli._store_options import check_s3_flags, check_sha256, show_retries, store_kwargs, store_options, \
+    usage_errors
 from marin_data.transfer.fetch import PART_BYTES
-from marin_data.ui import echo, format_table, human_bytes, human_count, plural, printable
+from marin_data.ui import echo
 
 __all__ = ["command"]
 
@@ -74,77 +73,13 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
     show_retries()
     hf = {k: v for k, v in {"endpoint": endpoint, "token": token}.items() if v}
     options = {**store_kwargs(endpoint_url, profile, anonymous, requester_pays), **hf}
-    from marin_data.levanter.detect import detect, unpinned_cache
+    from marin_data.formats import open_for_download
 
-    failed: list[Exception] = []
-    found = unpinned_cache(lambda: detect(source, **options), failed)  # a corpus (or a failing source): as always
-    if found is not None:
-        if manifest_sha256:
-            raise click.UsageError("--manifest-sha256 pins a corpus; this Levanter cache has no manifest yet "
-                                   "(`marin-data adopt` makes one)")
-        _download_cache(found, subsets=list(subsets), dest=dest, mirrors=list(mirrors), workers=workers,
-                        part_bytes=part_mb << 20, dry_run=dry_run, **options)
-        return
-    try:
-        report = download(source, subsets=list(subsets) or None, dest=dest, mirrors=list(mirrors),
-                          manifest_sha256=manifest_sha256, workers=workers, part_bytes=part_mb << 20,
-                          dry_run=dry_run, **options)
-    except RemoteError as e:
-        if e.status == 404 and failed and isinstance(failed[0], RemoteError):
-            raise failed[0] from e  # no manifest where the listing failed: the listing's failure is the news
-        raise
-    echo(_dry_run(report) if dry_run else _summary(report))
-    for note in report.notes:
-        echo(f"note: {note}", err=True)
-    if not report.ok:
-        raise report.error()
-
-
-def _download_cache(found, *, dry_run: bool, **kwargs) -> None:
-    """An unpinned Levanter cache or store: sizes (and any digests its store lists), then its structure."""
-    from marin_data.levanter.download import download_cache
-
-    done = download_cache(found, dry_run=dry_run, **kwargs)
-    report, plan = done.transfer, done.transfer.plan
-    if dry_run:
-        rows = [(f.path, human_bytes(f.bytes)) for f in plan.files]
-        echo(format_table(["file", "bytes"], rows))
-        echo(f"Would fetch {plural(len(plan.files), 'file')}, {human_bytes(plan.bytes)}, {human_count(plan.tokens)} "
-             f"tokens ({plural(len(plan.subsets), 'cell')}) into {report.dest}; not pinned: files are checked by "
-             "size (and by a SHA-256 where the store lists one), then the copy's structure.")
-        return
-    echo(f"{'Downloaded' if report.ok else 'INCOMPLETE'}: {plural(len(report.fetched), 'file')} fetched "
-         f"({human_bytes(report.bytes_fetched)} in {report.seconds:.1f}s), {len(report.skipped)} already present "
-         f"at their listed size, {len(report.failed)} failed; {plural(len(plan.subsets), 'cell')} in {report.dest}.")
-    echo(f"not pinned: {done.hashed} of {plural(len(plan.files), 'file')} checked by a SHA-256 the store lists, the "
-         f"rest by size only; `marin-data adopt {report.dest} --tokenizer TOK` pins the copy")
-    if not report.ok:
-        raise report.error()
-    echo(f"structure: {'OK' if done.checks.ok else 'BAD'} ({plural(done.checks.files_checked, 'chunk file')} "
-         "checked against the ledgers)")
-    if not done.checks.ok:
-        for p in done.checks.problems:
-            echo(f"  {printable(p.path)}: {p.kind.value}: {printable(p.message)}", err=True)
-        raise VerificationFailedError(f"{plural(len(done.checks.problems), 'problem')} found in the copy at "
-                                      f"{report.dest}", problems=list(done.checks.problems))
-
-
-def _dry_run(report: DownloadReport) -> str:
-    plan = report.plan
-    rows = [(f.path, human_bytes(f.bytes)) for f in plan.files]
-    return "\n".join([
-        format_table(["file", "bytes"], rows),
-        f"Would fetch {plural(len(plan.files), 'file')}, {human_bytes(plan.bytes)}, {human_count(plan.tokens)} "
-        f"tokens ({plural(len(plan.subsets), 'subset')}: {printable(', '.join(plan.subsets))}) into {report.dest}, "
-        f"and the datasheet if the source has one; files already there and verified will be skipped.",
-        f"manifest sha256: {plan.manifest_sha256}",
-    ])
-
-
-def _summary(report: DownloadReport) -> str:
-    rate = report.bytes_fetched / report.seconds if report.seconds else 0.0
-    return (f"{'Downloaded' if report.ok else 'INCOMPLETE'}: {plural(len(report.fetched), 'file')} fetched "
-            f"({human_bytes(report.bytes_fetched)} in {report.seconds:.1f}s, {human_bytes(rate)}/s), "
-            f"{len(report.skipped)} already present and verified, {len(report.failed)} failed; "
-            f"subsets {printable(', '.join(report.plan.subsets))} in {report.dest} (recorded in {RECORD}).\n"
-            f"manifest sha256: {report.plan.manifest_sha256}")
+    with usage_errors():
+        done = open_for_download(source, **options).download(
+            subsets=subsets, dest=dest, mirrors=mirrors, manifest_sha256=manifest_sha256, workers=workers,
+            part_bytes=part_mb << 20, dry_run=dry_run)
+    for line, to_stderr in done.lines:
+        echo(line, err=to_stderr)
+    if done.error is not None:
+        raise done.error

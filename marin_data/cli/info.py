@@ -1,5 +1,5 @@
-"""``marin-data info``: a corpus's subsets, totals, tokenizer and manifest sha256, local or published
-(library: `marin_data.corpus.info`, `marin_data.transfer.remote_corpus`)."""
+"""``marin-data info``: a corpus's subsets, totals, tokenizer and manifest sha256, local or published, or a
+Levanter cache's cells (library: the source `marin_data.formats.open_source` opens, its ``info``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from pathlib import Path
 
 import click
 
-from marin_data.cli._hf_options import check_hf_flags, hf_options
-from marin_data.cli._store_options import check_sha256, is_url, store_kwargs, store_options
+from marin_data.cli._hf_options import hf_options
+from marin_data.cli._store_options import check_sha256, is_url, remote_options, source_options, store_options, \
+    usage_errors
 from marin_data.ui import echo
 
-__all__ = ["command", "remote_options"]
+__all__ = ["command", "remote_options"]  # remote_options: still imported from here by `datasheet`
 
 
 @click.command("info")
@@ -40,39 +41,15 @@ def command(corpus: str, as_json: bool, manifest_sha256: str | None, endpoint_ur
       marin-data info hf://datasets/my-org/corpus --endpoint http://127.0.0.1:8080
       marin-data info s3://bucket/levanter-store --endpoint-url http://127.0.0.1:9000
     """
-    check_sha256(manifest_sha256)
-    from marin_data.levanter.detect import CORPUS, detect
+    from marin_data.formats import open_source
 
-    if is_url(corpus):
-        options = remote_options(corpus, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
-    else:
-        if manifest_sha256 or endpoint_url or profile or anonymous or requester_pays or endpoint or token:
+    check_sha256(manifest_sha256)
+    options = source_options(corpus, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
+    if not is_url(corpus):
+        if manifest_sha256 or options:
             raise click.UsageError("--manifest-sha256 and the store options apply to s3:// and hf:// URLs only")
         if not Path(corpus).is_dir():
             raise click.UsageError(f"{corpus!r} is no folder (a published corpus is named s3://... or hf://...)")
-        options = {}
-    if detect(corpus, **options).kind != CORPUS:  # a Levanter cache or store, not pinned yet
-        if manifest_sha256:
-            raise click.UsageError("--manifest-sha256 pins a corpus; this Levanter cache has no manifest yet")
-        from marin_data.levanter.summary import cache_info
-
-        info = cache_info(corpus, **options)
-    elif is_url(corpus):
-        from marin_data.transfer.remote_corpus import remote_info
-
-        info = remote_info(corpus, manifest_sha256=manifest_sha256, **options)
-    else:
-        from marin_data.corpus.info import corpus_info
-
-        info = corpus_info(corpus)
+    with usage_errors():
+        info = open_source(corpus, **options).info(manifest_sha256=manifest_sha256)
     echo(json.dumps(info.to_json(), indent=2) if as_json else str(info))
-
-
-def remote_options(url: str, endpoint_url: str | None, profile: str | None, anonymous: bool,
-                   requester_pays: bool, endpoint: str | None, token: str | None) -> dict:
-    """The store options for ``url``, refusing the flags its kind of store does not take."""
-    s3 = {"--endpoint-url": endpoint_url, "--profile": profile, "--anonymous": anonymous,
-          "--requester-pays": requester_pays}
-    if check_hf_flags(url, endpoint, token, **s3):
-        return {k: v for k, v in {"endpoint": endpoint, "token": token}.items() if v}
-    return store_kwargs(endpoint_url, profile, anonymous, requester_pays)

@@ -10,7 +10,7 @@ import click
 from marin_data.cli._hf_options import check_hf_flags, hf_options
 from marin_data.cli._store_options import show_retries, store_kwargs, store_options
 from marin_data.layout import MANIFEST
-from marin_data.levanter.detect import detect, refuse_unpinned
+from marin_data.formats import refuse_unpinned
 from marin_data.transfer.publish_s3 import publish
 from marin_data.ui import echo, human_bytes, plural
 
@@ -49,7 +49,7 @@ def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None
       marin-data publish corpus/ --to hf://datasets/team/c --endpoint http://mirror:8080 --token T
     """
     if not (corpus / MANIFEST).exists():  # a Levanter cache is published once pinned; anything else: as before
-        refuse_unpinned(lambda: detect(corpus), str(corpus), "publish uploads each file with its SHA-256")
+        refuse_unpinned(corpus, "publish uploads each file with its SHA-256")
     if check_hf_flags(to, endpoint, token, **{"--endpoint-url": endpoint_url, "--profile": profile,
                                                "--anonymous": anonymous, "--requester-pays": requester_pays,
                                                "--s3-compat": s3_compat}):

@@ -1,5 +1,5 @@
-"""``marin-data show``: documents of a subset decoded back to text (library: `marin_data.corpus.show`,
-`marin_data.transfer.remote_corpus` for a published corpus)."""
+"""``marin-data show``: documents of a subset decoded back to text (library: the source
+`marin_data.formats.open_source` opens, its ``show``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from marin_data.cli._hf_options import hf_options
-from marin_data.cli._store_options import check_sha256, is_url, store_options
+from marin_data.cli._store_options import check_sha256, is_url, source_options, store_options, usage_errors
 from marin_data.ui import echo, plural, printable
 
 __all__ = ["command", "TERMINAL_MAX_CHARS"]
@@ -59,39 +59,15 @@ def command(corpus: str, subset: str | None, tokenizer: str | None, row: int | N
       marin-data show hf://datasets/my-org/corpus --endpoint http://127.0.0.1:8080 --subset a
       marin-data show /data/store --subset cluster=3/quality=4 --tokenizer meta-llama/Llama-3.1-8B -n 2
     """
-    from marin_data.cli.info import remote_options
-    from marin_data.levanter.detect import CORPUS, detect
+    from marin_data.formats import open_source
 
     check_sha256(manifest_sha256)
-    options = remote_options(corpus, endpoint_url, profile, anonymous, requester_pays, endpoint, token) \
-        if is_url(corpus) else {}
+    options = source_options(corpus, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
     if not is_url(corpus) and not Path(corpus).is_dir():
         raise click.UsageError(f"{corpus!r} is no folder (a published corpus is named s3://... or hf://...)")
-    found = detect(corpus, **options)
-    if found.kind != CORPUS or found.pinned_cache:
-        if found.kind != CORPUS and tokenizer is None:
-            raise click.UsageError("a Levanter cache carries no tokenizer: pass --tokenizer (the one it was built "
-                                   "with)")
-        if found.kind == CORPUS and tokenizer:
-            raise click.UsageError("a pinned Levanter cache decodes with its own tokenizer: drop --tokenizer")
-        if doc_id:
-            raise click.UsageError("a Levanter cache's rows have no ids: pass --row N")
-        from marin_data.levanter.summary import show_cache
-
-        docs = show_cache(corpus, tokenizer=tokenizer, subset=subset, n=n, row=row, manifest_sha256=manifest_sha256,
-                          **options)
-    elif subset is None or tokenizer or row is not None:
-        raise click.UsageError("a marin corpus: --subset is required; --tokenizer and --row apply to Levanter caches")
-    elif is_url(corpus):
-        from marin_data.transfer.remote_corpus import remote_show
-
-        docs = remote_show(corpus, subset=subset, n=n, doc_id=doc_id, manifest_sha256=manifest_sha256, **options)
-    else:
-        if manifest_sha256 or endpoint_url or profile or anonymous or requester_pays or endpoint or token:
-            raise click.UsageError("--manifest-sha256 and the store options apply to s3:// and hf:// URLs only")
-        from marin_data.corpus.show import show_documents
-
-        docs = show_documents(corpus, subset=subset, n=n, doc_id=doc_id)
+    with usage_errors():
+        docs = open_source(corpus, **options).show(subset=subset, n=n, doc_id=doc_id, row=row, tokenizer=tokenizer,
+                                                   manifest_sha256=manifest_sha256)
     if max_chars is None:
         max_chars = 0 if as_json or not sys.stdout.isatty() else TERMINAL_MAX_CHARS
     for d in docs:

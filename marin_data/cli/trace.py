@@ -1,5 +1,6 @@
 """``marin-data trace``: which documents a Levanter ``train_lm`` run read at a step, where a document was
-read, and how much of each component a run reads before a step (library: `marin_data.levanter.order.trace`)."""
+read, and how much of each component a run reads before a step (library: the run's order as
+`marin_data.formats.open_run` opens it; a Levanter run's: `marin_data.levanter.order.trace`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import click
 
 from marin_data.cli._hf_options import hf_options
-from marin_data.cli._store_options import is_url, store_options
+from marin_data.cli._store_options import is_url, source_options, store_options
 from marin_data.ui import echo, format_table, printable
 
 __all__ = ["command"]
@@ -99,8 +100,7 @@ def command(config: str, step: int | None, document: str | None, summary: bool, 
       marin-data trace --levanter-config run.yaml --summary --until 108000
       marin-data trace --levanter-config run.yaml --step 0 --no-documents --levanter-version 0.2.20
     """
-    from marin_data.cli.info import remote_options
-    from marin_data.levanter.order.trace import open_trace, run_tokenizer
+    from marin_data.formats import open_run
 
     if sum([step is not None, document is not None, summary]) != 1:
         raise click.UsageError("pass exactly one of --step S, --document ID and --summary")
@@ -110,11 +110,11 @@ def command(config: str, step: int | None, document: str | None, summary: bool, 
         raise click.UsageError("--no-documents and --with-text apply to --step")
     if tokenizer and not with_text:
         raise click.UsageError("--tokenizer applies to --with-text")
-    options = remote_options(store, endpoint_url, profile, anonymous, requester_pays, endpoint, token) \
+    options = source_options(store, endpoint_url, profile, anonymous, requester_pays, endpoint, token) \
         if store and is_url(store) else {}
-    trace = open_trace(config, store=store, version=version, **options)
+    trace = open_run(config, store=store, version=version, **options)
     if step is not None:
-        text = run_tokenizer(trace, tokenizer, store) if with_text else None
+        text = trace.text_tokenizer(tokenizer, store) if with_text else None
         out, show = trace.step(step, documents=not no_documents, text=text), _print_step
     elif document is not None:
         out, show = trace.document(document, until=until), _print_document

@@ -1,4 +1,6 @@
-"""``marin-data verify``: re-hash a local corpus against its manifest (library: `marin_data.corpus.verify`)."""
+"""``marin-data verify``: re-hash a local corpus against its manifest, check a Levanter cache's structure
+(library: the source `marin_data.formats.open_source` opens, its ``verify``), or compare a local corpus with
+its published copy (`marin_data.transfer.remote_verify`)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,13 @@ from pathlib import Path
 
 import click
 
-from marin_data.cli._engine_options import engine_kwargs, engine_options
-from marin_data.cli._hf_options import check_hf_flags, hf_options
-from marin_data.cli._store_options import check_sha256, is_url, store_kwargs, store_options
+from marin_data.cli._engine_options import engine_options
+from marin_data.cli._hf_options import hf_options
+from marin_data.cli._store_options import check_sha256, is_url, remote_options, source_options, store_options, \
+    usage_errors
 from marin_data.errors import VerificationFailedError
 from marin_data.ui import echo, human_bytes, plural, printable
-from marin_data.corpus.verify import FOREIGN_FOLDERS, SCOPE_DOWNLOADED, VerifyReport, verify_corpus
+from marin_data.corpus.verify import FOREIGN_FOLDERS, SCOPE_DOWNLOADED, VerifyReport
 
 __all__ = ["command"]
 
@@ -70,72 +73,49 @@ def command(corpus: str, subsets: tuple[str, ...], workers: int | None, deep: bo
       marin-data verify s3://bucket/store --endpoint-url http://127.0.0.1:9000 --deep --tokenizer gpt2
     """
     check_sha256(manifest_sha256)
-    source = None if remote else _levanter_source(corpus, endpoint_url, profile, anonymous, requester_pays,
-                                                  endpoint, token)
-    if source is not None:
-        from marin_data.levanter.verify import verify_source
-
-        kind, options = source
-        if kind == "pinned" and tokenizer:
-            raise click.UsageError("a pinned cache has its own tokenizer: drop --tokenizer")
-        if engine != "local" or ray_address:
-            raise click.UsageError("--engine ray checks Parquet corpora; a Levanter cache is checked here")
-        vocab = None
-        if tokenizer:
-            from marin_data.raw.tokenizer import load_tokenizer
-
-            vocab = load_tokenizer(tokenizer).info.vocab_size
-        report = verify_source(corpus, subsets=list(subsets) or None, tokens=deep or expect_bos is not None,
-                               vocab_size=vocab, expect_bos=expect_bos, manifest_sha256=manifest_sha256,
-                               workers=workers, **options)
-    elif tokenizer or expect_bos is not None:
-        raise click.UsageError("--tokenizer and --expect-bos apply to Levanter caches")
-    elif is_url(corpus):
-        raise click.UsageError(f"{corpus} is a published marin corpus: verify a local copy, or compare one with "
-                               "it (verify LOCAL --remote URL)")
-    elif remote is None:
-        if endpoint_url or profile or anonymous or requester_pays or endpoint or token:
-            raise click.UsageError("store options (--endpoint-url, --endpoint, --token, ...) need --remote URL")
-        report = verify_corpus(Path(corpus), subsets=subsets or None, workers=workers, deep=deep,
-                               manifest_sha256=manifest_sha256, **engine_kwargs(engine, ray_address))
+    if remote:
+        report = _verify_remote(corpus, remote, subsets=subsets, workers=workers, deep=deep, tokenizer=tokenizer,
+                                expect_bos=expect_bos, manifest_sha256=manifest_sha256, engine=engine,
+                                ray_address=ray_address, endpoint_url=endpoint_url, profile=profile,
+                                anonymous=anonymous, requester_pays=requester_pays, endpoint=endpoint, token=token)
     else:
-        if deep:
-            raise click.UsageError("--deep reads shard footers and cannot be combined with --remote")
-        if engine != "local" or ray_address:
-            raise click.UsageError("--engine ray hashes local files and cannot be combined with --remote")
-        from marin_data.transfer.remote_verify import verify_remote
+        from marin_data.formats import open_source
+        from marin_data.formats.marin import verify_folder
 
-        is_hf = check_hf_flags(remote, endpoint, token, **{"--endpoint-url": endpoint_url, "--profile": profile,
-                                                           "--anonymous": anonymous,
-                                                           "--requester-pays": requester_pays})
-        options = {k: v for k, v in {"endpoint": endpoint, "token": token}.items() if v} if is_hf else \
-            store_kwargs(endpoint_url, profile, anonymous, requester_pays)
-        report = verify_remote(corpus, remote, subsets=subsets or None, manifest_sha256=manifest_sha256,
-                               **({"workers": workers} if workers else {}), **options)
+        options = source_options(corpus, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
+        checks = {"subsets": subsets, "workers": workers, "deep": deep, "tokenizer": tokenizer,
+                  "expect_bos": expect_bos, "manifest_sha256": manifest_sha256, "engine": engine,
+                  "engine_address": ray_address}
+        with usage_errors():
+            if is_url(corpus) or Path(corpus).is_dir():
+                report = open_source(corpus, **options).verify(**checks)
+            else:  # no folder: the corpus check names what is missing
+                report = verify_folder(corpus, options, **checks)
     echo(json.dumps(report.to_json(), indent=2) if as_json else _human(report))
     if not report.ok:
         raise VerificationFailedError(f"{plural(len(report.problems), 'problem')} found in {corpus}",
                                       problems=list(report.problems))
 
 
-def _levanter_source(corpus: str, endpoint_url, profile, anonymous, requester_pays, endpoint,
-                     token) -> tuple[str, dict] | None:
-    """("cache"|"pinned", store options) when CORPUS holds Levanter caches, None for a Parquet corpus."""
-    from marin_data.cli.info import remote_options
-    from marin_data.levanter.detect import CORPUS, detect
-
+def _verify_remote(corpus: str, remote: str, *, subsets: tuple[str, ...], workers: int | None, deep: bool,
+                   tokenizer: str | None, expect_bos: int | None, manifest_sha256: str | None, engine: str,
+                   ray_address: str | None, endpoint_url: str | None, profile: str | None, anonymous: bool,
+                   requester_pays: bool, endpoint: str | None, token: str | None) -> VerifyReport:
+    """``verify LOCAL --remote URL``: the published copy's own checksums and sizes against LOCAL's manifest."""
+    if tokenizer or expect_bos is not None:
+        raise click.UsageError("--tokenizer and --expect-bos apply to Levanter caches")
     if is_url(corpus):
-        options = remote_options(corpus, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
-    elif not Path(corpus).is_dir():
-        return None  # verify_corpus names what is missing
-    else:
-        options = {}
-    found = detect(corpus, **options)
-    if found.kind == CORPUS:
-        return ("pinned", options) if found.pinned_cache and not is_url(corpus) else None
-    if not is_url(corpus) and (endpoint_url or profile or anonymous or requester_pays or endpoint or token):
-        raise click.UsageError("the store options apply to s3:// and hf:// URLs")
-    return "cache", options
+        raise click.UsageError(f"{corpus} is a published marin corpus: verify a local copy, or compare one with "
+                               "it (verify LOCAL --remote URL)")
+    if deep:
+        raise click.UsageError("--deep reads shard footers and cannot be combined with --remote")
+    if engine != "local" or ray_address:
+        raise click.UsageError("--engine ray hashes local files and cannot be combined with --remote")
+    from marin_data.transfer.remote_verify import verify_remote
+
+    options = remote_options(remote, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
+    return verify_remote(corpus, remote, subsets=subsets or None, manifest_sha256=manifest_sha256,
+                         **({"workers": workers} if workers else {}), **options)
 
 
 def _human(report: VerifyReport) -> str:

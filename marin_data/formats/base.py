@@ -15,6 +15,7 @@ implements only what it supports, and a command never asks which format it holds
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -24,8 +25,11 @@ from marin_data.errors import NotApplicableError
 from marin_data.formats.documents import Documents
 from marin_data.stores.base import Store
 
-__all__ = ["Format", "Source", "ShardDecoder", "Reader"]
+__all__ = ["Format", "Source", "ShardDecoder", "Reader", "Downloaded", "MARIN", "LEVANTER", "TARGETS"]
 
+MARIN = "marin"  # what `Source.convert` writes: a Parquet corpus
+LEVANTER = "levanter"  # or a store of Levanter caches
+TARGETS = (MARIN, LEVANTER)
 Reader = Callable[[ShardRecord], bytes]  # a row's whole bytes, checked against its sha256 and size
 
 
@@ -75,9 +79,24 @@ class Format(Protocol):
         """The loader's decoder of ``corpus``'s shards, reading files through ``read``."""
 
 
+@dataclass(frozen=True)
+class Downloaded:
+    """What `Source.download` did, as the command prints it: ``lines`` in order, each ``(text, to_stderr)``,
+    then ``error`` raised when the download failed (a file not fetched, a damaged copy); ``report`` is the
+    format's own report, for callers that want its fields."""
+
+    lines: tuple[tuple[str, bool], ...]
+    error: Exception | None
+    report: Any
+
+
 class Source:
     """A dataset opened through its format: what `info`, `show`, `verify`, `download`, `datasheet`,
-    `convert`, `adopt` and the loader ask of it. The defaults refuse (`NotApplicableError`)."""
+    `convert`, `adopt` and the loader ask of it. The defaults refuse (`NotApplicableError`).
+
+    ``given`` is the path or URL as the caller named it (what reports and messages show); ``options`` the
+    store options it was opened with (a local path ignores them: a command refusing them on a local path
+    finds them there)."""
 
     kind: ClassVar[str] = "corpus"  # what it is, in words: "corpus", "cache" or "store"
     pinned: ClassVar[bool] = True  # a manifest vouches for every byte
@@ -85,6 +104,7 @@ class Source:
     def __init__(self, store: Store, options: dict[str, Any] | None = None) -> None:
         self.store = store
         self.options = dict(options or {})  # the store options it was opened with (`open_store`)
+        self.given = store.url
 
     @property
     def url(self) -> str:
@@ -101,3 +121,36 @@ class Source:
         """Its documentation (`marin_data.formats.datasheet`): ``subsets`` (whose questions it asks),
         ``check_options`` and ``write``; ``url``: the source as it was named (the datasheet quotes it)."""
         raise self._refuse("datasheet")
+
+    def info(self, *, manifest_sha256: str | None = None) -> Any:
+        """A summary with ``to_json()`` and ``str()``: subsets, totals, tokenizer (`marin-data info`)."""
+        raise self._refuse("info")
+
+    def show(self, *, subset: str | None, n: int, doc_id: str | None = None, row: int | None = None,
+             tokenizer: str | None = None, manifest_sha256: str | None = None) -> list:
+        """Documents decoded back to text (`ShownDocument`s; `marin-data show`)."""
+        raise self._refuse("show")
+
+    def verify(self, *, subsets: Sequence[str] = (), workers: int | None = None, deep: bool = False,
+               tokenizer: str | None = None, expect_bos: int | None = None, manifest_sha256: str | None = None,
+               engine: str = "local", engine_address: str | None = None) -> Any:
+        """Every byte checked, as far as this source can be (a `VerifyReport`; `marin-data verify`);
+        ``engine``, ``engine_address``: where a Parquet corpus's hashing runs (`marin_data.engines`)."""
+        raise self._refuse("verify")
+
+    def download(self, *, subsets: Sequence[str], dest: str | Path, mirrors: Sequence[str] = (),
+                 manifest_sha256: str | None = None, workers: int = 8, part_bytes: int, dry_run: bool = False,
+                 ) -> Downloaded:
+        """The chosen subsets fetched into ``dest``, checked and resumable (`marin-data download`)."""
+        raise self._refuse("download")
+
+    def convert(self, *, to: str, dest: str | Path, subsets: Sequence[str] = (), **settings: Any) -> Any:
+        """This source written as ``to`` (`TARGETS`; a `ConvertReport`; `marin-data convert`). ``settings``: those
+        of either direction (``tokenizer``, ``name``, ``license``, ``shard_tokens`` to marin; ``dtype``,
+        ``codec`` to levanter; ``workers``, ``manifest_sha256``); each direction takes its own."""
+        raise self._refuse("convert")
+
+    def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
+              workers: int | None = None) -> Any:
+        """This source pinned in place by a manifest (an `AdoptReport`; `marin-data adopt`)."""
+        raise self._refuse("adopt")

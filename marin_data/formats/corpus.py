@@ -1,19 +1,31 @@
 """A corpus: a source whose ``manifest.json`` (and through it the shard index) vouches for every file, whatever
-its shards are. The format its manifest names subclasses `CorpusSource` for what its shards change."""
+its shards are. The format its manifest names subclasses `CorpusSource` for what its shards change.
+
+What every corpus answers alike lives here: ``info`` (its manifest and shard index, local or published) and
+``download`` (planned from the manifest detection read, `marin_data.transfer.download`). `UnreadCorpus` is
+what a download starts from when the source could not be told: it may still be served by a mirror.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from marin_data.corpus.manifest import Manifest
-from marin_data.formats.base import Source
+from marin_data.errors import NotApplicableError, RemoteError
+from marin_data.formats.base import Downloaded, Source
+from marin_data.layout import RECORD
 from marin_data.stores.base import Store
+from marin_data.stores.local import LocalStore
+from marin_data.ui import format_table, human_bytes, human_count, plural, printable
 
-__all__ = ["CorpusSource"]
+__all__ = ["CorpusSource", "UnreadCorpus", "download_corpus"]
 
 
 class CorpusSource(Source):
-    """A corpus at ``store``, with its parsed ``manifest`` (its digest is checked where it is pinned)."""
+    """A corpus at ``store``, with its parsed ``manifest`` (its digest is checked where it is pinned) and, when
+    it was read from the root, its verbatim bytes (``manifest_bytes``)."""
 
     kind = "corpus"
     pinned = True
@@ -21,15 +33,103 @@ class CorpusSource(Source):
     def __init__(self, store: Store, manifest: Manifest, options: dict[str, Any] | None = None) -> None:
         super().__init__(store, options)
         self.manifest = manifest
+        self.manifest_bytes: bytes | None = None
 
     @property
     def format(self) -> str:
         return self.manifest.format
 
+    @property
+    def local(self) -> bool:
+        return isinstance(self.store, LocalStore)
+
     def describe(self) -> str:
         return "marin corpus"
 
-    def datasheet(self, url: str | None = None) -> Any:
-        from marin_data.formats.marin.datasheet import parquet_datasheet
+    def info(self, *, manifest_sha256: str | None = None) -> Any:
+        if self.local:
+            from marin_data.corpus.info import corpus_info
 
-        return parquet_datasheet(self.store, self.manifest, url)
+            return corpus_info(self.given)
+        from marin_data.transfer.remote_corpus import remote_info
+
+        return remote_info(self.given, manifest_sha256=manifest_sha256, **self.options)
+
+    def published(self, tokenizer: str | None, expect_bos: int | None) -> NotApplicableError:
+        """Why ``verify`` refuses a published corpus (its options first)."""
+        if tokenizer or expect_bos is not None:
+            return NotApplicableError("--tokenizer and --expect-bos apply to Levanter caches")
+        return NotApplicableError(f"{self.given} is a published marin corpus: verify a local copy, or compare one "
+                                  "with it (verify LOCAL --remote URL)")
+
+    def download(self, *, subsets: Sequence[str], dest: str | Path, mirrors: Sequence[str] = (),
+                 manifest_sha256: str | None = None, workers: int = 8, part_bytes: int, dry_run: bool = False,
+                 ) -> Downloaded:
+        return download_corpus(self.given, self.options, known_manifest=self.manifest_bytes, subsets=subsets,
+                               dest=dest, mirrors=mirrors, manifest_sha256=manifest_sha256, workers=workers,
+                               part_bytes=part_bytes, dry_run=dry_run)
+
+    def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
+              workers: int | None = None) -> Any:
+        from marin_data.levanter.adopt import adopt_corpus  # a pin a killed run committed, finished
+
+        return adopt_corpus(self.given)
+
+
+class UnreadCorpus(Source):
+    """A source that could not be read or told (``error`` says why), downloaded as a corpus: its mirrors may
+    serve one. Where none does and the source had no manifest either, ``error`` is the news."""
+
+    def __init__(self, given: str, options: dict[str, Any], error: Exception) -> None:
+        self.store, self.options, self.given, self.error = None, dict(options), given, error
+
+    @property
+    def url(self) -> str:
+        return self.given
+
+    def download(self, *, subsets: Sequence[str], dest: str | Path, mirrors: Sequence[str] = (),
+                 manifest_sha256: str | None = None, workers: int = 8, part_bytes: int, dry_run: bool = False,
+                 ) -> Downloaded:
+        try:
+            return download_corpus(self.given, self.options, subsets=subsets, dest=dest, mirrors=mirrors,
+                                   manifest_sha256=manifest_sha256, workers=workers, part_bytes=part_bytes,
+                                   dry_run=dry_run)
+        except RemoteError as e:
+            if e.status == 404 and isinstance(self.error, RemoteError):
+                raise self.error from e  # no manifest where the listing failed: the listing's failure is the news
+            raise
+
+
+def download_corpus(given: str, options: dict[str, Any], *, subsets: Sequence[str], dest: str | Path,
+                    mirrors: Sequence[str], manifest_sha256: str | None, workers: int, part_bytes: int,
+                    dry_run: bool, known_manifest: bytes | None = None) -> Downloaded:
+    """`marin_data.transfer.download.download` of the corpus ``given``, as ``marin-data download`` prints it."""
+    from marin_data.transfer.download import download
+
+    report = download(given, subsets=list(subsets) or None, dest=dest, mirrors=list(mirrors),
+                      manifest_sha256=manifest_sha256, workers=workers, part_bytes=part_bytes, dry_run=dry_run,
+                      known_manifest=known_manifest, **options)
+    lines = [(_dry_run(report) if dry_run else _summary(report), False)]
+    lines += [(f"note: {note}", True) for note in report.notes]
+    return Downloaded(tuple(lines), None if report.ok else report.error(), report)
+
+
+def _dry_run(report) -> str:
+    plan = report.plan
+    rows = [(f.path, human_bytes(f.bytes)) for f in plan.files]
+    return "\n".join([
+        format_table(["file", "bytes"], rows),
+        f"Would fetch {plural(len(plan.files), 'file')}, {human_bytes(plan.bytes)}, {human_count(plan.tokens)} "
+        f"tokens ({plural(len(plan.subsets), 'subset')}: {printable(', '.join(plan.subsets))}) into {report.dest}, "
+        f"and the datasheet if the source has one; files already there and verified will be skipped.",
+        f"manifest sha256: {plan.manifest_sha256}",
+    ])
+
+
+def _summary(report) -> str:
+    rate = report.bytes_fetched / report.seconds if report.seconds else 0.0
+    return (f"{'Downloaded' if report.ok else 'INCOMPLETE'}: {plural(len(report.fetched), 'file')} fetched "
+            f"({human_bytes(report.bytes_fetched)} in {report.seconds:.1f}s, {human_bytes(rate)}/s), "
+            f"{len(report.skipped)} already present and verified, {len(report.failed)} failed; "
+            f"subsets {printable(', '.join(report.plan.subsets))} in {report.dest} (recorded in {RECORD}).\n"
+            f"manifest sha256: {report.plan.manifest_sha256}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from marin_data.corpus.manifest import Corpus, Manifest
-from marin_data.errors import InvalidManifestError, UnknownSourceError, UnpinnedCacheError
+from marin_data.errors import InvalidManifestError, UnknownSourceError, UnpinnedCacheError, UnsupportedFormatError
 from marin_data.formats.base import Format, Reader, ShardDecoder, Source
 from marin_data.layout import CARD, COMMIT, LOCK_NAME, MANIFEST, STAGING
 from marin_data.stores import open_store
@@ -22,8 +22,8 @@ from marin_data.stores.base import METADATA_LIMIT, Store
 from marin_data.stores.local import LocalStore
 from marin_data.transfer.read import read_file
 
-__all__ = ["register", "unregister", "formats", "get", "open_source", "open_store_source", "read_manifest", "decoder_for",
-           "refuse_unpinned"]
+__all__ = ["register", "unregister", "formats", "get", "open_source", "open_store_source", "open_for_download",
+           "read_manifest", "decoder_for", "refuse_unpinned", "open_run"]
 
 _FORMATS: list[Format] = []
 _SHOWN = 5  # files named in the error of a path that holds nothing known
@@ -72,7 +72,22 @@ def get(name: str, where: str = MANIFEST) -> Format:
 def open_source(url: str | os.PathLike, **store_options) -> Source:
     """Open ``url`` (a local path, ``s3://...``, ``hf://datasets/...``; options as `open_store`) through the
     format that holds it (`open_store_source`)."""
-    return open_store_source(open_store(url, **store_options), store_options)
+    source = open_store_source(open_store(url, **store_options), store_options)
+    source.given = os.fspath(url)
+    return source
+
+
+def open_for_download(url: str | os.PathLike, **store_options) -> Source:
+    """`open_source`, except that a source that cannot be read or told (no such bucket, a manifest that does
+    not parse, nothing known) is opened as a corpus whose manifest is yet to be read: a download then reads
+    it from the first of its mirrors that serves one, and says what stopped the telling if none does
+    (`marin_data.formats.corpus.UnreadCorpus`)."""
+    from marin_data.formats.corpus import UnreadCorpus
+
+    try:
+        return open_source(url, **store_options)
+    except (UnknownSourceError, OSError, ValueError) as e:  # OSError: RemoteError too
+        return UnreadCorpus(os.fspath(url), store_options, e)
 
 
 def open_store_source(store: Store, store_options: dict | None = None) -> Source:
@@ -83,9 +98,11 @@ def open_store_source(store: Store, store_options: dict | None = None) -> Source
         InvalidManifestError: a ``manifest.json`` that does not parse, or names no registered format.
         RemoteError: the store cannot be read.
     """
-    manifest = read_manifest(store)
-    if manifest is not None:
+    found = _manifest(store)
+    if found is not None:
+        at, data, manifest = found
         source = get(manifest.format, store.describe(MANIFEST)).open_corpus(store, manifest)
+        source.manifest_bytes = data if at == MANIFEST else None  # the root's bytes, as a download plans from
     else:
         source = next((s for f in _registered() if (s := f.detect(store)) is not None), None)
     if source is None:
@@ -97,13 +114,20 @@ def open_store_source(store: Store, store_options: dict | None = None) -> Source
 def read_manifest(store: Store) -> Manifest | None:
     """The manifest at ``store``'s root, or the one a local commit killed midway left moving in (the
     corpus's until the next writer finishes it: ``adopt`` killed midway leaves it beside the caches)."""
+    found = _manifest(store)
+    return None if found is None else found[2]
+
+
+def _manifest(store: Store) -> tuple[str, bytes, Manifest] | None:
+    """`read_manifest`'s manifest with where it lies and its verbatim bytes."""
     at = MANIFEST if store.head(MANIFEST) is not None else None
     journal = f"{COMMIT}/{MANIFEST}"
     if at is None and isinstance(store, LocalStore) and store.head(journal) is not None:
         at = journal
     if at is None:
         return None
-    return Manifest.from_json(read_file(store, at, limit=METADATA_LIMIT) or b"", store.describe(at))
+    data = read_file(store, at, limit=METADATA_LIMIT) or b""
+    return at, data, Manifest.from_json(data, store.describe(at))
 
 
 def decoder_for(corpus: Corpus, read: Reader) -> ShardDecoder:
@@ -123,6 +147,20 @@ def refuse_unpinned(where: str | os.PathLike | Store, why: str) -> None:
         raise UnpinnedCacheError(f"an unpinned {found.describe()}: no SHA-256 vouches for its chunk files, and "
                                  f"{why}", path=found.url if isinstance(where, Store) else str(where),
                                  actual=found.kind)
+
+
+def open_run(config: str | os.PathLike, **kw):
+    """The order of the training run whose config is at ``config``, opened by the format that reads such
+    runs (a Levanter ``train_lm`` YAML: `marin_data.levanter.order.trace.open_trace`; ``kw`` as it takes
+    them). Only the Levanter plug-in reads runs today.
+
+    Raises:
+        UnsupportedFormatError: no registered format reads training runs.
+    """
+    opener = next((fmt.open_run for fmt in _registered() if hasattr(fmt, "open_run")), None)
+    if opener is None:
+        raise UnsupportedFormatError("no registered format reads a training run's config", path=os.fspath(config))
+    return opener(config, **kw)
 
 
 def _unknown(store: Store) -> UnknownSourceError:

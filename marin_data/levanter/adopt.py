@@ -38,14 +38,14 @@ from marin_data.levanter.cache import LevanterCache, open_cache
 from marin_data.levanter.checks import check_cache, refuse_problems
 from marin_data.levanter.chunkfile import decode_inner, read_index, stored_frames
 from marin_data.levanter.describe import render_cache_card, render_cache_croissant
-from marin_data.levanter.detect import CACHE, CORPUS, detect
+from marin_data.levanter.detect import CACHE, CORPUS, Source, detect
 from marin_data.levanter.documents import refuse_ids
 from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
 from marin_data.fileio.lock import corpus_lock
 from marin_data.raw.tokenizer import load_tokenizer
 from marin_data.stores.local import LocalStore
 
-__all__ = ["AdoptReport", "adopt", "cache_rows"]
+__all__ = ["AdoptReport", "adopt", "adopt_found", "adopt_corpus", "cache_rows"]
 
 _OURS = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, MIRRORS, RECORD, LOCK_NAME, *LISTED, *UNLISTED}
 
@@ -89,9 +89,30 @@ def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, v
         InvalidTokenizerError: the tokenizer cannot be loaded.
     """
     root = Path(path)
-    if (root / COMMIT / MANIFEST).exists() or (root / MANIFEST).exists() and (root / STAGING).exists():
-        return _finish(root)  # a run killed past its commit point (its journal not yet cleared): finish it
-    found = detect(root)
+    if _killed(root):
+        return _finish(root)
+    return adopt_found(detect(root), root, tokenizer=tokenizer, name=name, version=version, license=license,
+                       workers=workers)
+
+
+def adopt_corpus(path: str | os.PathLike) -> AdoptReport:
+    """`adopt` of a folder holding a manifest: a pin a killed run committed is moved in (and reported), any
+    other corpus refused (CorpusConflictError)."""
+    root = Path(path)
+    if _killed(root):
+        return _finish(root)
+    raise CorpusConflictError(f"already a marin corpus ({MANIFEST} is there): nothing to adopt", path=str(root))
+
+
+def _killed(root: Path) -> bool:
+    """A run killed past its commit point (its journal not yet cleared): the next one finishes it."""
+    return (root / COMMIT / MANIFEST).exists() or (root / MANIFEST).exists() and (root / STAGING).exists()
+
+
+def adopt_found(found: Source, path: str | os.PathLike, *, tokenizer: str, name: str | None = None,
+                version: str = "1", license: str = "unknown", workers: int | None = None) -> AdoptReport:
+    """`adopt` of the source ``found`` (`detect`) at the local folder ``path``."""
+    root = Path(path)
     if found.kind == CORPUS:
         raise CorpusConflictError(f"already a marin corpus ({MANIFEST} is there): nothing to adopt", path=str(root))
     taken = [n for n in (TOKENIZER, CARD, CROISSANT, SHARDS_INDEX, SUMS) if (root / n).exists()]

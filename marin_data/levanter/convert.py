@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from marin_data.errors import ConvertConflictError
+from marin_data.formats.base import LEVANTER, MARIN, TARGETS
 from marin_data.levanter.detect import Source
 from marin_data.stores.local import LocalStore
 from marin_data.ui import progress
 
 __all__ = ["MARIN", "LEVANTER", "FORMATS", "ConvertReport", "Stopped", "Run", "refuse_inside", "on_threads"]
 
-MARIN = "marin"  # a Parquet corpus
-LEVANTER = "levanter"  # a store of Levanter caches
-FORMATS = (MARIN, LEVANTER)
+FORMATS = TARGETS
 T = TypeVar("T")
 R = TypeVar("R")
 

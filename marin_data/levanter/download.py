@@ -21,7 +21,8 @@ from pathlib import Path, PurePosixPath
 
 from marin_data.corpus.names import is_reserved, safe_relpath, select_subsets
 from marin_data.corpus.verify import VerifyReport
-from marin_data.errors import UnknownSubsetError, UnsafePathError, shown
+from marin_data.errors import UnknownSubsetError, UnsafePathError, VerificationFailedError, shown
+from marin_data.formats.base import Downloaded
 from marin_data.levanter.cache import open_cache
 from marin_data.levanter.detect import CACHE, Source
 from marin_data.levanter.verify import REMOTE_WORKERS, verify_source
@@ -33,6 +34,7 @@ from marin_data.stores.order import StoreOrder
 from marin_data.transfer.download import DownloadReport, fetch_all
 from marin_data.transfer.fetch import PART_BYTES
 from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, FileTask
+from marin_data.ui import format_table, human_bytes, human_count, plural, printable
 
 __all__ = ["CacheDownload", "download_cache"]
 
@@ -53,6 +55,35 @@ class CacheDownload:
     @property
     def ok(self) -> bool:
         return self.transfer.ok and (self.checks is None or self.checks.ok)
+
+    def downloaded(self) -> Downloaded:
+        """What ``marin-data download`` prints of it: sizes (a dry run: the files), then the copy's structure."""
+        report, plan = self.transfer, self.transfer.plan
+        if report.dry_run:
+            rows = [(f.path, human_bytes(f.bytes)) for f in plan.files]
+            return Downloaded(((format_table(["file", "bytes"], rows), False), (
+                f"Would fetch {plural(len(plan.files), 'file')}, {human_bytes(plan.bytes)}, "
+                f"{human_count(plan.tokens)} tokens ({plural(len(plan.subsets), 'cell')}) into {report.dest}; not "
+                "pinned: files are checked by size (and by a SHA-256 where the store lists one), then the copy's "
+                "structure.", False)), None, self)
+        lines = [(f"{'Downloaded' if report.ok else 'INCOMPLETE'}: {plural(len(report.fetched), 'file')} fetched "
+                  f"({human_bytes(report.bytes_fetched)} in {report.seconds:.1f}s), {len(report.skipped)} already "
+                  f"present at their listed size, {len(report.failed)} failed; {plural(len(plan.subsets), 'cell')} in "
+                  f"{report.dest}.", False),
+                 (f"not pinned: {self.hashed} of {plural(len(plan.files), 'file')} checked by a SHA-256 the store "
+                  f"lists, the rest by size only; `marin-data adopt {report.dest} --tokenizer TOK` pins the copy",
+                  False)]
+        if not report.ok:
+            return Downloaded(tuple(lines), report.error(), self)
+        checked = plural(self.checks.files_checked, 'chunk file')
+        lines.append((f"structure: {'OK' if self.checks.ok else 'BAD'} ({checked} checked against the ledgers)", False))
+        if self.checks.ok:
+            return Downloaded(tuple(lines), None, self)
+        lines += [(f"  {printable(p.path)}: {p.kind.value}: {printable(p.message)}", True)
+                  for p in self.checks.problems]
+        return Downloaded(tuple(lines), VerificationFailedError(
+            f"{plural(len(self.checks.problems), 'problem')} found in the copy at {report.dest}",
+            problems=list(self.checks.problems)), self)
 
 
 def download_cache(source: Source, *, subsets: Sequence[str] | None, dest: str | os.PathLike,

@@ -10,19 +10,26 @@ place, every chunk file a row of the shard index). The loader reads a pinned one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from marin_data.corpus.manifest import Corpus, Manifest
-from marin_data.formats.base import Reader, Source
+from marin_data.errors import NotApplicableError
+from marin_data.formats.base import MARIN, Downloaded, Reader, Source
 from marin_data.formats.corpus import CorpusSource
 from marin_data.levanter.cells import PinnedCells
-from marin_data.levanter.detect import CACHE, STORE, cache_roots
+from marin_data.levanter.detect import CACHE, CORPUS, STORE, cache_roots
 from marin_data.levanter.detect import Source as Found
 from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
 from marin_data.stores.base import Store
+from marin_data.stores.local import LocalStore
 
-__all__ = ["LevanterCacheFormat", "LevanterStoreFormat", "CacheSource", "PinnedSource"]
+__all__ = ["LevanterCacheFormat", "LevanterStoreFormat", "CacheSource", "PinnedSource", "write_caches"]
+
+NO_IDS = "a Levanter cache's rows have no ids: pass --row N"
+RAY = "--engine ray checks Parquet corpora; a Levanter cache is checked here"
 
 
 class CacheSource(Source):
@@ -50,6 +57,66 @@ class CacheSource(Source):
 
         return CacheDatasheet(self.found, url or self.url, self.options)
 
+    def info(self, *, manifest_sha256: str | None = None) -> Any:
+        from marin_data.levanter.summary import summarize
+
+        if manifest_sha256:
+            raise NotApplicableError("--manifest-sha256 pins a corpus; this Levanter cache has no manifest yet")
+        return summarize(self.found, self.given)
+
+    def show(self, *, subset: str | None, n: int, doc_id: str | None = None, row: int | None = None,
+             tokenizer: str | None = None, manifest_sha256: str | None = None) -> list:
+        from marin_data.levanter.summary import show_found
+
+        if tokenizer is None:
+            raise NotApplicableError("a Levanter cache carries no tokenizer: pass --tokenizer (the one it was built "
+                                     "with)")
+        if doc_id:
+            raise NotApplicableError(NO_IDS)
+        return show_found(self.found, self.given, tokenizer=tokenizer, subset=subset, n=n, row=row,
+                          manifest_sha256=manifest_sha256)
+
+    def verify(self, *, subsets: Sequence[str] = (), workers: int | None = None, deep: bool = False,
+               tokenizer: str | None = None, expect_bos: int | None = None, manifest_sha256: str | None = None,
+               engine: str = "local", engine_address: str | None = None) -> Any:
+        from marin_data.levanter.verify import verify_found
+        from marin_data.raw.tokenizer import load_tokenizer
+
+        if isinstance(self.store, LocalStore) and self.options:
+            raise NotApplicableError("the store options apply to s3:// and hf:// URLs")
+        if engine != "local" or engine_address:
+            raise NotApplicableError(RAY)
+        vocab = load_tokenizer(tokenizer).info.vocab_size if tokenizer else None
+        return verify_found(self.found, self.given, subsets=list(subsets) or None,
+                            tokens=deep or expect_bos is not None, vocab_size=vocab, expect_bos=expect_bos,
+                            manifest_sha256=manifest_sha256, workers=workers)
+
+    def download(self, *, subsets: Sequence[str], dest: str | Path, mirrors: Sequence[str] = (),
+                 manifest_sha256: str | None = None, workers: int = 8, part_bytes: int, dry_run: bool = False,
+                 ) -> Downloaded:
+        from marin_data.levanter.download import download_cache
+
+        if manifest_sha256:
+            raise NotApplicableError("--manifest-sha256 pins a corpus; this Levanter cache has no manifest yet "
+                                     "(`marin-data adopt` makes one)")
+        return download_cache(self.found, subsets=list(subsets), dest=dest, mirrors=list(mirrors), workers=workers,
+                              part_bytes=part_bytes, dry_run=dry_run, **self.options).downloaded()
+
+    def convert(self, *, to: str, dest: str | Path, subsets: Sequence[str] = (), **settings: Any) -> Any:
+        if to != MARIN:
+            raise NotApplicableError(f"{self.given} is a Levanter {self.found.kind}: --format marin writes it as a "
+                                     "Parquet corpus")
+        if settings.get("tokenizer") is None:
+            raise NotApplicableError("a Levanter cache carries no tokenizer: pass --tokenizer (the one it was built "
+                                     "with)")
+        return _to_marin(self.found, self.given, dest, subsets, settings)
+
+    def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
+              workers: int | None = None) -> Any:
+        from marin_data.levanter.adopt import adopt_found
+
+        return adopt_found(self.found, self.given, tokenizer=tokenizer, name=name, license=license, workers=workers)
+
 
 class PinnedSource(CorpusSource):
     """A Levanter cache or store pinned in place by ``marin-data adopt``: a corpus whose shards are the
@@ -63,6 +130,65 @@ class PinnedSource(CorpusSource):
 
         return pinned_datasheet(self.store, self.manifest, url)
 
+    @property
+    def found(self) -> Found:
+        return Found(CORPUS, self.store, pinned_cache=True)
+
+    def show(self, *, subset: str | None, n: int, doc_id: str | None = None, row: int | None = None,
+             tokenizer: str | None = None, manifest_sha256: str | None = None) -> list:
+        from marin_data.levanter.summary import show_found
+
+        if tokenizer:
+            raise NotApplicableError("a pinned Levanter cache decodes with its own tokenizer: drop --tokenizer")
+        if doc_id:
+            raise NotApplicableError(NO_IDS)
+        return show_found(self.found, self.given, subset=subset, n=n, row=row, manifest_sha256=manifest_sha256)
+
+    def verify(self, *, subsets: Sequence[str] = (), workers: int | None = None, deep: bool = False,
+               tokenizer: str | None = None, expect_bos: int | None = None, manifest_sha256: str | None = None,
+               engine: str = "local", engine_address: str | None = None) -> Any:
+        from marin_data.levanter.verify import verify_found
+
+        if not isinstance(self.store, LocalStore):
+            raise self.published(tokenizer, expect_bos)
+        if tokenizer:
+            raise NotApplicableError("a pinned cache has its own tokenizer: drop --tokenizer")
+        if engine != "local" or engine_address:
+            raise NotApplicableError(RAY)
+        return verify_found(self.found, self.given, subsets=list(subsets) or None,
+                            tokens=deep or expect_bos is not None, expect_bos=expect_bos,
+                            manifest_sha256=manifest_sha256, workers=workers)
+
+    def convert(self, *, to: str, dest: str | Path, subsets: Sequence[str] = (), **settings: Any) -> Any:
+        if to != MARIN:
+            raise NotApplicableError(f"{self.given} is a pinned Levanter cache: --format marin writes it as a Parquet "
+                                     "corpus")
+        if settings.get("tokenizer") is not None:
+            raise NotApplicableError("a pinned Levanter cache converts with its own tokenizer: drop --tokenizer")
+        return _to_marin(self.found, self.given, dest, subsets, settings)
+
+
+def _to_marin(found: Found, given: str, dest: str | Path, subsets: Sequence[str], settings: dict) -> Any:
+    from marin_data.levanter.to_marin import convert_found_to_marin
+
+    wanted = ("tokenizer", "name", "license", "shard_tokens", "workers", "manifest_sha256")
+    return convert_found_to_marin(found, given, dest=dest, subsets=list(subsets) or None,
+                                  **{k: v for k, v in settings.items() if k in wanted})
+
+
+def write_caches(source: Source, *, dest: str | Path, subsets: Sequence[str] = (), dtype: str = "int32",
+                 codec: str | None = None, manifest_sha256: str | None = None, workers: int | None = None,
+                 **marin_settings: Any) -> Any:
+    """The local Parquet corpus ``source`` written as a store of Levanter caches, ``dest/<subset>/``
+    (`convert_corpus_to_levanter`); ``codec``: "lz4" (the default) or "zstd"; ``marin_settings`` (those of
+    the other direction) are ignored."""
+    from marin_data.levanter.arraymeta import LZ4, ZSTD
+    from marin_data.levanter.to_levanter import convert_corpus_to_levanter
+
+    return convert_corpus_to_levanter(source, source.given, dest=dest, subsets=list(subsets) or None, dtype=dtype,
+                                      codec=ZSTD if codec == "zstd" else LZ4, manifest_sha256=manifest_sha256,
+                                      workers=workers)
+
 
 class _Levanter:
     marker = LEDGER
@@ -73,6 +199,12 @@ class _Levanter:
 
     def decoder(self, corpus: Corpus, read: Reader) -> PinnedCells:
         return PinnedCells(corpus, read)
+
+    def open_run(self, config: str, **kw: Any) -> Any:
+        """A Levanter ``train_lm`` run's order (`marin_data.levanter.order.trace.open_trace`)."""
+        from marin_data.levanter.order.trace import open_trace
+
+        return open_trace(config, **kw)
 
 
 class LevanterCacheFormat(_Levanter):

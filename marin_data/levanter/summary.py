@@ -28,7 +28,7 @@ from marin_data.transfer.read import read_file
 from marin_data.raw.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_from_bytes
 from marin_data.stores.base import METADATA_LIMIT
 
-__all__ = ["CacheInfo", "cache_info", "show_cache", "open_cells", "cell_bytes"]
+__all__ = ["CacheInfo", "cache_info", "summarize", "show_cache", "show_found", "open_cells", "cell_bytes"]
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,14 @@ def cache_info(url: str | os.PathLike, **store_options) -> CacheInfo:
         UnknownSourceError: not a cache or store; CacheFormatError, CacheUnfinishedError: a cell that
             cannot be opened.
     """
-    found = detect(url, **store_options)
+    return summarize(detect(url, **store_options), str(url))
+
+
+def summarize(found: Source, root: str) -> CacheInfo:
+    """`cache_info` of the cache or store ``found`` (`detect`), named ``root`` in the summary."""
     sizes = cell_bytes(found)
     cells = open_cells(found, None)
-    return CacheInfo(root=str(url), kind=found.kind, layouts={k: _describe(c) for k, c in cells.items()},
+    return CacheInfo(root=root, kind=found.kind, layouts={k: _describe(c) for k, c in cells.items()},
                      cells={k: SubsetInfo(docs=c.rows, tokens=c.tokens, bytes=sizes.get(k, 0),
                                           shards=sum(len(p.data_chunks()) for p in c.parts))
                             for k, c in cells.items()})
@@ -131,17 +135,23 @@ def show_cache(url: str | os.PathLike, *, tokenizer: str | None = None, subset: 
         InvalidTokenizerError: no ``tokenizer`` for an unpinned cache, or one given for a pinned one;
         CacheCheckError: a shown document holds a token id outside the tokenizer's vocabulary (or below 0).
     """
-    found = detect(url, **store_options)
+    return show_found(detect(url, **store_options), str(url), tokenizer=tokenizer, subset=subset, n=n, row=row,
+                      manifest_sha256=manifest_sha256)
+
+
+def show_found(found: Source, where: str, *, tokenizer: str | None = None, subset: str | None = None, n: int = 5,
+               row: int | None = None, manifest_sha256: str | None = None) -> list[ShownDocument]:
+    """`show_cache` of the source ``found`` (`detect`), named ``where`` in its errors."""
     if found.kind == CORPUS:
         if tokenizer is not None or not found.pinned_cache:
             raise InvalidTokenizerError("a corpus decodes with its own tokenizer: pass no --tokenizer"
                                         if found.pinned_cache else "a Parquet corpus: `marin-data show` reads it",
-                                        path=str(url))
+                                        path=where)
         cell, cache, loaded = _pinned(found, subset, manifest_sha256)
     else:
         if tokenizer is None:
             raise InvalidTokenizerError("a Levanter cache carries no tokenizer: name the one it was built with",
-                                        path=str(url))
+                                        path=where)
         if found.kind == STORE and not subset:
             raise UnknownSubsetError(f"a store of {len(found.cells)} caches: name one with --subset",
                                      expected=list(found.cells))

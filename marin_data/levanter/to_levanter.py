@@ -44,7 +44,7 @@ from marin_data.fileio.lock import corpus_lock
 from marin_data.fileio.parquet_io import open_parquet
 from marin_data.stores.local import LocalStore
 
-__all__ = ["convert_to_levanter"]
+__all__ = ["convert_to_levanter", "convert_corpus_to_levanter"]
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,6 @@ def convert_to_levanter(source: str | os.PathLike, *, dest: str | os.PathLike, s
         ShardChecksumError, ShardMissingError, ShardFormatError: a shard is not what the index says.
         CorpusLockedError: another process writes ``dest``.
     """
-    t0 = time.perf_counter()
-    if dtype not in TOKEN_DTYPES:
-        raise ValueError(f"token dtype {dtype!r}: {' or '.join(TOKEN_DTYPES)}")
     if "://" in str(source):
         raise UnsupportedFormatError("a published corpus is converted from local disk: `marin-data download` the "
                                      "subsets you want first (every shard checked), then convert the copy",
@@ -91,6 +88,19 @@ def convert_to_levanter(source: str | os.PathLike, *, dest: str | os.PathLike, s
     if found.kind != CORPUS or found.pinned_cache:
         raise UnsupportedFormatError("not a marin corpus of Parquet shards: nothing to convert to Levanter caches "
                                      "(a pinned Levanter cache already is one)", path=str(source))
+    return convert_corpus_to_levanter(found, source, dest=dest, subsets=subsets, dtype=dtype, codec=codec, chunk=chunk,
+                                      inner=inner, manifest_sha256=manifest_sha256, workers=workers)
+
+
+def convert_corpus_to_levanter(found, source: str | os.PathLike, *, dest: str | os.PathLike,
+                               subsets: Sequence[str] | None = None, dtype: str = "int32", codec: Blosc | None = LZ4,
+                               chunk: int = LEVANTER_CHUNK, inner: int = LEVANTER_INNER,
+                               manifest_sha256: str | None = None, workers: int | None = None) -> ConvertReport:
+    """`convert_to_levanter` of the local Parquet corpus ``source`` as its format found it (``found.store``:
+    its local store)."""
+    t0 = time.perf_counter()
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"token dtype {dtype!r}: {' or '.join(TOKEN_DTYPES)}")
     refuse_inside(found, dest)
     corpus = load_corpus(source, manifest_sha256=manifest_sha256)
     chosen = select_subsets(corpus.manifest.subsets, subsets)

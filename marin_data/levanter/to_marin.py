@@ -56,7 +56,7 @@ from marin_data.fileio.lock import corpus_lock
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer, tokenizer_from_bytes
 from marin_data.stores.local import LocalStore
 
-__all__ = ["convert_to_marin"]
+__all__ = ["convert_to_marin", "convert_found_to_marin"]
 
 _DONE = "done.json"  # a cell's staging: every shard written, their stats in order
 
@@ -102,10 +102,19 @@ def convert_to_marin(source: str | os.PathLike, *, dest: str | os.PathLike, toke
         TokenizerMismatchError: ``dest`` has another tokenizer; CorpusConflictError: it holds the subset made
             from other data, or is a folder that is no corpus; ConvertConflictError: it lies inside the source.
     """
+    return convert_found_to_marin(detect(source, **store_options), source, dest=dest, tokenizer=tokenizer, name=name,
+                                  subsets=subsets, license=license, shard_tokens=shard_tokens, workers=workers,
+                                  manifest_sha256=manifest_sha256)
+
+
+def convert_found_to_marin(found: Source, source: str | os.PathLike, *, dest: str | os.PathLike,
+                           tokenizer: str | None = None, name: str | None = None, subsets: Sequence[str] | None = None,
+                           license: str = "unknown", shard_tokens: int = DEFAULT_SHARD_TOKENS,
+                           workers: int | None = None, manifest_sha256: str | None = None) -> ConvertReport:
+    """`convert_to_marin` of the source ``found`` (`detect`), named ``source``."""
     t0 = time.perf_counter()
     if shard_tokens < 1:
         raise ValueError(f"shard_tokens must be positive, not {shard_tokens}")
-    found = detect(source, **store_options)
     refuse_inside(found, dest)
     if manifest_sha256 and found.kind != CORPUS:
         raise InvalidManifestError("a Levanter cache has no manifest to pin until it is adopted: pass no "

@@ -21,12 +21,12 @@ from marin_data.engines.local import default_workers
 from marin_data.errors import CacheFormatError, InvalidManifestError, UnknownSubsetError
 from marin_data.levanter.cache import open_cache
 from marin_data.levanter.checks import check_cache
-from marin_data.levanter.detect import CACHE, CORPUS, detect
+from marin_data.levanter.detect import CACHE, CORPUS, Source, detect
 from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
 from marin_data.stores.base import Store
 from marin_data.stores.local import LocalStore
 
-__all__ = ["REMOTE_WORKERS", "verify_source", "check_cells"]
+__all__ = ["REMOTE_WORKERS", "verify_source", "verify_found", "check_cells"]
 
 REMOTE_WORKERS = 16  # cells checked at once over s3:// or hf://
 
@@ -74,8 +74,15 @@ def verify_source(url: str | os.PathLike, *, subsets: list[str] | None = None, t
         UnknownSourceError: ``url`` holds no cache; InvalidManifestError: a marin corpus of Parquet shards
             (`verify_corpus` checks those) or an untrustworthy manifest.
     """
+    return verify_found(detect(url, **store_options), url, subsets=subsets, tokens=tokens, vocab_size=vocab_size,
+                        expect_bos=expect_bos, manifest_sha256=manifest_sha256, workers=workers, progress=progress)
+
+
+def verify_found(found: Source, url: str | os.PathLike, *, subsets: list[str] | None = None, tokens: bool = False,
+                 vocab_size: int | None = None, expect_bos: int | None = None, manifest_sha256: str | None = None,
+                 workers: int | None = None, progress: bool | None = None) -> VerifyReport:
+    """`verify_source` of the source ``found`` (`detect`) at ``url`` (a pinned store's: local)."""
     t0 = time.perf_counter()
-    found = detect(url, **store_options)
     if found.kind == CORPUS:
         corpus = load_corpus(url, manifest_sha256=manifest_sha256)
         if not is_pinned_cache(corpus.manifest):

@@ -75,6 +75,7 @@ def download(
     policy: RetryPolicy = DOWNLOAD_POLICY,
     progress: bool | None = None,
     part_bytes: int = PART_BYTES,
+    known_manifest: bytes | None = None,
     **store_options,
 ) -> DownloadReport:
     """Download the chosen subsets of the corpus at ``source`` into ``dest``, verified and resumable.
@@ -91,6 +92,8 @@ def download(
         progress: show a progress bar; None shows it when stderr is a terminal.
         part_bytes: with fewer large files (at least twice this size) left than workers, each is fetched as
             parallel byte ranges of at least this size (module docstring); 0: one GET per file always.
+        known_manifest: the ``manifest.json`` its format was told from, read from ``source`` (`open_source`):
+            checked against ``manifest_sha256`` as if read again, not read again.
         **store_options: passed to `open_store` for the source and every mirror (``endpoint_url``,
             ``anonymous``, ``requester_pays``, ``profile``).
 
@@ -106,7 +109,7 @@ def download(
     options = {"max_connections": 2 * workers + 2, **store_options}  # files and ranges of large ones in flight
     order = StoreOrder([open_store(url, **options) for url in [source, *mirrors]])
     plan, manifest_bytes, index_bytes = plan_download(order, subsets=subsets, manifest_sha256=manifest_sha256,
-                                                      policy=policy)
+                                                      policy=policy, known_manifest=known_manifest)
     stores = order.using(lambda s: versioned(s, manifest_bytes))  # this version's files, never a newer one's
     root = Path(dest)
     if dry_run:

@@ -64,10 +64,11 @@ class DownloadPlan:
 
 def plan_download(
     stores: StoreOrder | Sequence[Store], *, subsets: Sequence[str] | None, manifest_sha256: str | None = None,
-    policy: RetryPolicy = DOWNLOAD_POLICY,
+    policy: RetryPolicy = DOWNLOAD_POLICY, known_manifest: bytes | None = None,
 ) -> tuple[DownloadPlan, bytes, bytes]:
     """Read and check the manifest and shard index from the first store of ``stores`` (in their order of the
-    moment: `StoreOrder`) that serves them; resolve ``subsets``.
+    moment: `StoreOrder`) that serves them; resolve ``subsets``. ``known_manifest``: the primary store's
+    ``manifest.json``, already read (its format told from it): checked as if read again, not read again.
 
     Returns:
         The plan, and the verbatim bytes of ``manifest.json`` and ``shards.parquet``.
@@ -81,7 +82,8 @@ def plan_download(
     order = StoreOrder.of(stores)
     primary = order.primary
     pinned = manifest_sha256.strip().lower() if manifest_sha256 else None
-    manifest_bytes, digest = _from_first(order, lambda s, p: _fetch_manifest(s, pinned, p), policy)
+    manifest_bytes, digest = _from_first(
+        order, lambda s, p: _fetch_manifest(s, pinned, p, known_manifest if s is primary else None), policy)
     manifest = Manifest.from_json(manifest_bytes, f"{primary.url}/{MANIFEST}")
     rec = manifest.files.get(SHARDS_INDEX)
     if rec is None:
@@ -100,9 +102,9 @@ def plan_download(
     return plan, manifest_bytes, index_bytes
 
 
-def _fetch_manifest(store: Store, pinned: str | None, policy: RetryPolicy) -> tuple[bytes, str]:
+def _fetch_manifest(store: Store, pinned: str | None, policy: RetryPolicy, known: bytes | None) -> tuple[bytes, str]:
     """`fetch_manifest`, parsed too: a store serving garbage fails here, so the next store is tried."""
-    data, digest = fetch_manifest(store, pinned, policy)
+    data, digest = fetch_manifest(store, pinned, policy, known)
     Manifest.from_json(data, store.describe(MANIFEST))
     return data, digest
 

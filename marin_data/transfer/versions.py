@@ -50,9 +50,11 @@ def content_path(sha256: str, path: str) -> str:
     return f"{BY_SHA256}/{sha256}/{path.rpartition('/')[2]}"
 
 
-def fetch_manifest(store: Store, pinned: str | None, policy: RetryPolicy) -> tuple[bytes, str]:
+def fetch_manifest(store: Store, pinned: str | None, policy: RetryPolicy,
+                   known: bytes | None = None) -> tuple[bytes, str]:
     """The bytes and sha256 of the manifest ``store`` serves, or of the one ``pinned``: its content copy
     first, else ``manifest.json`` if that is the pinned one (a copy published before content names existed).
+    ``known``: the bytes of ``manifest.json`` already read from ``store`` (not read again).
 
     Raises:
         ManifestHashMismatchError: the store holds no manifest of the pinned digest.
@@ -62,8 +64,8 @@ def fetch_manifest(store: Store, pinned: str | None, policy: RetryPolicy) -> tup
         kept = _read_if_present(store, content_path(pinned, MANIFEST), METADATA_LIMIT, policy)
         if kept is not None and hashlib.sha256(kept).hexdigest() == pinned:
             return kept, pinned
-    data = retry_call(lambda: store.read_bytes(MANIFEST, limit=METADATA_LIMIT), policy=policy,
-                      what=store.describe(MANIFEST))
+    data = known if known is not None else retry_call(lambda: store.read_bytes(MANIFEST, limit=METADATA_LIMIT),
+                                                      policy=policy, what=store.describe(MANIFEST))
     digest = hashlib.sha256(data).hexdigest()
     if pinned is not None and digest != pinned:
         raise ManifestHashMismatchError(

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from marin_data.corpus.manifest import MARIN, Corpus, Manifest
 from marin_data.formats.base import Reader
-from marin_data.formats.corpus import CorpusSource
 from marin_data.formats.marin.decode import ParquetDecoder
+from marin_data.formats.marin.source import MarinSource, verify_folder
 from marin_data.layout import MANIFEST
 from marin_data.stores.base import Store
 
-__all__ = ["MarinFormat", "ParquetDecoder"]
+__all__ = ["MarinFormat", "ParquetDecoder", "MarinSource", "verify_folder"]
 
 
 class MarinFormat:
@@ -21,8 +21,8 @@ class MarinFormat:
     def detect(self, store: Store) -> None:
         return None
 
-    def open_corpus(self, store: Store, manifest: Manifest) -> CorpusSource:
-        return CorpusSource(store, manifest)
+    def open_corpus(self, store: Store, manifest: Manifest) -> MarinSource:
+        return MarinSource(store, manifest)
 
     def decoder(self, corpus: Corpus, read: Reader) -> ParquetDecoder:
         return ParquetDecoder(corpus)

@@ -50,6 +50,10 @@ class Trace:
     def seq_len(self) -> int:
         return self.run.seq_len
 
+    def text_tokenizer(self, tokenizer: str | None, store: str | Store | None):
+        """What ``--with-text`` decodes with (`run_tokenizer`)."""
+        return run_tokenizer(self, tokenizer, store)
+
     def end_step(self, until: int | None) -> int:
         """``until`` (steps before it), or the run's ``trainer.num_train_steps``."""
         if until is not None:
