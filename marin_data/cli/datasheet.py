@@ -8,9 +8,8 @@ from pathlib import Path
 import click
 
 from marin_data.cli._hf_options import hf_options
-from marin_data.cli._store_options import is_url, store_options
+from marin_data.cli._store_options import is_url, source_options, store_options, usage_errors
 from marin_data.docs.stats import SCAN_TOKENS
-from marin_data.errors import NotApplicableError
 from marin_data.formats import open_source
 from marin_data.ui import echo, plural
 
@@ -71,16 +70,11 @@ def command(source: str, meta: Path | None, meta_template: bool, out: Path | Non
       marin-data datasheet s3://bucket/store --endpoint-url http://127.0.0.1:9000 \\
           --tokenizer meta-llama/Llama-3.1-8B --out sheets/store
     """
-    from marin_data.cli.info import remote_options
-
-    if is_url(source):
-        options = remote_options(source, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
-    elif endpoint_url or profile or anonymous or requester_pays or endpoint or token:
+    options = source_options(source, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
+    if not is_url(source) and options:
         raise click.UsageError("the store options apply to s3:// and hf:// URLs only")
-    elif not Path(source).is_dir():
+    if not is_url(source) and not Path(source).is_dir():
         raise click.UsageError(f"{source!r} is no folder (a store is named s3://... or hf://datasets/...)")
-    else:
-        options = {}
     if meta_template:
         if meta or out or strict or tokenizer:
             raise click.UsageError("--meta-template prints a file to start from: it takes no --meta, --out, "
@@ -91,10 +85,8 @@ def command(source: str, meta: Path | None, meta_template: bool, out: Path | Non
                    nl=False)  # names checked
         return
     sheet = open_source(source, **options).datasheet(source)
-    try:
+    with usage_errors():
         sheet.check_options(tokenizer=tokenizer, out=out)
-    except NotApplicableError as e:
-        raise click.UsageError(e.message) from e
     result = sheet.write(meta=meta, out=out, strict=strict, scan_tokens=scan_tokens, tokenizer=tokenizer)
     for rel in result.written:
         echo(f"wrote      {result.dest / rel}")

@@ -9,11 +9,11 @@ from pathlib import Path
 import click
 
 from marin_data.cli._hf_options import hf_options
-from marin_data.cli._store_options import check_sha256, is_url, remote_options, source_options, store_options, \
+from marin_data.cli._store_options import check_sha256, is_url, source_options, store_options, \
     usage_errors
 from marin_data.ui import echo
 
-__all__ = ["command", "remote_options"]  # remote_options: still imported from here by `datasheet`
+__all__ = ["command"]
 
 
 @click.command("info")
