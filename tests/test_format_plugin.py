@@ -4,10 +4,13 @@ serves a Parquet corpus holding the same documents."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from conftest import build_corpus
+from marin_data.cli import main
 from marin_data.formats import open_source, register, unregister
 from marin_data.layout import TOKENIZER
 from marin_data.loader.cache import DecodedShardCache
@@ -58,3 +61,25 @@ def test_the_loader_serves_a_toy_corpus_as_it_serves_parquet(twins, tmp_path, pa
         a, b = (s.read(range(start, start + 4)) for s in streams)
         assert np.array_equal(a.input_ids, b.input_ids) and np.array_equal(a.labels, b.labels)
         assert np.array_equal(a.subset, b.subset)
+
+
+def run(capsys, *args: str) -> tuple[int, str]:
+    """``marin-data ARGS`` in this process (where the toy format is registered): exit code and output."""
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    out = capsys.readouterr()
+    return done.value.code, out.out + out.err
+
+
+def test_info_and_verify_read_a_toy_corpus(twins, capsys):
+    _, toy = twins
+    code, out = run(capsys, "info", str(toy.root), "--json")
+    assert code == 0, out
+    assert {name: s["docs"] for name, s in json.loads(out)["subsets"].items()} == {"a": 14, "b": 11}
+    assert run(capsys, "verify", str(toy.root))[0] == 0
+    shard = toy.root / toy.shards[0].path
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    code, out = run(capsys, "verify", str(toy.root))
+    assert code == 1 and toy.shards[0].path in out

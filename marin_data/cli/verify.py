@@ -80,7 +80,7 @@ def command(corpus: str, subsets: tuple[str, ...], workers: int | None, deep: bo
                                 anonymous=anonymous, requester_pays=requester_pays, endpoint=endpoint, token=token)
     else:
         from marin_data.formats import open_source
-        from marin_data.formats.marin import verify_folder
+        from marin_data.formats.corpus import verify_folder
 
         options = source_options(corpus, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
         checks = {"subsets": subsets, "workers": workers, "deep": deep, "tokenizer": tokenizer,

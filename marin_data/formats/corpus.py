@@ -1,9 +1,10 @@
 """A corpus: a source whose ``manifest.json`` (and through it the shard index) vouches for every file, whatever
 its shards are. The format its manifest names subclasses `CorpusSource` for what its shards change.
 
-What every corpus answers alike lives here: ``info`` (its manifest and shard index, local or published) and
-``download`` (planned from the manifest detection read, `marin_data.transfer.download`). `UnreadCorpus` is
-what a download starts from when the source could not be told: it may still be served by a mirror.
+What every corpus answers alike lives here: ``info`` (its manifest and shard index, local or published),
+``verify`` (a local copy re-hashed against its manifest, `verify_folder`) and ``download`` (planned from the
+manifest detection read, `marin_data.transfer.download`). `UnreadCorpus` is what a download starts from when
+the source could not be told: it may still be served by a mirror.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from marin_data.stores.base import Store
 from marin_data.stores.local import LocalStore
 from marin_data.ui import format_table, human_bytes, human_count, plural, printable
 
-__all__ = ["CorpusSource", "UnreadCorpus", "download_corpus"]
+__all__ = ["CorpusSource", "UnreadCorpus", "download_corpus", "verify_folder"]
 
 
 class CorpusSource(Source):
@@ -54,6 +55,15 @@ class CorpusSource(Source):
         from marin_data.transfer.remote_corpus import remote_info
 
         return remote_info(self.given, manifest_sha256=manifest_sha256, **self.options)
+
+    def verify(self, *, subsets: Sequence[str] = (), workers: int | None = None, deep: bool = False,
+               tokenizer: str | None = None, expect_bos: int | None = None, manifest_sha256: str | None = None,
+               engine: str = "local", engine_address: str | None = None) -> Any:
+        if not self.local:
+            raise self.published(tokenizer, expect_bos)
+        return verify_folder(self.given, self.options, subsets=subsets, workers=workers, deep=deep,
+                             tokenizer=tokenizer, expect_bos=expect_bos, manifest_sha256=manifest_sha256,
+                             engine=engine, engine_address=engine_address)
 
     def published(self, tokenizer: str | None, expect_bos: int | None) -> NotApplicableError:
         """Why ``verify`` refuses a published corpus (its options first)."""
@@ -133,3 +143,22 @@ def _summary(report) -> str:
             f"{len(report.skipped)} already present and verified, {len(report.failed)} failed; "
             f"subsets {printable(', '.join(report.plan.subsets))} in {report.dest} (recorded in {RECORD}).\n"
             f"manifest sha256: {report.plan.manifest_sha256}")
+
+
+def verify_folder(path: str, options: dict[str, Any], *, subsets: Sequence[str] = (), workers: int | None = None,
+                  deep: bool = False, tokenizer: str | None = None, expect_bos: int | None = None,
+                  manifest_sha256: str | None = None, engine: str = "local",
+                  engine_address: str | None = None) -> Any:
+    """``verify`` of the local corpus folder ``path`` (`marin_data.corpus.verify.verify_corpus`), refusing the
+    options that do not apply to one; also what a path that is no folder gets (its error names what is
+    missing). ``options``: the store options given (a local folder takes none)."""
+    from marin_data.corpus.verify import verify_corpus
+
+    if tokenizer or expect_bos is not None:
+        raise NotApplicableError("--tokenizer and --expect-bos apply to Levanter caches")
+    if options:
+        raise NotApplicableError("store options (--endpoint-url, --endpoint, --token, ...) need --remote URL")
+    if engine_address is not None and engine != "ray":
+        raise NotApplicableError("--ray-address needs --engine ray")
+    return verify_corpus(Path(path), subsets=subsets or None, workers=workers, deep=deep,
+                         manifest_sha256=manifest_sha256, engine=engine, engine_address=engine_address)

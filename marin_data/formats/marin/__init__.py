@@ -6,11 +6,11 @@ from __future__ import annotations
 from marin_data.corpus.manifest import MARIN, Corpus, Manifest
 from marin_data.formats.base import Reader
 from marin_data.formats.marin.decode import ParquetDecoder
-from marin_data.formats.marin.source import MarinSource, verify_folder
+from marin_data.formats.marin.source import MarinSource
 from marin_data.layout import MANIFEST
 from marin_data.stores.base import Store
 
-__all__ = ["MarinFormat", "ParquetDecoder", "MarinSource", "verify_folder"]
+__all__ = ["MarinFormat", "ParquetDecoder", "MarinSource"]
 
 
 class MarinFormat:
