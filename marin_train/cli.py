@@ -177,6 +177,8 @@ def command(source, preset, mixture, mixture_from, schedule_file, packing, val_f
       marin-train --data hf://datasets/marin/sample --endpoint http://127.0.0.1:8000 --steps 100
       marin-train --data /data/marin-store --mixture 'cluster=*/quality=4=0.8' \\
                   --mixture 'cluster=*/quality=3=0.2'                 # a store pinned with marin-data adopt
+      marin-train --data /data/marin-store --packing levanter --val-fraction 0.01 \\
+                  --checkpoint-dir out/run --eval-every 100           # Levanter's windows, 1% held out
       marin-train --data out/sample --mixture 'code/*=0.3' --mixture 'prose/*=0.7' \\
                   --mixture-from '1000:code/*=0.5,prose/*=0.5' --checkpoint-dir out/run
       marin-train --data out/sample --schedule examples/schedules/sample.yaml --checkpoint-dir out/run \\
