@@ -147,7 +147,7 @@ def load_schedule(path: str | os.PathLike) -> Schedule:
 def _data_fields(doc: dict, where: str) -> dict[str, Any]:
     """The optional keys of ``doc`` that are set, checked as the loader checks them (`_OPTIONAL`)."""
     out = {k: doc[k] for k in _OPTIONAL if doc.get(k) is not None}
-    if "packing" in out and out["packing"] not in PACKINGS:
+    if "packing" in out and (not isinstance(out["packing"], str) or out["packing"] not in PACKINGS):
         raise InvalidScheduleError(f"packing must be one of {', '.join(PACKINGS)}, got {out['packing']!r}",
                                    path=where)
     fraction = out.get("val_fraction", 0)

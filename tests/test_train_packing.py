@@ -126,6 +126,7 @@ def test_a_schedule_file_sets_packing_and_the_held_out_fraction(corpus, tmp_path
 
 @pytest.mark.parametrize("extra, words", [
     ("packing: bogus\n", "packing must be one of overlap, levanter, got 'bogus'"),
+    ("packing: [levanter]\n", "packing must be one of overlap, levanter, got ['levanter']"),
     ("val_fraction: 0.7\n", "val_fraction must be a number in [0, 0.5], got 0.7"),
     ("val_fraction: yes\n", "val_fraction must be a number in [0, 0.5], got True"),
 ])
