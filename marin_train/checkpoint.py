@@ -44,9 +44,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from marin_data.fileio.atomic import NO_SPACE
-from marin_data.errors import CheckpointDamagedError, InsufficientSpaceError
+from marin_data.errors import CheckpointDamagedError, InsufficientSpaceError, LoaderStateMismatchError
 from marin_model.model import Transformer
-from marin_train.config import TrainConfig
+from marin_train.config import DataConfig, TrainConfig
 from marin_train.safe_load import load_shards, trainer_state
 from marin_train.seal import CHECKPOINT_FORMAT, SEAL, damaged, problem, read_sealed, seal_document, verify
 
@@ -329,14 +329,37 @@ def checkpoint_config(path: str | os.PathLike) -> dict[str, Any]:
     return config
 
 
+# Settings of a checkpoint's stream a resume keeps, with the flag that sets each: the windows and the held-out
+# split follow them. The loader's fingerprint covers them too, but names no flag (a checkpoint without one: the
+# default).
+_KEPT = (("packing", "--packing"), ("val_fraction", "--val-fraction"))
+
+
+def _check_kept(cfg: TrainConfig, recorded: dict[str, Any], previous: Path) -> None:
+    """Refuse a resume whose packing or held-out fraction is not its checkpoint's, naming the flag: checked
+    here, whatever the loader's fingerprint may let pass (``--mixture-from`` resumes without it)."""
+    data = recorded.get("train", {}).get("data") or {}
+    for field, flag in _KEPT:
+        ours, theirs = getattr(cfg.data, field), data.get(field, getattr(DataConfig(), field))
+        if ours != theirs:
+            raise LoaderStateMismatchError(
+                f"was trained with {flag} {theirs}, this run has {flag} {ours}: its windows and held-out split "
+                f"follow it, so the run would not continue the stream it trained on; resume with {flag} {theirs}, "
+                "or start afresh (--no-resume, or another --checkpoint-dir)", path=str(previous), expected=theirs,
+                actual=ours)
+
+
 def resume_config(cfg: TrainConfig, world: int) -> TrainConfig:
     """``cfg`` with the per-rank batch that keeps the global batch of the checkpoint a run resumes from (the
     global batch is part of the checkpoint), unchanged when there is none. Raises ValueError when that global
-    batch does not divide over ``world`` ranks x ``cfg.accumulation`` micro-batches."""
+    batch does not divide over ``world`` ranks x ``cfg.accumulation`` micro-batches, and
+    `LoaderStateMismatchError` when the checkpoint's packing or held-out fraction is not ``cfg``'s."""
     previous = latest_checkpoint(cfg.checkpoint_dir)
     if previous is None:
         return cfg
-    global_batch = checkpoint_config(previous)["global_batch"]
+    recorded = checkpoint_config(previous)
+    _check_kept(cfg, recorded, previous)
+    global_batch = recorded["global_batch"]
     per_rank, rest = divmod(global_batch, world * cfg.accumulation)
     if rest or not per_rank:
         raise ValueError(f"{previous}: the global batch of {global_batch} sequences does not divide over {world} "

@@ -15,6 +15,7 @@ import click
 import torch.distributed as dist
 
 from marin_data.cli._errors import describe
+from marin_data.loader.packing import PACKINGS
 from marin_data.ui import format_table
 from marin_train.checkpoint import resolve_checkpoint
 from marin_train.cli_options import corpus_options, data_config, threads_option
@@ -24,7 +25,7 @@ from marin_train.distributed import shutdown_distributed
 from marin_train.evaluate import EvalResult
 from marin_train.help_sections import SectionedCommand
 from marin_train.loop import TrainResult
-from marin_train.schedule import load_schedule
+from marin_train.schedule import Schedule, load_schedule
 from marin_train.signals import StopSignals, exit_code
 from marin_train.threads import set_threads
 from marin_train.trace import trace
@@ -78,9 +79,19 @@ def summary(result: TrainResult, window: int = 10) -> str:
             f"time after the first step" + (f", checkpoint {result.checkpoint}" if result.checkpoint else ""))
 
 
+def _check_against(schedule: Schedule, given: dict[str, object]) -> None:
+    """Refuse a flag that contradicts what the schedule file sets (the file is the run's description)."""
+    scheduled = {"--steps": schedule.steps, "--seq-len": schedule.seq_len, "--packing": schedule.packing,
+                 "--val-fraction": schedule.val_fraction}
+    for flag, value in given.items():
+        if value is not None and scheduled[flag] is not None and value != scheduled[flag]:
+            raise click.UsageError(f"{flag} {value} contradicts the schedule's {scheduled[flag]} ({schedule.source})"
+                                   + ("; use --until STEP to stop early" if flag in ("--steps", "--seq-len") else ""))
+
+
 # `train --help` under headings, each with its options in the order they print.
 TRAIN_SECTIONS = (
-    ("Data", ("source", "mixture", "mixture_from", "schedule_file")),
+    ("Data", ("source", "mixture", "mixture_from", "schedule_file", "packing", "val_fraction")),
     ("Remote corpus and shard cache", ("mirrors", "manifest_sha256", "endpoint", "endpoint_url", "profile",
                                        "anonymous", "requester_pays", "cache_dir", "cache_gb")),
     ("Model and schedule", ("preset", "steps", "batch_size", "accumulation", "seq_len", "lr", "seed", "ep",
@@ -102,6 +113,13 @@ TRAIN_SECTIONS = (
 @click.option("--schedule", "schedule_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="The run's data schedule (YAML/JSON): steps, global batch, seq_len, mixture block and the "
                    "mixture's phases by step (docs/training.md; examples/schedules/).")
+@click.option("--packing", type=click.Choice(list(PACKINGS)),
+              help="How tokens become sequences: overlap (seq_len + 1 tokens within a shard, attention masked at "
+                   "document ends; the default) or levanter (Levanter's windows: a subset's tokens [i*seq_len, "
+                   "(i+1)*seq_len), attention causal across documents). A resume keeps the checkpoint's.")
+@click.option("--val-fraction", type=click.FloatRange(0, 0.5), metavar="F",
+              help="Fraction of each subset's sequences held out from training: the split --eval-every and "
+                   "`marin-train eval` read (default 0.001). A resume keeps the checkpoint's.")
 @click.option("--ep", type=int, help="Expert-parallel degree: divides the ranks and the routed experts (default 1).")
 @click.option("--recompute", is_flag=True, default=None, help="Recompute each block in the backward pass.")
 @click.option("--steps", type=int, help="Optimizer steps (default: the preset's).")
@@ -132,10 +150,10 @@ TRAIN_SECTIONS = (
 @click.option("--seed", type=int, help="Model init and data order.")
 @threads_option
 @corpus_options
-def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute, steps, until, batch_size,
-            accumulation, seq_len, lr, checkpoint_dir, checkpoint_every, no_resume, reschedule, checkpoint_on_signal,
-            keep_checkpoints, tensorboard_dir, wandb_project, log_every, eval_every, eval_tokens, seed, threads,
-            **corpus) -> int:
+def command(source, preset, mixture, mixture_from, schedule_file, packing, val_fraction, ep, recompute, steps, until,
+            batch_size, accumulation, seq_len, lr, checkpoint_dir, checkpoint_every, no_resume, reschedule,
+            checkpoint_on_signal, keep_checkpoints, tensorboard_dir, wandb_project, log_every, eval_every, eval_tokens,
+            seed, threads, **corpus) -> int:
     """Train the Marin MoE model on a corpus, streaming it from S3 or a Hub mirror when remote.
 
     Logs loss, tokens/s, time waiting for data and router statistics; every step's metrics go to
@@ -159,6 +177,8 @@ def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute,
       marin-train --data hf://datasets/marin/sample --endpoint http://127.0.0.1:8000 --steps 100
       marin-train --data /data/marin-store --mixture 'cluster=*/quality=4=0.8' \\
                   --mixture 'cluster=*/quality=3=0.2'                 # a store pinned with marin-data adopt
+      marin-train --data /data/marin-store --packing levanter --val-fraction 0.01 \\
+                  --checkpoint-dir out/run --eval-every 100           # Levanter's windows, 1% held out
       marin-train --data out/sample --mixture 'code/*=0.3' --mixture 'prose/*=0.7' \\
                   --mixture-from '1000:code/*=0.5,prose/*=0.5' --checkpoint-dir out/run
       marin-train --data out/sample --schedule examples/schedules/sample.yaml --checkpoint-dir out/run \\
@@ -169,17 +189,16 @@ def command(source, preset, mixture, mixture_from, schedule_file, ep, recompute,
         raise click.UsageError(f"unknown --preset {preset!r}; choose one of {', '.join(TRAIN_PRESETS)}")
     base = TRAIN_PRESETS[preset]
     schedule = None
+    fields = {k: v for k, v in (("packing", packing), ("val_fraction", val_fraction)) if v is not None}
     if schedule_file:
         if mixture or mixture_from:
             raise click.UsageError("--schedule holds the mixture's phases: drop --mixture and --mixture-from")
         schedule = load_schedule(schedule_file)
-        for flag, given, scheduled in (("--steps", steps, schedule.steps), ("--seq-len", seq_len, schedule.seq_len)):
-            if given is not None and given != scheduled:
-                raise click.UsageError(f"{flag} {given} contradicts the schedule's {scheduled} ({schedule_file}); "
-                                       "use --until STEP to stop early")
-        steps, seq_len = schedule.steps, schedule.seq_len
+        _check_against(schedule, {"--steps": steps, "--seq-len": seq_len, "--packing": packing,
+                                  "--val-fraction": val_fraction})
+        steps, seq_len, fields = schedule.steps, schedule.seq_len, {**fields, **schedule.data_fields()}
     data = data_config(source, mixture=_mixture(mixture), mixture_from=_mixture_from(mixture_from), schedule=schedule,
-                       **corpus)
+                       **fields, **corpus)
     changes = {"steps": steps, "batch_size": batch_size, "accumulation": accumulation, "seq_len": seq_len, "lr": lr,
                "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every, "log_every": log_every,
                "eval_every": eval_every, "eval_tokens": eval_tokens, "seed": seed, "ep": ep, "recompute": recompute,
@@ -273,8 +292,9 @@ def evaluate(model, source, subsets, max_tokens, batch_size, seq_len, as_json, t
 
     MODEL is a checkpoint (step-NNNNNNNN/), a run directory (its latest checkpoint) or an exported model.
     The sequences are the corpus's held-out split (the loader's split="validation": never served to a run
-    trained on this corpus at the same sequence length), in a fixed order. Loss is the mean cross-entropy
-    in nats per target token. Bits per byte = total nats / ln 2 / total bytes, where the bytes are the
+    trained on this corpus at the same sequence length), at the run's held-out fraction and packing, in a
+    fixed order; stderr says how many, and what share of the split and of the data they are. Loss is the
+    mean cross-entropy in nats per target token. Bits per byte = total nats / ln 2 / total bytes, where the bytes are the
     UTF-8 bytes of the decoded target tokens (each token's own bytes under a byte-level BPE; EOS and other
     special tokens count 0), so models with different tokenizers compare. Under torchrun the ranks split
     the sequences and report the same numbers as any other process count, to the last bit: every process
@@ -295,7 +315,8 @@ def evaluate(model, source, subsets, max_tokens, batch_size, seq_len, as_json, t
             raise click.UsageError(f"{flag} must be >= 1, got {value}")
     choice = set_threads(threads)
     result = evaluate_saved(model, source, subsets=list(subsets) or None, max_tokens=max_tokens,
-                            batch_size=batch_size, seq_len=seq_len, data=data_config(source, **corpus))
+                            batch_size=batch_size, seq_len=seq_len, data=data_config(source, **corpus),
+                            log=lambda line: click.echo(line, err=True))
     rank = dist.get_rank()
     shutdown_distributed()
     if rank == 0:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from marin_data.loader.packing import DEFAULT_PACKING
 from marin_model.config import ModelConfig, get_preset, with_overrides
 from marin_train.schedule import Schedule
 
@@ -29,7 +30,10 @@ class DataConfig:
     # ~/.cache/marin, marin_data.loader.cache.default_cache_dir)
     cache_bytes: int = 64 << 30  # remote shard cache limit per rank
     store_options: Mapping[str, Any] = field(default_factory=dict)  # endpoint_url (S3), endpoint (HF), ...
-    val_fraction: float = 0.001
+    val_fraction: float = 0.001  # windows held out from training: the validation split (marin_data.loader.holdout)
+    # How tokens become sequences (marin_data.loader.packing): "overlap" (seq_len + 1 tokens within a shard, document
+    # boundaries masked) or "levanter" (Levanter's windows of seq_len tokens, causal attention across documents).
+    packing: str = DEFAULT_PACKING
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from marin_data.errors import InvalidScheduleError, InvalidTokenizerError, Loade
 from marin_data.layout import MANIFEST, TOKENIZER
 from marin_data.loader import LoaderConfig, Phase, make_loader
 from marin_data.loader.remote.stream import is_remote, make_remote_loader
+from marin_data.loader.packing import DEFAULT_PACKING, PACKINGS
 from marin_data.loader.stream import TokenStream, load_local
 from marin_data.raw.tokenizer import LoadedTokenizer, tokenizer_from_bytes
 from marin_data.stores import open_store
@@ -69,8 +70,8 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
     block = {"mixture_block": data.schedule.mixture_block} if data.schedule is not None else {}
     config = LoaderConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
                           mixture=mixture_schedule(data, cfg.global_batch(world)), val_fraction=data.val_fraction,
-                          segments=True, vocab_size=cfg.model_overrides.get("vocab_size"),
-                          **block)  # segments: the model masks attention across documents; no id past its vocabulary
+                          packing=data.packing, segments=_segments(data.packing),
+                          vocab_size=cfg.model_overrides.get("vocab_size"), **block)  # no id past its vocabulary
     if is_remote(data.source):
         loader = make_remote_loader(data.source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
                                     cache_dir=data.cache_dir, cache_bytes=data.cache_bytes, rank=rank,
@@ -87,11 +88,20 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
     return loader
 
 
-def eval_config(seq_len: int, val_fraction: float, subsets: Sequence[str] | None = None) -> LoaderConfig:
-    """What `marin_train.evaluate` reads: the held-out split at a run's ``seq_len`` and fraction, in the
-    fixed order of `EVAL_SEED`, with document boundaries (the model masks attention across them)."""
+def _segments(packing: str) -> bool:
+    """Whether batches carry document boundaries, so that the model masks attention across documents: with
+    every packing that records them. A ``"levanter"`` window cannot (`marin_data.loader.packing`): the model
+    attends causally across its documents. An unknown packing is the loader's to refuse, naming the others."""
+    return packing not in PACKINGS or PACKINGS[packing].segments
+
+
+def eval_config(seq_len: int, val_fraction: float, subsets: Sequence[str] | None = None,
+                packing: str = DEFAULT_PACKING) -> LoaderConfig:
+    """What `marin_train.evaluate` reads: the held-out split at a run's ``seq_len``, fraction and packing, in
+    the fixed order of `EVAL_SEED`, with document boundaries where the packing has them (as in training)."""
     return LoaderConfig(seq_len=seq_len, batch_size=1, seed=EVAL_SEED, val_fraction=val_fraction,
-                        subsets=None if subsets is None else list(subsets), segments=True)
+                        subsets=None if subsets is None else list(subsets), packing=packing,
+                        segments=_segments(packing))
 
 
 def eval_stream(source: str, config: LoaderConfig, *, data: DataConfig = DataConfig()) -> TokenStream:

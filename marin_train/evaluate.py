@@ -39,8 +39,9 @@ from marin_data.loader.dataset import to_tensors
 from marin_data.loader.remote.cache import RemoteShardCache
 from marin_data.loader.stream import TokenStream
 from marin_model.model import Transformer
+from marin_train.loop import segment_inputs
 
-__all__ = ["EVAL_SEED", "EvalResult", "Totals", "evaluate"]
+__all__ = ["EVAL_SEED", "EvalResult", "HeldOut", "Totals", "evaluate"]
 
 EVAL_SEED = 0  # the validation stream's order: fixed, so that every run reads the same sequences
 
@@ -66,6 +67,48 @@ class Totals:
     def to_json(self) -> dict[str, Any]:
         return {"sequences": self.sequences, "tokens": self.tokens, "bytes": self.bytes, "loss": self.loss,
                 "bits_per_byte": self.bits_per_byte}
+
+
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:.3g}%"
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Which held-out evaluation is read, and its size (`HeldOut.of` a stream): the first ``sequences`` of the
+    ``split`` sequences of ``seq_len`` tokens held out, out of the ``total`` (both splits) that the stream's
+    subsets give at its packing and held-out fraction. `describe` is the line a run's log and ``marin-train
+    eval`` print before evaluating."""
+
+    sequences: int
+    seq_len: int
+    split: int  # sequences in the held-out split
+    total: int  # sequences in both splits
+    packing: str
+    val_fraction: float
+
+    @classmethod
+    def of(cls, stream: TokenStream, max_sequences: int | None = None) -> HeldOut:
+        """Raises `LoaderConfigError` when nothing is held out."""
+        split = stream.stop("validation")
+        n = split if max_sequences is None else min(split, max_sequences)
+        return cls(n, stream.seq_len, split, split + sum(stream.sizes("train").values()), stream.config.packing,
+                   stream.config.val_fraction)
+
+    def describe(self, every: int = 0) -> str:
+        """``evaluation: N sequences of L tokens (T tokens): F of the held-out split, which is P of the data
+        (val_fraction V, K packing)``, and with ``every`` how often a run evaluates."""
+        when = "" if not every else "; every step" if every == 1 else f"; every {every:,} steps and at the last"
+        return (f"evaluation: {self.sequences:,} sequences of {self.seq_len:,} tokens "
+                f"({self.sequences * self.seq_len:,} tokens): {_percent(self.sequences / self.split)} of the held-out "
+                f"split, which is {_percent(self.split / self.total)} of the data (val_fraction {self.val_fraction:g}, "
+                f"{self.packing} packing){when}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sequences": self.sequences, "seq_len": self.seq_len, "tokens": self.sequences * self.seq_len,
+                "split_sequences": self.split, "data_sequences": self.total,
+                "of_split": self.sequences / self.split, "split_of_data": self.split / self.total,
+                "packing": self.packing, "val_fraction": self.val_fraction}
 
 
 @dataclass(frozen=True)
@@ -98,8 +141,7 @@ def _per_sequence(model: Transformer, batch: dict[str, torch.Tensor], token_byte
                   device: torch.device) -> torch.Tensor:
     """``[4, B]`` float64: each sequence's summed loss, target tokens, their bytes, and its subset + 1."""
     labels = batch["labels"].to(device)
-    logits = model(batch["input_ids"].to(device), segment_ids_BS=batch["segment_ids"].to(device),
-                   positions_BS=batch["positions"].to(device)).logits
+    logits = model(batch["input_ids"].to(device), **segment_inputs(batch, device)).logits
     nll_BS = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
                              reduction="none").view_as(labels)
     counted_BS = labels != -100
@@ -116,8 +158,8 @@ def evaluate(model: Transformer, stream: TokenStream, token_bytes: np.ndarray, *
 
     Args:
         model: a whole model, or one sharded over the ranks (its forward then runs on all ranks in lockstep).
-        stream: a stream of the corpus with the run's ``seq_len`` and held-out fraction, seed `EVAL_SEED`,
-            segments on (`marin_train.data.eval_stream` builds one).
+        stream: a stream of the corpus with the run's ``seq_len``, held-out fraction and packing, seed
+            `EVAL_SEED`, segments on where the packing has them (`marin_train.data.eval_stream` builds one).
         token_bytes: ``[V]`` bytes of each token id (`marin_data.raw.tokenizer.token_byte_lengths`).
         batch_size: sequences per forward (the chunk: part of what the numbers are, not of the ranks).
         max_sequences: evaluate the first this many sequences of the split (None: all of it).
@@ -128,8 +170,7 @@ def evaluate(model: Transformer, stream: TokenStream, token_bytes: np.ndarray, *
     """
     t0 = time.perf_counter()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    n = stream.stop("validation")
-    n = n if max_sequences is None else min(n, max_sequences)
+    n = HeldOut.of(stream, max_sequences).sequences
     chunks = -(-n // batch_size)
     mine = range(rank * chunks // world, (rank + 1) * chunks // world)  # contiguous: a remote cache reads ahead
     rounds = -(-chunks // world) if isinstance(model, FSDPModule) else len(mine)  # a sharded forward: collective

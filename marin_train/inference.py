@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +24,7 @@ from marin_model.generate import generate
 from marin_train.config import DataConfig
 from marin_train.data import corpus_tokenizer, eval_config, eval_stream, source_manifest
 from marin_train.distributed import init_distributed
-from marin_train.evaluate import EvalResult, evaluate
+from marin_train.evaluate import EvalResult, HeldOut, evaluate
 from marin_train.export import SavedModel, load_model
 
 __all__ = ["Sample", "evaluate_saved", "generate_text", "model_tokenizer", "run_seq_len"]
@@ -36,7 +36,8 @@ def run_seq_len(saved: SavedModel) -> int:
 
 
 def evaluate_saved(path: str, source: str, *, subsets: Sequence[str] | None = None, max_tokens: int | None = None,
-                   batch_size: int = 8, seq_len: int | None = None, data: DataConfig = DataConfig()) -> EvalResult:
+                   batch_size: int = 8, seq_len: int | None = None, data: DataConfig = DataConfig(),
+                   log: Callable[[str], None] = lambda line: None) -> EvalResult:
     """Evaluate the model at ``path`` on the held-out split of the corpus ``source`` (local or remote).
 
     Args:
@@ -46,33 +47,42 @@ def evaluate_saved(path: str, source: str, *, subsets: Sequence[str] | None = No
         max_tokens: evaluate at most this many target tokens: the split's first ``max_tokens // seq_len``
             sequences (default: all of them).
         batch_size: sequences per forward.
-        seq_len: default: the run's (`run_seq_len`); the held-out fraction is always the run's.
+        seq_len: default: the run's (`run_seq_len`); the held-out fraction and the packing are always the
+            run's (a run that recorded none: the defaults), so that its held-out split is the one it never saw.
         data: store options, mirrors, a pinned manifest, the remote cache.
+        log: gets which evaluation it is and its size before it runs (`HeldOut.describe`; rank 0 only); the
+            result's ``meta["evaluation"]`` records it too.
 
     Raises:
         InvalidCheckpointError: ``path`` holds no readable model.
         ModelTokenizerMismatchError: the corpus was tokenized otherwise than the model's training corpus.
         LoaderConfigError: ``max_tokens`` below one sequence, or nothing held out.
     """
-    _, _, device = init_distributed()
+    rank, _, device = init_distributed()
     saved = load_model(path)
     seq_len = seq_len or run_seq_len(saved)
-    val_fraction = saved.train.get("data", {}).get("val_fraction", LoaderConfig.val_fraction)
+    run = saved.train.get("data", {})
+    val_fraction = run.get("val_fraction", LoaderConfig.val_fraction)
+    packing = run.get("packing", LoaderConfig.packing)
     max_sequences = None if max_tokens is None else max_tokens // seq_len
     if max_sequences == 0:
         raise LoaderConfigError(f"--max-tokens {max_tokens} is less than one sequence of {seq_len} tokens")
-    stream = eval_stream(source, eval_config(seq_len, val_fraction, subsets), data=data)
+    stream = eval_stream(source, eval_config(seq_len, val_fraction, subsets, packing), data=data)
     try:
         recorded = stream.corpus.manifest.tokenizer
         _check_tokenizer(saved, recorded.sha256, recorded.vocab_size, source)
         tokenizer = corpus_tokenizer(source, stream.corpus.manifest, data)
+        held = HeldOut.of(stream, max_sequences)
+        if rank == 0:
+            log(held.describe())
         result = evaluate(saved.model.to(device), stream, token_byte_lengths(tokenizer), batch_size=batch_size,
                           max_sequences=max_sequences, device=device)
     finally:
         stream.close()  # a remote stream's cache threads and directory lock
     meta = {"model": str(saved.path), "step": saved.step, "data": source, "tokenizer": tokenizer.info.name,
             "val_fraction": val_fraction, "batch_size": batch_size, "max_tokens": max_tokens,
-            "threads": torch.get_num_threads()}  # the bits of the loss follow it (marin_train.threads)
+            "threads": torch.get_num_threads(),  # the bits of the loss follow it (marin_train.threads)
+            "evaluation": held.to_json()}
     return EvalResult(result.subsets, result.overall, result.seq_len, result.seconds, meta)
 
 

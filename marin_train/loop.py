@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -29,11 +29,17 @@ from marin_train.distributed import init_distributed
 from marin_train.metrics import MetricsSinks, moe_health
 from marin_train.parallel import clip_grad_norm, make_mesh, parallelize, rescale_expert_grads
 
-__all__ = ["LR_SCHEDULE", "TrainResult", "build_model", "lr_at", "lr_schedule", "train"]
+__all__ = ["LR_SCHEDULE", "TrainResult", "build_model", "lr_at", "lr_schedule", "segment_inputs", "train"]
 
 # The model's document-masking inputs and the batch fields that carry them (`LoaderConfig(segments=True)`);
 # a batch without them trains with causal attention across its packed documents.
 _SEGMENTS = {"segment_ids_BS": "segment_ids", "positions_BS": "positions"}
+
+
+def segment_inputs(batch: Mapping[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    """The model's document-masking arguments from a loader batch, on ``device``: none when the batch has no
+    segments (``"levanter"`` packing), so that attention is causal across its documents."""
+    return {k: batch[name].to(device) for k, name in _SEGMENTS.items() if name in batch}
 
 
 @dataclass
@@ -244,8 +250,7 @@ def _accumulate(model: Transformer, batches, sums: torch.Tensor, accumulation: i
         except StopIteration:
             return None
         waited += time.perf_counter() - tw
-        segments = {k: batch[name].to(device) for k, name in _SEGMENTS.items() if name in batch}
-        out = model(batch["input_ids"].to(device), batch["labels"].to(device), **segments)
+        out = model(batch["input_ids"].to(device), batch["labels"].to(device), **segment_inputs(batch, device))
         (out.loss / accumulation).backward()
         sums += torch.cat([torch.stack([out.loss.detach(), out.ce_loss.detach()]).double(),
                            torch.stack([s.z_loss.detach() for s in out.router]).double(),

@@ -177,7 +177,7 @@ def _print_exposure(schedule: Schedule, source: str, seed: int, until: int) -> N
     from marin_train.trace import format_exposure, open_stream
 
     cfg = TrainConfig(steps=schedule.steps, seq_len=schedule.seq_len, seed=seed,
-                      data=DataConfig(source=source, schedule=schedule))
+                      data=DataConfig(source=source, schedule=schedule, **schedule.data_fields()))
     with open_stream(cfg, schedule.global_batch) as stream:
         table = exposure(stream, schedule.global_batch, until)
         print(f"exposure on {source} (seed {seed}): " + format_exposure(table, never_served(stream, table), until))

@@ -20,7 +20,7 @@ from marin_train.checkpoint import atomic_write, resume_config
 from marin_train.config import TrainConfig
 from marin_train.data import corpus_tokenizer, eval_config, tokenizer_bytes, training_loader
 from marin_train.distributed import init_distributed
-from marin_train.evaluate import evaluate
+from marin_train.evaluate import HeldOut, evaluate
 from marin_train.loop import TrainResult, train
 from marin_train.threads import set_threads
 
@@ -38,15 +38,16 @@ def _record_tokenizer(cfg: TrainConfig, stream: TokenStream) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
-def _evaluator(cfg: TrainConfig, stream: TokenStream, device) -> Callable:
+def _evaluator(cfg: TrainConfig, stream: TokenStream, device, log: Callable[[str], None]) -> Callable:
     """``--eval-every``: a function of the model giving the eval fields of a metrics record. Its stream is a
     sibling of the training one (the same corpus and shard source; `eval_config`), built for each evaluation
-    so that the shards it maps are released afterwards."""
+    so that the shards it maps are released afterwards. ``log`` gets which evaluation it is, and its size."""
     table = token_byte_lengths(corpus_tokenizer(cfg.data.source, stream.corpus.manifest, cfg.data))
-    config = dataclasses.replace(eval_config(cfg.seq_len, cfg.data.val_fraction, stream.subsets),
+    config = dataclasses.replace(eval_config(cfg.seq_len, cfg.data.val_fraction, stream.subsets, cfg.data.packing),
                                  shuffle=stream.config.shuffle, shuffle_window=stream.config.shuffle_window)
     limit = None if cfg.eval_tokens is None else max(1, cfg.eval_tokens // cfg.seq_len)
-    TokenStream(stream.corpus, config, source=stream.source).stop("validation")  # nothing held out: say so now
+    held = HeldOut.of(TokenStream(stream.corpus, config, source=stream.source), limit)  # nothing held out: raises
+    log(held.describe(cfg.eval_every))
 
     def run(model) -> dict[str, float]:
         held_out = TokenStream(stream.corpus, config, source=stream.source)
@@ -80,7 +81,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = True, until: int | None = N
     try:
         if cfg.checkpoint_dir and rank == 0:
             _record_tokenizer(cfg, stream)
-        evaluator = _evaluator(cfg, stream, device) if cfg.eval_every else None
+        evaluator = _evaluator(cfg, stream, device, log if rank == 0 else lambda _: None) if cfg.eval_every else None
         result = train(cfg, loader, resume=resume, log=log, device=device, until=until, evaluate=evaluator,
                        started=started, stop=stop, reschedule=reschedule)
         if isinstance(stream, RemoteStream):

@@ -9,6 +9,8 @@ A schedule file (YAML or JSON; ``marin-train --schedule FILE``, ``python -m mari
     phases:                  # the first starts at step 0; each runs until the next starts, the last to the end
       - {name: pretrain, start_step: 0, weights: {"pretrain/*": 1.0}}
       - {name: midtrain, start_step: 312192, weights: {"pretrain/*": 0.7, "midtrain/*": 0.3}}
+    packing: overlap         # optional: "overlap" (the default) or "levanter" (marin_data.loader.packing)
+    val_fraction: 0.001      # optional: the held-out fraction, in [0, 0.5] (default 0.001)
 
 A phase starting at step ``s`` starts at sequence ``s * global_batch`` rounded to the nearest whole number of
 blocks (halves up), in exact integer arithmetic; the file maps onto the loader's schedule
@@ -26,16 +28,19 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from marin_data.errors import InvalidScheduleError
 from marin_data.loader.mixture import Mixture, Phase
+from marin_data.loader.packing import PACKINGS
 
 __all__ = ["Schedule", "SchedulePhase", "load_schedule", "round_to_block"]
 
 _KEYS = {"steps", "global_batch", "seq_len", "mixture_block", "phases"}
-_PHASE_KEYS = {"name", "start_step", "weights"}
+_OPTIONAL = {"packing", "val_fraction"}  # the run's DataConfig fields of the same names
+_PHASE_KEYS = {"start_step", "weights"}
 _MAX_BYTES = 1 << 20  # a schedule is a few lines; refuse to buffer anything larger
 
 
@@ -60,6 +65,8 @@ class Schedule:
     seq_len: int
     mixture_block: int
     phases: tuple[SchedulePhase, ...]
+    packing: str | None = None  # None: the run's (--packing, else the default)
+    val_fraction: float | None = None  # None: the run's (--val-fraction, else the default)
     source: str = ""  # the file it was read from, for messages
 
     @property
@@ -82,6 +89,10 @@ class Schedule:
         return [Phase(dict(p.weights), lengths[k] if k < len(self.phases) - 1 else None)
                 for k, p in enumerate(self.phases)]
 
+    def data_fields(self) -> dict[str, Any]:
+        """The optional keys the file sets, as `DataConfig` fields (``packing``, ``val_fraction``)."""
+        return {k: getattr(self, k) for k in sorted(_OPTIONAL) if getattr(self, k) is not None}
+
     def check_loader(self, mixture: Mixture) -> None:
         """Refuse a loader whose mixture starts a phase elsewhere than `starts` (a weight under 1/block).
 
@@ -103,7 +114,8 @@ def load_schedule(path: str | os.PathLike) -> Schedule:
     Raises:
         InvalidScheduleError: unreadable, not YAML/JSON, unknown or missing keys, counts that are not positive
             whole numbers, phases that do not start at step 0 and increase, a phase past the run's end, two
-            phases that round to the same block, weights that are not a mapping of names to numbers >= 0.
+            phases that round to the same block, weights that are not a mapping of names to numbers >= 0, a
+            packing the loader does not know, a held-out fraction outside [0, 0.5].
     """
     where = str(path)
     try:
@@ -119,7 +131,7 @@ def load_schedule(path: str | os.PathLike) -> Schedule:
                                    f"{str(e).splitlines()[0]}", path=where) from e
     if not isinstance(doc, dict):
         raise InvalidScheduleError("must be a mapping with keys " + ", ".join(sorted(_KEYS)), path=where)
-    _check_keys(doc, _KEYS, "the schedule", where)
+    _check_keys(doc, _KEYS, _OPTIONAL, "the schedule", where)
     counts = {k: doc[k] for k in _KEYS - {"phases"}}
     for key, value in counts.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -127,13 +139,27 @@ def load_schedule(path: str | os.PathLike) -> Schedule:
     if not isinstance(doc["phases"], list) or not doc["phases"]:
         raise InvalidScheduleError("phases must be a non-empty list", path=where)
     phases = tuple(_phase(p, k, where) for k, p in enumerate(doc["phases"]))
-    schedule = Schedule(phases=phases, source=where, **counts)
+    schedule = Schedule(phases=phases, source=where, **counts, **_data_fields(doc, where))
     _check_order(schedule)
     return schedule
 
 
-def _check_keys(doc: dict, keys: set[str], what: str, where: str) -> None:
-    unknown, missing = set(doc) - keys, keys - set(doc) - {"name"}
+def _data_fields(doc: dict, where: str) -> dict[str, Any]:
+    """The optional keys of ``doc`` that are set, checked as the loader checks them (`_OPTIONAL`)."""
+    out = {k: doc[k] for k in _OPTIONAL if doc.get(k) is not None}
+    if "packing" in out and (not isinstance(out["packing"], str) or out["packing"] not in PACKINGS):
+        raise InvalidScheduleError(f"packing must be one of {', '.join(PACKINGS)}, got {out['packing']!r}",
+                                   path=where)
+    fraction = out.get("val_fraction", 0)
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 <= fraction <= 0.5:
+        raise InvalidScheduleError(f"val_fraction must be a number in [0, 0.5], got {fraction!r}", path=where)
+    if "val_fraction" in out:
+        out["val_fraction"] = float(fraction)
+    return out
+
+
+def _check_keys(doc: dict, keys: set[str], optional: set[str], what: str, where: str) -> None:
+    unknown, missing = set(doc) - keys - optional, keys - set(doc)
     if unknown or missing:
         raise InvalidScheduleError(f"{what}: " + "; ".join(
             ([f"unknown keys {sorted(unknown)}"] if unknown else []) + ([f"missing {sorted(missing)}"] if missing
@@ -143,7 +169,7 @@ def _check_keys(doc: dict, keys: set[str], what: str, where: str) -> None:
 def _phase(doc: object, k: int, where: str) -> SchedulePhase:
     if not isinstance(doc, dict):
         raise InvalidScheduleError(f"phase {k} must be a mapping with start_step and weights", path=where)
-    _check_keys(doc, _PHASE_KEYS, f"phase {k}", where)
+    _check_keys(doc, _PHASE_KEYS, {"name"}, f"phase {k}", where)
     step, weights = doc["start_step"], doc["weights"]
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise InvalidScheduleError(f"phase {k}: start_step must be a whole number >= 0, got {step!r}", path=where)

@@ -90,7 +90,8 @@ def _check_stream(stream: TokenStream, recorded: dict[str, Any] | None, run: str
         return
     if recorded.get("fingerprint") != stream.fingerprint:
         theirs = recorded.get("components", {})
-        differ = sorted(k for k, v in stream.components.items() if theirs.get(k) != v) or ["fingerprint"]
+        ours = stream.components  # a key only one side names (packing, when not the default) differs too
+        differ = sorted(k for k in ours.keys() | theirs.keys() if theirs.get(k) != ours.get(k)) or ["fingerprint"]
         raise LoaderStateMismatchError(f"the stream rebuilt from {run} differs from the one it trained on (in: "
                                        f"{', '.join(differ)}); trace it with --data naming the corpus it read",
                                        expected=recorded.get("fingerprint"), actual=stream.fingerprint)

@@ -72,9 +72,10 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
     (E.TrainConfigError, _with_fix("fix the run's YAML (the one train_lm read), or point --store at the folder "
                                    "holding its caches"), EXIT_USAGE),
     (E.LoaderConfigError, _with_fix("fix the loader settings (mixture weights, --subset, seq_len)"), EXIT_USAGE),
-    (E.LoaderStateMismatchError, _with_fix("resume (or trace) with the data, mixture, seed and seq_len the "
-                                           "checkpoint was written with; to change the mixture from a step on, "
-                                           "marin-train takes --mixture-from (the Python API: strict=False)"), 12),
+    (E.LoaderStateMismatchError, _with_fix("resume (or trace) with the data, mixture, seed, seq_len, packing and "
+                                           "held-out fraction the checkpoint was written with; to change the "
+                                           "mixture from a step on, marin-train takes --mixture-from (the Python "
+                                           "API: strict=False)"), 12),
     (E.ShardChecksumError, _with_fix("the file is corrupt: delete it and fetch it again"), 6),
     (E.ShardMissingError, _with_fix("download it (`marin-data download --subset NAME`) or select fewer "
                                     "subsets"), 6),

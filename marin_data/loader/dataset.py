@@ -176,7 +176,7 @@ class TokenDataset(IterableDataset):
         ours = {**self.stream.components, "split/name": self.split}
         theirs = {**state.get("components", {}), "split/name": state.get("split")}
         if state.get("fingerprint") != self.stream.fingerprint or theirs["split/name"] != self.split:
-            differ = sorted(k for k in ours if theirs.get(k) != ours[k]) or ["fingerprint"]
+            differ = sorted(k for k in ours.keys() | theirs.keys() if theirs.get(k) != ours.get(k)) or ["fingerprint"]
             message = (f"loader state was saved for another stream (differs in: {', '.join(differ)}); resuming "
                        "would not continue the same sequence order")
             if strict:
