@@ -25,8 +25,8 @@ from marin_data.stores import open_store
 from marin_data.stores.base import METADATA_LIMIT, Store
 from marin_data.stores.local import LocalStore
 
-__all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells", "cache_tree", "refuse_unpinned",
-           "unpinned_cache"]
+__all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells", "cache_tree",
+           "refuse_unpinned", "unpinned_cache"]
 
 CORPUS = "corpus"
 CACHE = "cache"
