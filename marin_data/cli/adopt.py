@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from marin_data.cli._store_options import usage_errors
+from marin_data.corpus.foreign import skipped_note
 from marin_data.ui import echo, human_bytes, plural
 
 __all__ = ["command"]
@@ -28,7 +29,9 @@ def command(path: Path, tokenizer: str, name: str | None, license_: str, workers
     shards.parquet and SHA256SUMS, and manifest.json, tokenizer.json, the card (README.md) and croissant.json
     are written beside the cache's files. No Levanter file is changed: Levanter still loads it. A store's
     subsets are its cache folders (cluster=3/quality=4); one cache is one subset. Then verify, publish,
-    download --subset and serve work on it as on any corpus.
+    download --subset and serve work on it as on any corpus. Other tools' bookkeeping (the .cache/huggingface/
+    folder of `hf download --local-dir`, Marin's executor's .executor_info and .executor_status) is left in
+    place, not pinned, and said so on stderr.
 
     \b
     EXAMPLES
@@ -41,5 +44,8 @@ def command(path: Path, tokenizer: str, name: str | None, license_: str, workers
     with usage_errors():
         report = open_source(path).adopt(tokenizer=tokenizer, name=name, license=license_, workers=workers)
     how = f"hashed in {report.seconds:.2f}s" if report.seconds is not None else "hashed by the run that was stopped"
+    note = skipped_note(report.skipped, "left in place, not pinned")
+    if note:
+        echo(note, err=True)
     echo(f"pinned {plural(len(report.subsets), 'subset')}, {plural(report.files, 'file')}, "
          f"{human_bytes(report.bytes)} {how}; manifest sha256 {report.manifest_sha256}")

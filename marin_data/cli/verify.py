@@ -15,7 +15,8 @@ from marin_data.cli._store_options import check_sha256, is_url, remote_options, 
     usage_errors
 from marin_data.errors import VerificationFailedError
 from marin_data.ui import echo, human_bytes, plural, printable
-from marin_data.corpus.verify import FOREIGN_FOLDERS, SCOPE_DOWNLOADED, VerifyReport
+from marin_data.corpus.foreign import skipped_groups
+from marin_data.corpus.verify import SCOPE_DOWNLOADED, VerifyReport
 
 __all__ = ["command"]
 
@@ -54,7 +55,8 @@ def command(corpus: str, subsets: tuple[str, ...], workers: int | None, deep: bo
     Reports each missing, truncated, oversized, modified and unlisted file by path. Exit status: 0 all
     good, 1 problems found, 2 bad usage or a manifest that cannot be trusted (nothing checked).
     Leftover *.part files of interrupted writes are listed but do not fail the check; the bookkeeping
-    folder of a copy made by `hf download --local-dir` (.cache/huggingface/) is skipped, and said so.
+    folder of a copy made by `hf download --local-dir` (.cache/huggingface/) and the .executor_info and
+    .executor_status files Marin's executor writes beside its outputs are skipped, and said so.
 
     A Levanter cache or store of caches (local, s3:// or hf://) gets the structural checks Levanter never
     makes: ledgers finished, zarr.json present, offsets consistent with the ledger, sub-cache totals,
@@ -123,8 +125,8 @@ def _human(report: VerifyReport) -> str:
     lines = [f"{p.kind.value:<{width}}  {printable(p.path)}  {printable(p.message)}" for p in report.problems]
     lines += [f"{'partial':<{width}}  {printable(p)}  leftover of an interrupted write: not a failure, safe to delete "
               f"when no marin-data process is writing" for p in report.partial_files]
-    lines += [f"{'ignored':<{width}}  {p}/  {FOREIGN_FOLDERS[p]}: not part of the corpus, not checked"
-              for p in report.ignored]
+    lines += [f"{'ignored':<{width}}  {what}  {why}: not part of the corpus, not checked"
+              for what, why in skipped_groups(report.ignored)]
     deep = " deep," if report.deep else ""
     downloaded = " (those downloaded here)" if report.scope == SCOPE_DOWNLOADED else ""
     rate = (f"{human_bytes(report.bytes_checked)} in {report.seconds:.2f}s ({human_bytes(report.bytes_per_second)}/s, "

@@ -6,8 +6,9 @@ the tree for files nobody listed; any finding (`ProblemKind`: missing, truncated
 unreadable, unlisted, bad_format (a shard's schema, from its footer); with ``deep=True`` also its encodings,
 wrong_tokenizer, count_mismatch) fails it (exit 1). A partial download is checked for the subsets its record
 names (`marin_data.corpus.record`). The lock file and staging folder are skipped, and so are other tools'
-bookkeeping folders (`FOREIGN_FOLDERS`, named once in the report); leftover ``*.part`` files are reported
-apart and do not fail it. What
+bookkeeping (`marin_data.corpus.foreign`: a ``hf download --local-dir`` copy's ``.cache/huggingface/``, Marin's
+executor's ``.executor_info`` and ``.executor_status``, named in the report as ``ignored``); leftover ``*.part``
+files are reported apart and do not fail it. What
 counts as a finding, and why; the speed; the deep check: docs/data.md.
 """
 
@@ -28,6 +29,7 @@ from marin_data.fileio.atomic import sha256_file
 from marin_data.corpus.manifest import MARIN, Corpus, load_corpus
 from marin_data.corpus.names import select_subsets
 from marin_data.corpus.record import read_download_record
+from marin_data.corpus.foreign import FOREIGN_FOLDERS, foreign
 from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.shard import check_schema, count_tokens, inspect_shard
 from marin_data.engines import Engine, make_engine
@@ -37,13 +39,11 @@ from marin_data.layout import BY_SHA256, DATA, LOCK_NAME, MANIFEST, MIRRORS, REC
 from marin_data.fileio.parquet_io import open_parquet
 from marin_data.ui import progress as progress_bar
 
-__all__ = ["IGNORED_NAMES", "FOREIGN_FOLDERS", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind",
+__all__ = ["IGNORED_NAMES", "SCOPE_ALL", "SCOPE_FILTER", "SCOPE_DOWNLOADED", "ProblemKind",
            "Problem", "VerifyReport", "CheckJob", "FileCheck", "check_file", "verify_corpus"]
 
 # Top-level names that belong to writers, not to the corpus: the write lock and the staging folder.
 IGNORED_NAMES = frozenset({LOCK_NAME, STAGING, BY_SHA256})  # by-sha256/: a store's copies of its versions
-# Folders other tools keep inside a copy of the corpus for their own bookkeeping: skipped, and said once.
-FOREIGN_FOLDERS = {".cache/huggingface": "huggingface_hub's own bookkeeping of a `hf download --local-dir` copy"}
 PARTIAL_SUFFIX = ".part"
 SCOPE_ALL = "all"  # every subset, the metadata files, the whole tree
 SCOPE_FILTER = "subset filter"  # --subset: the metadata files, those subsets' shards and data/<subset>/ folders
@@ -109,7 +109,7 @@ class VerifyReport:
     problems: tuple[Problem, ...]
     partial_files: tuple[str, ...]  # leftover *.part files: reported, not failures
     scope: str = SCOPE_ALL  # how the subsets were chosen: SCOPE_ALL, SCOPE_FILTER or SCOPE_DOWNLOADED
-    ignored: tuple[str, ...] = ()  # FOREIGN_FOLDERS found in the tree: other tools' bookkeeping, not walked
+    ignored: tuple[str, ...] = ()  # other tools' bookkeeping (`foreign`): its folders, not walked, and files
 
     @property
     def ok(self) -> bool:
@@ -346,7 +346,7 @@ def _inspect(path: Path, shard: ShardRecord, tokenizer_sha256: str) -> list[Prob
 def _scan_tree(corpus: Corpus, chosen: list[str] | None,
                folders: Mapping[str, str] | None) -> tuple[list[str], list[str], list[str]]:
     """Files under the tree that nothing lists (``unlisted``), leftover ``*.part`` files (``partial``) and
-    the `FOREIGN_FOLDERS` found and skipped (``ignored``).
+    the other tools' bookkeeping found and skipped (``ignored``: its folders, and executor files, `foreign`).
 
     ``chosen=None`` walks the whole corpus; otherwise only the chosen subsets' folders (``folders``, else
     ``data/<subset>/`` of a Parquet corpus), without descending into the folders of subsets that were not
@@ -370,6 +370,9 @@ def _scan_tree(corpus: Corpus, chosen: list[str] | None,
             for name in filenames:
                 rel = str(rel_dir / name)
                 if rel in IGNORED_NAMES or rel in known:
+                    continue
+                if foreign(rel):
+                    ignored.add(rel)
                     continue
                 (partial if name.endswith(PARTIAL_SUFFIX) else unlisted).add(rel)
     return sorted(unlisted), sorted(partial), sorted(ignored)

@@ -4,13 +4,14 @@ After the structural checks (`check_cache`) pass, every file of every cell is ha
 ``shards.parquet``: a data chunk file is a *shard* (its tokens, the documents that start in it, its stored
 inner chunks), an offsets chunk file an ``offsets`` row, every other file (ledgers, ``zarr.json``,
 ``.success``, ``.stats.json``) a ``meta`` row, all under the subset of their cell, so that a download of a
-subset fetches, and verify hashes, exactly its files. A data chunk file is decoded frame by frame as it is
-hashed, and a token id outside the tokenizer's vocabulary refuses the whole adoption. Then ``tokenizer.json``,
-the card, ``croissant.json``, ``SHA256SUMS`` and last ``manifest.json`` (``format``: a store or a single cache)
-move in beside the cache's files as one commit (`commit_corpus`): a run killed before its manifest leaves the
-cache as it was, one killed after it is finished by the next run. From then on the folder is a corpus: verify,
-publish, download and serve it as any other. docs/design.md ("Levanter caches") says why a chunk file is the
-shard.
+subset fetches, and verify hashes, exactly its files; other tools' bookkeeping (`marin_data.corpus.foreign`:
+``.cache/huggingface/``, Marin's executor files) is left in place, unpinned, and named in the report. A data
+chunk file is decoded frame by frame as it is hashed, and a token id outside the tokenizer's vocabulary
+refuses the whole adoption. Then ``tokenizer.json``, the card, ``croissant.json``, ``SHA256SUMS`` and last
+``manifest.json`` (``format``: a store or a single cache) move in beside the cache's files as one commit
+(`commit_corpus`): a run killed before its manifest leaves the cache as it was, one killed after it is finished
+by the next run. From then on the folder is a corpus: verify, publish, download and serve it as any other.
+docs/design.md ("Levanter caches") says why a chunk file is the shard.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 
 from marin_data.fileio.atomic import sha256_file
 from marin_data.corpus.commit import commit_corpus, finish_commit
+from marin_data.corpus.foreign import foreign
 from marin_data.corpus.manifest import Manifest, load_corpus, summarize_subsets
 from marin_data.corpus.names import as_subset_name
 from marin_data.corpus.records import META, OFFSETS, SHARD, ShardRecord, SubsetInfo
@@ -58,6 +60,7 @@ class AdoptReport:
     files: int
     bytes: int
     seconds: float | None  # hashing; None: a killed run's pin, moved in (nothing hashed again)
+    skipped: tuple[str, ...] = ()  # other tools' bookkeeping left in place, unpinned (`foreign`)
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,8 @@ def adopt_found(found: Source, path: str | os.PathLike, *, tokenizer: str, name:
     refuse_problems([p for c in caches.values() for p in check_cache(c, vocab_size=loaded.info.vocab_size)],
                     str(root))
     with corpus_lock(root):
-        jobs = [j for subset, cache in caches.items() for j in _jobs(root, subset, cache)]
+        files, skipped = _cell_files(root, caches, found.skipped)
+        jobs = [j for subset, cache in caches.items() for j in _jobs(subset, cache, files[subset])]
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=max(1, min(workers or default_workers(), len(jobs) or 1))) as pool:
             rows = list(pool.map(lambda j: _hash(root, j, loaded.info.vocab_size), jobs))
@@ -139,7 +143,7 @@ def adopt_found(found: Source, path: str | os.PathLike, *, tokenizer: str, name:
                   CROISSANT: render_cache_croissant(described, rows).encode()}
         digest = commit_corpus(root, manifest, rows, staged=staged)  # one commit, the manifest last
     return AdoptReport(root=str(root), manifest_sha256=digest, subsets=tuple(sorted(cells)), files=len(rows),
-                       bytes=sum(r.bytes for r in rows), seconds=seconds)
+                       bytes=sum(r.bytes for r in rows), seconds=seconds, skipped=skipped)
 
 
 def _finish(root: Path) -> AdoptReport:
@@ -172,10 +176,23 @@ def cache_rows(cache: LevanterCache) -> dict[str, tuple[str, int, int]]:
     return out
 
 
-def _jobs(root: Path, subset: str, cache: LevanterCache) -> list[_Job]:
+def _cell_files(root: Path, caches: dict[str, LevanterCache],
+                beside: tuple[str, ...]) -> tuple[dict[str, list[str]], tuple[str, ...]]:
+    """Each cell's files but other tools' bookkeeping (`foreign`), and that bookkeeping, with what detection
+    skipped ``beside`` the cells (sorted, each folder once)."""
+    files: dict[str, list[str]] = {}
+    skipped = set(beside)
+    for subset, cache in caches.items():
+        listed = [o.path for o in LocalStore(root).list(cache.prefix)]
+        files[subset] = [f for f in listed if not foreign(f)]
+        skipped.update(foreign(f) for f in listed if foreign(f))
+    return files, tuple(sorted(skipped))
+
+
+def _jobs(subset: str, cache: LevanterCache, files: list[str]) -> list[_Job]:
+    """A job per file of ``cache`` (``files``: those its folder holds, other tools' bookkeeping left out)."""
     known = cache_rows(cache)
     data_meta = {c.path: p.data for p in cache.parts for c in p.data_chunks()}
-    files = [o.path for o in LocalStore(root).list(cache.prefix)]
     if not cache.prefix:  # a single cache at the corpus root: our own files are no part of it
         files = [f for f in files if f not in _OURS and f.split("/")[0] != STAGING]
     return [_Job(f, subset, *known.get(f, (META, 0, 0)), meta=data_meta.get(f)) for f in files]

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from marin_data.corpus.foreign import foreign
 from marin_data.corpus.names import is_reserved, safe_relpath, select_subsets
 from marin_data.corpus.verify import VerifyReport
 from marin_data.errors import UnknownSubsetError, UnsafePathError, VerificationFailedError, shown
@@ -137,7 +138,7 @@ def _listed(store: Store, cell: str) -> Iterator[FileTask]:
     a partial file: `is_reserved`), and listed once. A listing is the server's word, like a manifest."""
     seen: set[str] = set()
     where = store.describe(cell)
-    for o in store.list(cell):
+    for o in (o for o in store.list(cell) if not foreign(o.path)):  # other tools' bookkeeping is no cell's
         path = safe_relpath(o.path, where=where)
         if cell and not path.startswith(f"{cell}/"):
             raise UnsafePathError(f"the listing names {shown(path)}, outside the cell", path=where, actual=path)

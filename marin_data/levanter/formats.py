@@ -19,7 +19,7 @@ from marin_data.errors import NotApplicableError
 from marin_data.formats.base import MARIN, Downloaded, Reader, Source
 from marin_data.formats.corpus import CorpusSource
 from marin_data.levanter.cells import PinnedCells
-from marin_data.levanter.detect import CACHE, CORPUS, STORE, cache_roots
+from marin_data.levanter.detect import CACHE, CORPUS, STORE, cache_tree
 from marin_data.levanter.detect import Source as Found
 from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
@@ -218,5 +218,5 @@ class LevanterStoreFormat(_Levanter):
     name = LEVANTER_STORE
 
     def detect(self, store: Store) -> CacheSource | None:
-        cells = cache_roots(store)
-        return CacheSource(Found(STORE, store, cells)) if cells else None
+        cells, skipped = cache_tree(store)
+        return CacheSource(Found(STORE, store, cells, skipped=skipped)) if cells else None

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from marin_data.corpus.foreign import foreign, skipped_note
 from marin_data.corpus.info import subsets_table
 from marin_data.corpus.manifest import Manifest
 from marin_data.corpus.names import select_subsets
@@ -37,18 +38,20 @@ class CacheInfo:
     kind: str  # "cache" or "store"
     cells: dict[str, SubsetInfo]  # a single cache: one entry named ""
     layouts: dict[str, str]  # cell -> "consolidated (int32, blosc lz4 clevel 5)"
+    skipped: tuple[str, ...] = ()  # a store's bookkeeping of other tools (`detect.Source.skipped`)
 
     def to_json(self) -> dict:
         return {"source": self.root, "kind": self.kind, "pinned": False,
                 "subsets": {k: {**asdict(v), "layout": self.layouts[k]} for k, v in self.cells.items()},
                 "total": {f: sum(getattr(v, f) for v in self.cells.values())
-                          for f in ("docs", "tokens", "bytes", "shards")}}
+                          for f in ("docs", "tokens", "bytes", "shards")},
+                "ignored": list(self.skipped)}
 
     def __str__(self) -> str:
         what = "a Levanter cache" if self.kind == CACHE else f"a store of {len(self.cells)} Levanter caches"
         return "\n".join([f"{self.root}: {what}, not pinned (`marin-data adopt` pins it)", "",
                           subsets_table({k or "(cache)": v for k, v in self.cells.items()}), "",
-                          *self._layout_lines(),
+                          *self._layout_lines(), *filter(None, [skipped_note(self.skipped, "not counted")]),
                           "chunk files are counted as shards; nothing here is checked: `marin-data verify` does"])
 
     def _layout_lines(self) -> list[str]:
@@ -72,9 +75,10 @@ def open_cells(found: Source, subsets: list[str] | None) -> dict[str, LevanterCa
 
 
 def cell_bytes(found: Source) -> dict[str, int]:
-    """The bytes of each cell's files from one listing of the store (a single cache: one entry named "")."""
+    """The bytes of each cell's files from one listing of the store (a single cache: one entry named ""),
+    other tools' bookkeeping (`foreign`) left out."""
     sizes: dict[str, int] = {}
-    for o in found.store.list():
+    for o in (o for o in found.store.list() if not foreign(o.path)):
         cell = next((c for c in found.cells if o.path.startswith(c + "/")), "")
         sizes[cell] = sizes.get(cell, 0) + o.size
     return sizes
@@ -101,7 +105,7 @@ def summarize(found: Source, root: str) -> CacheInfo:
     return CacheInfo(root=root, kind=found.kind, layouts={k: _describe(c) for k, c in cells.items()},
                      cells={k: SubsetInfo(docs=c.rows, tokens=c.tokens, bytes=sizes.get(k, 0),
                                           shards=sum(len(p.data_chunks()) for p in c.parts))
-                            for k, c in cells.items()})
+                            for k, c in cells.items()}, skipped=found.skipped)
 
 
 def _pinned(found: Source, subset: str | None, manifest_sha256: str | None) -> tuple[str, LevanterCache,

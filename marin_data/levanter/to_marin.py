@@ -33,6 +33,7 @@ from marin_data.fileio.atomic import atomic_write_bytes
 from marin_data.corpus.build import DEFAULT_SHARD_TOKENS, check_corpus, place_shards, remove_staging
 from marin_data.corpus.commit import commit_corpus, finish_commit
 from marin_data.corpus.manifest import Corpus, Manifest, load_corpus, shards_fingerprint
+from marin_data.corpus.foreign import foreign
 from marin_data.corpus.markers import canonical, read_marker
 from marin_data.corpus.names import as_subset_name, check_subset_name, select_subsets
 from marin_data.corpus.records import ShardRecord, SubsetInfo
@@ -195,7 +196,8 @@ def _unpinned_cells(found: Source, source: str | os.PathLike, *, tokenizer: str 
     refuse_problems(problems, str(source))
     cell_of = {p: c for c, p in prefixes.items()}
     files: dict[str, list[str]] = {}  # cell -> "path size sha256" of each of its files
-    for o in found.store.list():  # a single cache ("") holds every file; a store's cell, those below it
+    listed = (o for o in found.store.list() if not foreign(o.path))  # other tools' bookkeeping is no cell's
+    for o in listed:  # a single cache ("") holds every file; a store's cell, those below it
         folder = next((str(f) for f in PurePosixPath(o.path).parents if str(f) in cell_of),
                       "" if "" in cell_of else None)
         if folder is not None:

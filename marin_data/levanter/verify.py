@@ -102,4 +102,5 @@ def verify_found(found: Source, url: str | os.PathLike, *, subsets: list[str] | 
                                   expect_bos=expect_bos, workers=workers)
     return VerifyReport(root=str(url), manifest_sha256="", subsets=tuple(c for c in cells if c), deep=tokens,
                         files_checked=files, bytes_checked=nbytes, seconds=time.perf_counter() - t0, workers=1,
-                        problems=tuple(sorted(problems, key=lambda p: (p.path, p.kind.value))), partial_files=())
+                        problems=tuple(sorted(problems, key=lambda p: (p.path, p.kind.value))), partial_files=(),
+                        ignored=found.skipped)
