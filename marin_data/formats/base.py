@@ -151,6 +151,6 @@ class Source:
         raise self._refuse("convert")
 
     def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
-              workers: int | None = None) -> Any:
+              workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None) -> Any:
         """This source pinned in place by a manifest (an `AdoptReport`; `marin-data adopt`)."""
         raise self._refuse("adopt")

@@ -112,10 +112,11 @@ class CacheSource(Source):
         return _to_marin(self.found, self.given, dest, subsets, settings)
 
     def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
-              workers: int | None = None) -> Any:
+              workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None) -> Any:
         from marin_data.levanter.adopt import adopt_found
 
-        return adopt_found(self.found, self.given, tokenizer=tokenizer, name=name, license=license, workers=workers)
+        return adopt_found(self.found, self.given, tokenizer=tokenizer, name=name, license=license, workers=workers,
+                           tokenizer_name=tokenizer_name, meta=meta)
 
 
 class PinnedSource(CorpusSource):

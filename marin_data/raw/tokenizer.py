@@ -34,6 +34,7 @@ __all__ = [
     "TokenizerInfo",
     "LoadedTokenizer",
     "resolve_tokenizer_file",
+    "local_tokenizer",
     "load_tokenizer",
     "tokenizer_from_bytes",
     "token_byte_lengths",
@@ -122,6 +123,22 @@ def resolve_tokenizer_file(spec: str) -> tuple[Path, str]:
     if spec.endswith(".json") or not _REPO_ID.fullmatch(spec):
         raise InvalidTokenizerError("no such tokenizer file (and not a Hugging Face repo id)", path=spec)
     return Path(_hub_download(spec)), spec
+
+
+def local_tokenizer(spec: str) -> Path | None:
+    """The ``tokenizer.json`` a spec names when it is on this machine, without the network: a file, a
+    directory holding one, or a Hub repo id whose file is already in the local Hugging Face cache; else None."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        path = path / TOKENIZER
+    if path.is_file():
+        return path
+    if spec.endswith(".json") or not _REPO_ID.fullmatch(spec):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(spec, TOKENIZER)
+    return Path(found) if isinstance(found, str) else None
 
 
 def _name_of(path: Path) -> str:
