@@ -37,6 +37,7 @@ __all__ = [
     "local_tokenizer",
     "load_tokenizer",
     "tokenizer_from_bytes",
+    "marked_bos",
     "token_byte_lengths",
 ]
 
@@ -224,6 +225,13 @@ def tokenizer_from_bytes(data: bytes, info: TokenizerInfo, *, where: str = TOKEN
         raise TokenizerChecksumError(f"tokenizer sha256 {actual} is not the expected {info.sha256}", path=where,
                                      expected=info.sha256, actual=actual)
     return LoadedTokenizer(tokenizer=_parse(data, where), data=data, info=info)
+
+
+def marked_bos(loaded: LoadedTokenizer) -> int | None:
+    """The id of the first of `BOS_CANDIDATES` the tokenizer marks special, or None: a BOS it has, whether or
+    not a corpus prepends it."""
+    special = {t.content: i for i, t in loaded.tokenizer.get_added_tokens_decoder().items() if t.special}
+    return next((special[t] for t in BOS_CANDIDATES if t in special), None)
 
 
 def _parse(data: bytes, where: str) -> Any:
