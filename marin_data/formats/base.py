@@ -126,6 +126,12 @@ class Source:
         """A summary with ``to_json()`` and ``str()``: subsets, totals, tokenizer (`marin-data info`)."""
         raise self._refuse("info")
 
+    def tokenizer_for(self, given: str | None) -> tuple[str | None, str | None]:
+        """The tokenizer a command that decodes this source takes, and a line to say on stderr about it (None:
+        nothing to say): ``given`` (``--tokenizer``) as it is here; a source that carries none may offer the
+        one its own files name."""
+        return given, None
+
     def show(self, *, subset: str | None, n: int, doc_id: str | None = None, row: int | None = None,
              tokenizer: str | None = None, manifest_sha256: str | None = None) -> list:
         """Documents decoded back to text (`ShownDocument`s; `marin-data show`)."""

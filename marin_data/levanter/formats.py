@@ -64,6 +64,13 @@ class CacheSource(Source):
             raise NotApplicableError("--manifest-sha256 pins a corpus; this Levanter cache has no manifest yet")
         return summarize(self.found, self.given)
 
+    def tokenizer_for(self, given: str | None) -> tuple[str | None, str | None]:
+        """``given``, else the tokenizer the caches' ledgers name when it is on this machine (`ledger_tokenizer`),
+        said so; else None, and the command asks for ``--tokenizer`` as before."""
+        from marin_data.levanter.ledgermeta import tokenizer_of
+
+        return tokenizer_of(self.found, given)
+
     def show(self, *, subset: str | None, n: int, doc_id: str | None = None, row: int | None = None,
              tokenizer: str | None = None, manifest_sha256: str | None = None) -> list:
         from marin_data.levanter.summary import show_found

@@ -7,7 +7,8 @@ cache's top ledger may hold null and its parts the metadata. A cache written oth
 records none. A fact holds for a set of caches only when every one records it alike (`agreed`).
 
 `ledger_tokenizer` finds the tokenizer the ledgers name on this machine (a path, or a Hub repo already in
-the local Hugging Face cache: never the network); `load_framed` loads a tokenizer with the BOS id the
+the local Hugging Face cache: never the network), which `tokenizer_of` offers a command given no
+``--tokenizer``; `load_framed` loads a tokenizer with the BOS id the
 ledgers say was prepended, so that what a manifest or a datasheet states agrees with them.
 """
 
@@ -16,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from marin_data.errors import InvalidTokenizerError
-from marin_data.levanter.cache import LevanterCache
+from marin_data.errors import InvalidTokenizerError, MarinDataError
+from marin_data.levanter.cache import LevanterCache, open_cache
+from marin_data.levanter.detect import Source
 from marin_data.raw.tokenizer import LoadedTokenizer, load_tokenizer, local_tokenizer
 
-__all__ = ["ledger_metadata", "agreed", "ledger_tokenizer", "load_framed", "from_ledger_note"]
+__all__ = ["ledger_metadata", "agreed", "ledger_tokenizer", "tokenizer_of", "load_framed"]
 
 
 def ledger_metadata(cache: LevanterCache) -> dict:
@@ -45,9 +47,20 @@ def ledger_tokenizer(caches: Iterable[LevanterCache]) -> tuple[str, str] | None:
     return (name, str(found)) if found is not None else None
 
 
-def from_ledger_note(name: str) -> str:
-    """What a command says on stderr when it decodes with the tokenizer the ledger names."""
-    return f"tokenizer: {name}, from the cache's ledger"
+def tokenizer_of(found: Source, given: str | None) -> tuple[str | None, str | None]:
+    """The tokenizer for an unpinned cache or store ``found``: ``given``; else the one every cell's ledger
+    names, when it is on this machine, with the line that says so on stderr; else ``(None, None)`` (also
+    when a ledger cannot be read: the command then refuses as it does without a tokenizer)."""
+    if given is not None:
+        return given, None
+    try:
+        caches = [open_cache(found.store, p, require_finished=False) for p in (found.cells or [""])]
+    except MarinDataError:
+        return None, None
+    named = ledger_tokenizer(caches)
+    if named is None:
+        return None, None
+    return named[1], f"tokenizer: {named[0]}, from the cache's ledger"
 
 
 def load_framed(spec: str, caches: Iterable[LevanterCache], *, name: str | None = None) -> LoadedTokenizer:
