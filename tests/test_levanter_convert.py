@@ -99,7 +99,9 @@ def test_a_store_round_trips_through_a_corpus_equal_in_every_document(tmp_path, 
     name = load_tokenizer(str(tiny_tokenizer)).info.name
     for cell, docs in cells.items():
         cache = open_cache(detect(str(tmp_path / "caches" / cell)).store)
-        assert cache.ledger.preprocessor_metadata == {"tokenizer": name, "vocab_size": VOCAB}
+        framed = all(len(d) and d[0] == BOS for d in docs)  # BOS-led, never EOS-closed: as the ledger says
+        assert cache.ledger.preprocessor_metadata == {"tokenizer": name, "vocab_size": VOCAB, "append_bos": framed,
+                                                      "append_eos": False}
         assert (cache.ledger.layout, cache.parts[0].data.dtype, cache.parts[0].data.blosc) == \
             ("consolidated", dtype, codec)
         assert check_cache(cache, tokens=True, vocab_size=VOCAB) == []

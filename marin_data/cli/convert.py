@@ -30,9 +30,11 @@ __all__ = ["command"]
                    "repeatable. Default: all.")
 @click.option("--tokenizer", metavar="TOK",
               help="marin, from a cache not pinned: the tokenizer it was built with (a tokenizer.json path or a "
-                   "Hugging Face repo id); a pinned cache has its own.")
+                   "Hugging Face repo id; default: the one its ledgers name, when it is on this machine); a pinned "
+                   "cache has its own.")
 @click.option("--name", metavar="NAME", help="marin, from a single cache: its subset (default: its folder's name).")
-@click.option("--license", "license_", metavar="SPDX", help="marin: the license of each new subset (default: unknown).")
+@click.option("--license", "license_", metavar="SPDX",
+              help="marin: the license of each new subset (default: a pinned source's own, else unknown).")
 @click.option("--shard-tokens", type=TokenCount(), metavar="N",
               help=f"marin: most tokens per shard (suffixes K, M, G, Ki, Mi, Gi; default {DEFAULT_SHARD_TOKENS:,}).")
 @click.option("--token-dtype", type=click.Choice(["int32", "int64"]),
@@ -99,8 +101,13 @@ def command(source: str, dest: Path, format_: str, subsets: tuple[str, ...], tok
         raise click.UsageError(f"{', '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} to the other "
                                f"direction, not --format {format_}")
     with usage_errors():
-        report = open_source(source, **options).convert(
-            to=format_, dest=dest, subsets=subsets, tokenizer=tokenizer, name=name, license=license_ or "unknown",
+        found = open_source(source, **options)
+        if format_ == MARIN:
+            tokenizer, said = found.tokenizer_for(tokenizer)
+            if said:
+                echo(said, err=True)
+        report = found.convert(
+            to=format_, dest=dest, subsets=subsets, tokenizer=tokenizer, name=name, license=license_,
             shard_tokens=shard_tokens or DEFAULT_SHARD_TOKENS, dtype=token_dtype or "int32", codec=codec,
             workers=workers, manifest_sha256=manifest_sha256)
     echo(summary(report))

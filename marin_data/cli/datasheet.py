@@ -38,7 +38,8 @@ __all__ = ["command"]
                    "0 reads everything.")
 @click.option("--tokenizer", metavar="TOK",
               help="A Levanter cache not pinned yet: the tokenizer it was built with (a tokenizer.json path or a "
-                   "Hub repo id); a cache carries none until `marin-data adopt` pins it.")
+                   "Hub repo id). Default: the one its ledgers name, when it is on this machine (a path, or in "
+                   "the Hugging Face cache).")
 @store_options
 @hf_options
 def command(source: str, meta: Path | None, meta_template: bool, out: Path | None, strict: bool, scan_tokens: int,
@@ -84,8 +85,12 @@ def command(source: str, meta: Path | None, meta_template: bool, out: Path | Non
         click.echo(template(open_source(source, **options).datasheet(source).subsets, corpus=source),
                    nl=False)  # names checked
         return
-    sheet = open_source(source, **options).datasheet(source)
+    found = open_source(source, **options)
+    sheet = found.datasheet(source)
     with usage_errors():
+        tokenizer, said = found.tokenizer_for(tokenizer)
+        if said:
+            echo(said, err=True)
         sheet.check_options(tokenizer=tokenizer, out=out)
     result = sheet.write(meta=meta, out=out, strict=strict, scan_tokens=scan_tokens, tokenizer=tokenizer)
     for rel in result.written:

@@ -25,8 +25,9 @@ TERMINAL_MAX_CHARS = 2_000
 @click.option("--subset", metavar="NAME", help="The subset (a name, or a pattern matching one); a single Levanter "
                                              "cache has none.")
 @click.option("--tokenizer", metavar="TOK", help="A Levanter cache not pinned yet: the tokenizer to decode with "
-                                                 "(a tokenizer.json path or a Hub repo id); a cache carries none "
-                                                 "until `marin-data adopt` pins it.")
+                                                 "(a tokenizer.json path or a Hub repo id). Default: the one its "
+                                                 "ledgers name, when it is on this machine (a path, or in the Hugging "
+                                                 "Face cache).")
 @click.option("--row", type=click.IntRange(min=0), metavar="N", help="A Levanter cache: show row N instead.")
 @click.option("-n", "n", type=click.IntRange(min=1), default=5, show_default=True,
               help="How many documents, from the start of the subset's first shard.")
@@ -66,8 +67,12 @@ def command(corpus: str, subset: str | None, tokenizer: str | None, row: int | N
     if not is_url(corpus) and not Path(corpus).is_dir():
         raise click.UsageError(f"{corpus!r} is no folder (a published corpus is named s3://... or hf://...)")
     with usage_errors():
-        docs = open_source(corpus, **options).show(subset=subset, n=n, doc_id=doc_id, row=row, tokenizer=tokenizer,
-                                                   manifest_sha256=manifest_sha256)
+        source = open_source(corpus, **options)
+        tokenizer, said = source.tokenizer_for(tokenizer)
+        if said:
+            echo(said, err=True)
+        docs = source.show(subset=subset, n=n, doc_id=doc_id, row=row, tokenizer=tokenizer,
+                           manifest_sha256=manifest_sha256)
     if max_chars is None:
         max_chars = 0 if as_json or not sys.stdout.isatty() else TERMINAL_MAX_CHARS
     for d in docs:

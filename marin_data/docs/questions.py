@@ -128,6 +128,7 @@ class Metadata:
     answers: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
     pretty_name: str | None = None
     source: str | None = None  # the file it came from, shown in the datasheet
+    licenses: dict[str, str] = field(default_factory=dict)  # subset -> SPDX id (`adopt --meta` only)
 
     def answer(self, qid: str) -> str | tuple[str, ...] | None:
         return self.answers.get(qid)
@@ -173,14 +174,17 @@ def _unknown(keys: Iterable[object], known: Iterable[str], what: str, where: str
                                    path=where, actual=bad)
 
 
-def parse_metadata(doc: object, *, subsets: Iterable[str], where: str = "metadata") -> Metadata:
-    """Validate a parsed metadata document against the question list and the corpus's subsets."""
+def parse_metadata(doc: object, *, subsets: Iterable[str], where: str = "metadata",
+                   licenses: bool = False) -> Metadata:
+    """Validate a parsed metadata document against the question list and the corpus's subsets; with
+    ``licenses``, a subset's block may also give its ``license`` (an SPDX id: `adopt` records it)."""
     doc = _mapping(doc, "the metadata file", where)
     _unknown(doc, _TOP_LEVEL, "the metadata file", where)
     by_section: dict[str, list[Question]] = {}
     for q in QUESTIONS:
         by_section.setdefault(q.section, []).append(q)
     answers: dict[str, str | tuple[str, ...]] = {}
+    spdx: dict[str, str] = {}
     for section, questions in by_section.items():
         block = _mapping(doc.get(section), section, where)
         _unknown(block, [q.leaf for q in questions], section, where)
@@ -192,18 +196,25 @@ def parse_metadata(doc: object, *, subsets: Iterable[str], where: str = "metadat
     _unknown(per_subset, known_subsets, "subsets (not a subset of this corpus)", where)
     for name, block in per_subset.items():
         block = _mapping(block, f"subsets.{name}", where)
-        _unknown(block, [q.leaf for q in SUBSET_QUESTIONS], f"subsets.{name}", where)
+        _unknown(block, [q.leaf for q in SUBSET_QUESTIONS] + (["license"] if licenses else []), f"subsets.{name}",
+                 where)
+        if block.get("license") is not None:
+            if not (isinstance(block["license"], str) and block["license"].strip()):
+                raise InvalidMetadataError(f"subsets.{name}.license: expected an SPDX id, got {block['license']!r}",
+                                           path=where)
+            spdx[name] = block["license"].strip()
         for q in SUBSET_QUESTIONS:
             if (a := _answer(block.get(q.leaf), q.for_subset(name), where)) is not None:
                 answers[q.for_subset(name).id] = a
     pretty = doc.get("pretty_name")
     if pretty is not None and not (isinstance(pretty, str) and pretty.strip()):
         raise InvalidMetadataError(f"pretty_name must be text, got {pretty!r}", path=where)
-    return Metadata(answers=answers, pretty_name=pretty.strip() if pretty else None, source=where)
+    return Metadata(answers=answers, pretty_name=pretty.strip() if pretty else None, source=where, licenses=spdx)
 
 
-def load_metadata(path: str | os.PathLike | None, *, subsets: Iterable[str]) -> Metadata:
-    """Read and validate a metadata YAML file; no file means every question is unanswered.
+def load_metadata(path: str | os.PathLike | None, *, subsets: Iterable[str], licenses: bool = False) -> Metadata:
+    """Read and validate a metadata YAML file (``licenses``: as `parse_metadata`); no file means every
+    question is unanswered.
 
     Raises:
         InvalidMetadataError: unreadable or malformed YAML, unknown keys, answers of the wrong kind, or a
@@ -218,7 +229,7 @@ def load_metadata(path: str | os.PathLike | None, *, subsets: Iterable[str]) -> 
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise InvalidMetadataError(f"cannot read the metadata file: {e}", path=str(path)) from e
-    return parse_metadata(doc, subsets=subsets, where=path.name)
+    return parse_metadata(doc, subsets=subsets, where=path.name, licenses=licenses)
 
 
 def require_complete(meta: Metadata, subsets: Iterable[str]) -> None:

@@ -126,6 +126,12 @@ class Source:
         """A summary with ``to_json()`` and ``str()``: subsets, totals, tokenizer (`marin-data info`)."""
         raise self._refuse("info")
 
+    def tokenizer_for(self, given: str | None) -> tuple[str | None, str | None]:
+        """The tokenizer a command that decodes this source takes, and a line to say on stderr about it (None:
+        nothing to say): ``given`` (``--tokenizer``) as it is here; a source that carries none may offer the
+        one its own files name."""
+        return given, None
+
     def show(self, *, subset: str | None, n: int, doc_id: str | None = None, row: int | None = None,
              tokenizer: str | None = None, manifest_sha256: str | None = None) -> list:
         """Documents decoded back to text (`ShownDocument`s; `marin-data show`)."""
@@ -151,6 +157,6 @@ class Source:
         raise self._refuse("convert")
 
     def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
-              workers: int | None = None) -> Any:
+              workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None) -> Any:
         """This source pinned in place by a manifest (an `AdoptReport`; `marin-data adopt`)."""
         raise self._refuse("adopt")

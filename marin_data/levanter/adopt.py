@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,15 +40,21 @@ from marin_data.levanter.arraymeta import ArrayMeta
 from marin_data.levanter.cache import LevanterCache, open_cache
 from marin_data.levanter.checks import check_cache, refuse_problems
 from marin_data.levanter.chunkfile import decode_inner, read_index, stored_frames
-from marin_data.levanter.describe import render_cache_card, render_cache_croissant
+from marin_data.docs.questions import load_metadata
+from marin_data.levanter.describe import descriptions_of, render_cache_card, render_cache_croissant
 from marin_data.levanter.detect import CACHE, CORPUS, Source, detect
 from marin_data.levanter.documents import refuse_ids
+from marin_data.levanter.ledgermeta import agreed, load_framed
 from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
 from marin_data.fileio.lock import corpus_lock
-from marin_data.raw.tokenizer import load_tokenizer
 from marin_data.stores.local import LocalStore
 
 __all__ = ["AdoptReport", "adopt", "adopt_found", "adopt_corpus", "cache_rows"]
+
+NAME_GIVEN = "given with --tokenizer-name"
+NAME_FROM_LEDGERS = "from the caches' ledgers"
+NAME_FROM_TOKENIZER = "from the --tokenizer path or repo id"
+NAME_FROM_PIN = "from the pin the stopped run committed"
 
 _OURS = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, MIRRORS, RECORD, LOCK_NAME, *LISTED, *UNLISTED}
 
@@ -61,6 +68,8 @@ class AdoptReport:
     bytes: int
     seconds: float | None  # hashing; None: a killed run's pin, moved in (nothing hashed again)
     skipped: tuple[str, ...] = ()  # other tools' bookkeeping left in place, unpinned (`foreign`)
+    tokenizer: str = ""  # the tokenizer's name the manifest records
+    tokenizer_from: str = ""  # where that name came from: one of the NAME_* phrases
 
 
 @dataclass(frozen=True)
@@ -74,28 +83,34 @@ class _Job:
 
 
 def adopt(path: str | os.PathLike, *, tokenizer: str, name: str | None = None, version: str = "1",
-          license: str = "unknown", workers: int | None = None) -> AdoptReport:
+          license: str = "unknown", workers: int | None = None, tokenizer_name: str | None = None,
+          meta: str | os.PathLike | None = None) -> AdoptReport:
     """Pin the Levanter cache or store at ``path`` (a local folder) in place.
 
     Args:
         tokenizer: the tokenizer the cache was built with (a ``tokenizer.json`` path or a Hub repo id);
             its ``tokenizer.json`` is copied beside the cache and fingerprinted in the manifest.
         name: the corpus's name (default: the folder's); for a single cache, also its one subset's.
-        license: an SPDX id recorded for every subset.
+        license: an SPDX id recorded for every subset the metadata file gives none.
         workers: hashing threads (default: one per available core).
+        tokenizer_name: the tokenizer's name in the manifest (default: the one every cache's ledger gives,
+            when they agree; else derived from ``tokenizer``). Its BOS id is recorded when every ledger says
+            ``append_bos: true`` (`marin_data.levanter.ledgermeta`).
+        meta: a datasheet metadata file (`marin_data.docs.questions`) whose ``subsets`` blocks may also give a
+            ``license``: each cell's license, and its description for the card and Croissant file.
 
     Raises:
         UnknownSourceError: ``path`` holds no cache; CorpusConflictError: it is a corpus already, or holds a
             file adopt would write (a Hub repo's ``README.md``).
         CacheFormatError, CacheUnfinishedError, CacheCheckError: a structural check failed, or a token id lies
             outside the tokenizer's vocabulary (checked while each data chunk file is hashed; nothing written).
-        InvalidTokenizerError: the tokenizer cannot be loaded.
+        InvalidTokenizerError: the tokenizer cannot be loaded; InvalidMetadataError: a bad metadata file.
     """
     root = Path(path)
     if _killed(root):
         return _finish(root)
     return adopt_found(detect(root), root, tokenizer=tokenizer, name=name, version=version, license=license,
-                       workers=workers)
+                       workers=workers, tokenizer_name=tokenizer_name, meta=meta)
 
 
 def adopt_corpus(path: str | os.PathLike) -> AdoptReport:
@@ -113,7 +128,8 @@ def _killed(root: Path) -> bool:
 
 
 def adopt_found(found: Source, path: str | os.PathLike, *, tokenizer: str, name: str | None = None,
-                version: str = "1", license: str = "unknown", workers: int | None = None) -> AdoptReport:
+                version: str = "1", license: str = "unknown", workers: int | None = None,
+                tokenizer_name: str | None = None, meta: str | os.PathLike | None = None) -> AdoptReport:
     """`adopt` of the source ``found`` (`detect`) at the local folder ``path``."""
     root = Path(path)
     if found.kind == CORPUS:
@@ -122,10 +138,14 @@ def adopt_found(found: Source, path: str | os.PathLike, *, tokenizer: str, name:
     if taken:
         raise CorpusConflictError(f"{', '.join(taken)} already there: adopt writes its own and overwrites no file; "
                                   "move them away first", path=str(root), actual=taken)
-    loaded = load_tokenizer(tokenizer)
     name = name or as_subset_name(root.resolve().name)
     cells = {as_subset_name(name): ""} if found.kind == CACHE else {c: c for c in found.cells}
+    answers = load_metadata(meta, subsets=cells, licenses=True)
     caches = {s: open_cache(found.store, p, require_finished=False) for s, p in cells.items()}
+    named, named_from = _tokenizer_name(tokenizer_name, caches.values())
+    loaded = load_framed(tokenizer, caches.values(), name=named)
+    licenses = {s: answers.licenses.get(s, license) for s in cells}
+    descriptions = descriptions_of(answers, cells)
     refuse_problems([p for c in caches.values() for p in check_cache(c, vocab_size=loaded.info.vocab_size)],
                     str(root))
     with corpus_lock(root):
@@ -136,14 +156,26 @@ def adopt_found(found: Source, path: str | os.PathLike, *, tokenizer: str, name:
             rows = list(pool.map(lambda j: _hash(root, j, loaded.info.vocab_size), jobs))
         seconds = time.perf_counter() - t0
         manifest = Manifest(name=name, version=version, tokenizer=loaded.info,
-                            subsets={s: SubsetInfo(0, 0, 0, 0, license) for s in cells},
+                            subsets={s: SubsetInfo(0, 0, 0, 0, licenses[s]) for s in cells},
                             format=LEVANTER_CACHE if found.kind == CACHE else LEVANTER_STORE)
-        described = replace(manifest, subsets=summarize_subsets(rows, {s: license for s in cells}))
-        staged = {TOKENIZER: loaded.data, CARD: render_cache_card(described).encode(),
-                  CROISSANT: render_cache_croissant(described, rows).encode()}
+        described = replace(manifest, subsets=summarize_subsets(rows, licenses))
+        staged = {TOKENIZER: loaded.data, CARD: render_cache_card(described, descriptions).encode(),
+                  CROISSANT: render_cache_croissant(described, rows, descriptions).encode()}
         digest = commit_corpus(root, manifest, rows, staged=staged)  # one commit, the manifest last
     return AdoptReport(root=str(root), manifest_sha256=digest, subsets=tuple(sorted(cells)), files=len(rows),
-                       bytes=sum(r.bytes for r in rows), seconds=seconds, skipped=skipped)
+                       bytes=sum(r.bytes for r in rows), seconds=seconds, skipped=skipped,
+                       tokenizer=loaded.info.name, tokenizer_from=named_from)
+
+
+def _tokenizer_name(given: str | None, caches: Iterable[LevanterCache]) -> tuple[str | None, str]:
+    """The tokenizer's name for the manifest and where it came from: ``given``, else the name every cache's
+    ledger records, else None (`load_tokenizer` derives one from the tokenizer's path or repo id)."""
+    if given:
+        return given, NAME_GIVEN
+    recorded = agreed(caches, "tokenizer")
+    if isinstance(recorded, str) and recorded:
+        return recorded, NAME_FROM_LEDGERS
+    return None, NAME_FROM_TOKENIZER
 
 
 def _finish(root: Path) -> AdoptReport:
@@ -155,7 +187,8 @@ def _finish(root: Path) -> AdoptReport:
         raise CorpusConflictError(f"already a marin corpus ({MANIFEST} is there): nothing to adopt", path=str(root))
     return AdoptReport(root=str(root), manifest_sha256=corpus.manifest_sha256,
                        subsets=tuple(sorted(corpus.manifest.subsets)), files=len(corpus.shards),
-                       bytes=sum(r.bytes for r in corpus.shards), seconds=None)
+                       bytes=sum(r.bytes for r in corpus.shards), seconds=None,
+                       tokenizer=corpus.manifest.tokenizer.name, tokenizer_from=NAME_FROM_PIN)
 
 
 def cache_rows(cache: LevanterCache) -> dict[str, tuple[str, int, int]]:

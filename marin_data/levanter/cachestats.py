@@ -34,6 +34,7 @@ from marin_data.levanter.cache import ChunkFile, LevanterCache
 from marin_data.levanter.checks import read_stats, stats_mismatches
 from marin_data.levanter.documents import TokenReader, iter_ends
 from marin_data.levanter.ledger import LEDGER, STATS
+from marin_data.levanter.ledgermeta import ledger_metadata
 from marin_data.transfer.read import join
 from marin_data.raw.tokenizer import LoadedTokenizer
 from marin_data.ui import printable, progress
@@ -86,7 +87,7 @@ def registry_columns(cache: LevanterCache) -> dict[str, str]:
     Raises:
         CacheFormatError: a malformed ``.stats.json``; CacheCheckError: one that contradicts the ledger.
     """
-    metadata = _metadata(cache)
+    metadata = ledger_metadata(cache)
     found = {k: printable(metadata[k])[:_VALUE_CHARS] for k in REGISTRY_COLUMNS
              if isinstance(metadata.get(k), (str, int, float, bool)) and k != "marin_tokens"}
     stats = read_stats(cache) or {}
@@ -97,11 +98,6 @@ def registry_columns(cache: LevanterCache) -> dict[str, str]:
     if "total_tokens" in stats:
         found["marin_tokens"] = str(stats["total_tokens"])
     return {k: found[k] for k in REGISTRY_COLUMNS if k in found}
-
-
-def _metadata(cache: LevanterCache) -> dict:
-    top = cache.ledger.preprocessor_metadata
-    return top or (cache.parts[0].ledger.preprocessor_metadata if cache.parts else None) or {}
 
 
 def _check_ledgers(name: str, cache: LevanterCache, expected: SubsetInfo | None) -> None:
@@ -258,7 +254,7 @@ def cache_stats(cells: dict[str, LevanterCache], *, sizes: dict[str, int], token
                 shards=lengths.shards_scanned, license=(licenses or {}).get(name, "unknown"),
                 token_share=cache.tokens / total_tokens if total_tokens else 0.0, lengths=lengths))
             facts.append(CellFacts(name=name, parts=len(cache.parts), layout=cache.ledger.layout, dtype=cache.dtype,
-                                   codec=cache.codec, registry=registry_columns(cache), metadata=_metadata(cache),
+                                   codec=cache.codec, registry=registry_columns(cache), metadata=ledger_metadata(cache),
                                    files_scanned=cell.plan.files, first=cell.first))
         duplicates = digests.result(np.array([c.docs for c in passes], np.int64),
                                     np.array([c.tokens for c in passes], np.int64),

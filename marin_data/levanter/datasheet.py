@@ -27,12 +27,13 @@ from marin_data.layout import CARD, CROISSANT, DATASHEET, HEATMAP, TOKENIZER
 from marin_data.levanter.cache import open_cache
 from marin_data.levanter.cachesheet import CacheSheet
 from marin_data.levanter.cachestats import cache_stats
-from marin_data.levanter.describe import render_cache_card, render_cache_croissant
+from marin_data.levanter.describe import descriptions_of, render_cache_card, render_cache_croissant
 from marin_data.levanter.detect import CACHE, STORE
 from marin_data.levanter.detect import Source as Found
+from marin_data.levanter.ledgermeta import load_framed
 from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE, cell_prefixes
 from marin_data.levanter.summary import cell_bytes, open_cells
-from marin_data.raw.tokenizer import load_tokenizer, tokenizer_from_bytes
+from marin_data.raw.tokenizer import tokenizer_from_bytes
 from marin_data.stores.base import METADATA_LIMIT, Store
 from marin_data.stores.local import LocalStore
 from marin_data.transfer.read import read_file
@@ -50,8 +51,10 @@ def _assemble_pinned(corpus: Corpus, meta: Metadata, scan_tokens: int) -> Assemb
                            sizes={s: i.bytes for s, i in manifest.subsets.items()}, tokenizer=tokenizer,
                            licenses={s: i.license for s, i in manifest.subsets.items()}, expected=manifest.subsets,
                            scan_tokens=scan_tokens)
-    outputs = {CARD: render_cache_card(manifest).encode(),
-               CROISSANT: render_cache_croissant(manifest, list(corpus.shards)).encode(), **figures(computed.corpus)}
+    described = descriptions_of(meta, manifest.subsets)
+    outputs = {CARD: render_cache_card(manifest, described).encode(),
+               CROISSANT: render_cache_croissant(manifest, list(corpus.shards), described).encode(),
+               **figures(computed.corpus)}
     sheet = CacheSheet(url=str(corpus.root), kind=STORE if manifest.format == LEVANTER_STORE else CACHE, pinned=True,
                        stats=computed, heatmap=HEATMAP in outputs)
     return Assembled(computed.corpus, outputs, sheet)
@@ -96,10 +99,10 @@ class CacheDatasheet:
         answers = load_metadata(meta, subsets=names)
         if strict:
             require_complete(answers, names)  # before anything is read or written
-        loaded = load_tokenizer(tokenizer)
+        caches = {k or name: c for k, c in open_cells(self.found, None).items()}
+        loaded = load_framed(tokenizer, caches.values())  # its BOS id where the ledgers say one was prepended
         sizes = {k or name: v for k, v in cell_bytes(self.found).items()}
-        computed = cache_stats({k or name: c for k, c in open_cells(self.found, None).items()}, sizes=sizes,
-                               tokenizer=loaded, scan_tokens=scan_tokens)
+        computed = cache_stats(caches, sizes=sizes, tokenizer=loaded, scan_tokens=scan_tokens)
         stats = computed.corpus
         manifest = Manifest(name=name, version="unpinned", tokenizer=loaded.info,
                             subsets={s.name: SubsetInfo(s.docs, s.tokens, s.bytes, s.shards) for s in stats.subsets},

@@ -64,6 +64,13 @@ class CacheSource(Source):
             raise NotApplicableError("--manifest-sha256 pins a corpus; this Levanter cache has no manifest yet")
         return summarize(self.found, self.given)
 
+    def tokenizer_for(self, given: str | None) -> tuple[str | None, str | None]:
+        """``given``, else the tokenizer the caches' ledgers name when it is on this machine (`ledger_tokenizer`),
+        said so; else None, and the command asks for ``--tokenizer`` as before."""
+        from marin_data.levanter.ledgermeta import tokenizer_of
+
+        return tokenizer_of(self.found, given)
+
     def show(self, *, subset: str | None, n: int, doc_id: str | None = None, row: int | None = None,
              tokenizer: str | None = None, manifest_sha256: str | None = None) -> list:
         from marin_data.levanter.summary import show_found
@@ -112,10 +119,11 @@ class CacheSource(Source):
         return _to_marin(self.found, self.given, dest, subsets, settings)
 
     def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
-              workers: int | None = None) -> Any:
+              workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None) -> Any:
         from marin_data.levanter.adopt import adopt_found
 
-        return adopt_found(self.found, self.given, tokenizer=tokenizer, name=name, license=license, workers=workers)
+        return adopt_found(self.found, self.given, tokenizer=tokenizer, name=name, license=license, workers=workers,
+                           tokenizer_name=tokenizer_name, meta=meta)
 
 
 class PinnedSource(CorpusSource):

@@ -4,8 +4,12 @@ Subset ``S`` becomes the consolidated cache ``DEST/S/`` (a store's cells are fol
 documents in the order of the subset's shards, written by `CacheWriter` with Levanter's own array specs
 (blosc lz4 clevel 5 by default, which every Levanter reads; zstd clevel 1 as newer Levanter writes) in
 bounded memory: one chunk of tokens and a row group of the shard being read. Each shard's SHA-256 and size
-are checked against the index before it is read. The ledger records the tokenizer's name and vocabulary
-in ``preprocessor_metadata``, as Levanter's tokenizer does.
+are checked against the index before it is read. The ledger records in ``preprocessor_metadata``, as
+Levanter's tokenizer run does, the tokenizer's name (the manifest's) and vocabulary, and what the documents
+were seen to be framed with: ``append_eos`` true when every document ends with the manifest's EOS id,
+``append_bos`` when every one opens with the tokenizer's BOS id (the manifest's, else the one its
+``tokenizer.json`` marks). A fact the corpus cannot tell (a tokenizer with no BOS it knows of, a subset of no
+documents) is left out rather than guessed.
 
 A cache is written under ``DEST/.staging/`` and renamed to ``DEST/S`` when its ledger is written, so a folder
 under a subset's name is always a whole cache: a run killed at any point leaves the finished subsets, and a
@@ -33,7 +37,7 @@ from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.shard import check_schema, check_shard_counts, check_shard_file
 from marin_data.engines.local import default_workers
 from marin_data.errors import ConvertConflictError, ShardFormatError, UnknownSourceError, UnsupportedFormatError
-from marin_data.layout import LOCK_NAME, MANIFEST, STAGING
+from marin_data.layout import LOCK_NAME, MANIFEST, STAGING, TOKENIZER
 from marin_data.levanter.arraymeta import LEVANTER_CHUNK, LEVANTER_INNER, LZ4, ArrayMeta, Blosc
 from marin_data.levanter.cache import DATA_ARRAY, open_cache
 from marin_data.levanter.checks import TOKEN_DTYPES
@@ -42,6 +46,7 @@ from marin_data.levanter.detect import CORPUS, detect, find_cells
 from marin_data.levanter.writer import CacheWriter
 from marin_data.fileio.lock import corpus_lock
 from marin_data.fileio.parquet_io import open_parquet
+from marin_data.raw.tokenizer import marked_bos, tokenizer_from_bytes
 from marin_data.stores.local import LocalStore
 
 __all__ = ["convert_to_levanter", "convert_corpus_to_levanter"]
@@ -53,8 +58,34 @@ class _Target:
 
     data: ArrayMeta
     offsets: ArrayMeta
-    metadata: dict  # the ledger's preprocessor_metadata
+    metadata: dict  # the ledger's preprocessor_metadata, less what each cache's documents show (`_Framing`)
     vocab: int
+    eos: int
+    bos: int | None  # None: the tokenizer has no BOS the corpus knows of
+
+
+class _Framing:
+    """Whether every document seen so far opens with BOS and ends with EOS: Levanter's ``append_bos`` and
+    ``append_eos``, as seen (an empty document has neither)."""
+
+    def __init__(self, target: _Target) -> None:
+        self.bos, self.eos = target.bos, target.eos
+        self.docs, self.starts, self.ends = 0, True, True
+
+    def see(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        if not len(lengths):
+            return
+        ends = np.cumsum(lengths)
+        full = lengths > 0
+        self.docs += len(lengths)
+        self.ends = self.ends and bool(full.all()) and bool(np.all(tokens[ends - 1] == self.eos))
+        self.starts = self.starts and bool(full.all()) and self.bos is not None and \
+            bool(np.all(tokens[ends - lengths] == self.bos))
+
+    def metadata(self) -> dict:
+        if not self.docs:
+            return {}
+        return {**({"append_bos": self.starts} if self.bos is not None else {}), "append_eos": self.ends}
 
 
 def convert_to_levanter(source: str | os.PathLike, *, dest: str | os.PathLike, subsets: Sequence[str] | None = None,
@@ -115,7 +146,7 @@ def convert_corpus_to_levanter(found, source: str | os.PathLike, *, dest: str | 
                                      path=str(source))
     data = ArrayMeta(dtype=dtype, chunk=chunk, inner=inner, blosc=codec)
     target = _Target(data, replace(data, dtype="int64"), {"tokenizer": info.name, "vocab_size": info.vocab_size},
-                     info.vocab_size)
+                     info.vocab_size, info.eos_id, info.bos_id if info.bos_id is not None else _marked_bos(corpus))
     root = Path(dest)
     _check_store(root)
     with corpus_lock(root):
@@ -130,6 +161,12 @@ def convert_corpus_to_levanter(found, source: str | os.PathLike, *, dest: str | 
                          docs=sum(corpus.manifest.subsets[s].docs for s in todo),
                          tokens=sum(corpus.manifest.subsets[s].tokens for s in todo), files=len(sizes),
                          bytes=sum(sizes), seconds=time.perf_counter() - t0)
+
+
+def _marked_bos(corpus: Corpus) -> int | None:
+    """The BOS id the corpus's ``tokenizer.json`` marks, when its manifest records none."""
+    data = (corpus.root / TOKENIZER).read_bytes()
+    return marked_bos(tokenizer_from_bytes(data, corpus.manifest.tokenizer, where=str(corpus.root / TOKENIZER)))
 
 
 def _check_store(root: Path) -> None:
@@ -164,7 +201,8 @@ def _finished(root: Path, subset: str, corpus: Corpus, target: _Target) -> bool:
     try:
         cache = open_cache(LocalStore(folder))
         part = cache.parts[0]
-        same = (cache.rows, cache.tokens, cache.ledger.preprocessor_metadata, part.data, part.offsets) == \
+        metadata = cache.ledger.preprocessor_metadata or {}
+        same = (cache.rows, cache.tokens, {k: metadata.get(k) for k in target.metadata}, part.data, part.offsets) == \
             (want.docs, want.tokens, target.metadata, target.data, target.offsets)
     except Exception as e:  # noqa: BLE001 - whatever makes it unreadable, it is not ours to replace
         raise ConvertConflictError(f"holds something that is not a finished Levanter cache ({e})",
@@ -182,11 +220,14 @@ def _write_subset(root: Path, subset: str, corpus: Corpus, target: _Target, run:
     staging = root / STAGING / urllib.parse.quote(subset, safe="")
     shutil.rmtree(staging, ignore_errors=True)  # what a killed run left
     writer = CacheWriter(staging, target.data, target.offsets, metadata=target.metadata, top=root)
+    framing = _Framing(target)
     for shard in sorted(corpus.shards_of([subset]), key=lambda s: s.path):
         for tokens, lengths in _shard_documents(corpus.root / shard.path, shard, target.vocab):
             run.check()
             writer.write(tokens, lengths)
+            framing.see(tokens, lengths)
             run.count(len(tokens))
+    writer.metadata = {**target.metadata, **framing.metadata()}  # the ledger, written last, says what was seen
     writer.close()
     with SafeDir(root, STAGING) as src, SafeDir(root, Path(subset).parent) as dst:
         if dst.lstat(Path(subset).name) is not None:

@@ -71,10 +71,11 @@ class _Cell:
     ends: Callable[[CachePart], np.ndarray]  # a part's document ends (`LevanterCache.document_ends`)
     values: Callable[[CachePart, ChunkFile], np.ndarray]  # one chunk file's values, decoded
     identity: str  # a digest of what the source holds for it: work staged for another is not reused
+    license: str = "unknown"  # its license where the source records one (a pinned cache's manifest)
 
 
 def convert_to_marin(source: str | os.PathLike, *, dest: str | os.PathLike, tokenizer: str | None = None,
-                     name: str | None = None, subsets: Sequence[str] | None = None, license: str = "unknown",
+                     name: str | None = None, subsets: Sequence[str] | None = None, license: str | None = None,
                      shard_tokens: int = DEFAULT_SHARD_TOKENS, workers: int | None = None,
                      manifest_sha256: str | None = None, **store_options) -> ConvertReport:
     """Convert the Levanter cache or store at ``source`` into subsets of the corpus at ``dest``.
@@ -87,7 +88,8 @@ def convert_to_marin(source: str | os.PathLike, *, dest: str | os.PathLike, toke
             source has its own and takes none.
         name: the subset of a single cache (default: its folder's name); a store's subsets are its cells.
         subsets: cell names or globs of a store (default: all).
-        license: the SPDX id recorded for each new subset.
+        license: the SPDX id recorded for each new subset (default: a pinned source's own, subset by subset;
+            else ``unknown``). A new corpus made from a pinned source takes its name.
         shard_tokens: the most tokens a shard holds (a longer document gets a shard of its own).
         workers: cells converted at once, each on a thread holding one decoded chunk file (0.5 GiB of int32 at
             Levanter's grid, 1.5 GiB of int64 with its uint32 copy) and a row group (default: one per core).
@@ -110,7 +112,7 @@ def convert_to_marin(source: str | os.PathLike, *, dest: str | os.PathLike, toke
 
 def convert_found_to_marin(found: Source, source: str | os.PathLike, *, dest: str | os.PathLike,
                            tokenizer: str | None = None, name: str | None = None, subsets: Sequence[str] | None = None,
-                           license: str = "unknown", shard_tokens: int = DEFAULT_SHARD_TOKENS,
+                           license: str | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
                            workers: int | None = None, manifest_sha256: str | None = None) -> ConvertReport:
     """`convert_to_marin` of the source ``found`` (`detect`), named ``source``."""
     t0 = time.perf_counter()
@@ -121,10 +123,11 @@ def convert_found_to_marin(found: Source, source: str | os.PathLike, *, dest: st
         raise InvalidManifestError("a Levanter cache has no manifest to pin until it is adopted: pass no "
                                    "manifest sha256", path=str(source))
     if found.kind == CORPUS:
-        loaded, cells = _pinned_cells(found, tokenizer=tokenizer, name=name, subsets=subsets,
-                                      manifest_sha256=manifest_sha256)
+        loaded, cells, corpus_name = _pinned_cells(found, tokenizer=tokenizer, name=name, subsets=subsets,
+                                                   manifest_sha256=manifest_sha256)
     else:
-        loaded, cells = _unpinned_cells(found, source, tokenizer=tokenizer, name=name, subsets=subsets)
+        (loaded, cells), corpus_name = _unpinned_cells(found, source, tokenizer=tokenizer, name=name,
+                                                       subsets=subsets), None
     empty = tuple(c.subset for c in cells if c.cache.rows == 0)
     cells = [c for c in cells if c.cache.rows]
     root = Path(dest)
@@ -153,7 +156,8 @@ def convert_found_to_marin(found: Source, source: str | os.PathLike, *, dest: st
                       "tokenizer_sha256": info.sha256, "docs": sum(s.docs for s in stats),
                       "tokens": sum(s.tokens for s in stats)}
             atomic_write_bytes(root / sources_path(c.subset), canonical(record), root=root)
-        digest = _commit(root, existing, info, {c.subset: license for c in todo}, records)
+        digest = _commit(root, existing, info, {c.subset: license or c.license for c in todo}, records,
+                         name=corpus_name)
     return ConvertReport(str(source), str(dest), MARIN, tuple(c.subset for c in todo), reused, empty,
                          docs=sum(r.docs for r in records), tokens=sum(r.tokens for r in records),
                          files=len(records), bytes=sum(r.bytes for r in records),
@@ -161,10 +165,11 @@ def convert_found_to_marin(found: Source, source: str | os.PathLike, *, dest: st
 
 
 def _commit(root: Path, existing: Corpus | None, info: TokenizerInfo, licenses: dict[str, str],
-            records: list[ShardRecord]) -> str:
-    """Commit the new subsets (their shards placed, their records written) into the corpus, the manifest last;
-    drop their staging. Returns the manifest's sha256."""
-    manifest = existing.manifest if existing else Manifest(name=root.resolve().name, version="0.1.0", tokenizer=info)
+            records: list[ShardRecord], *, name: str | None = None) -> str:
+    """Commit the new subsets (their shards placed, their records written) into the corpus (a new one named
+    ``name``, default its folder's), the manifest last; drop their staging. Returns the manifest's sha256."""
+    manifest = existing.manifest if existing else Manifest(name=name or root.resolve().name, version="0.1.0",
+                                                           tokenizer=info)
     manifest = replace(manifest, subsets={**manifest.subsets,
                                           **{s: SubsetInfo(0, 0, 0, 0, license=lic) for s, lic in licenses.items()}})
     kept = [f for f in manifest.files if f not in (TOKENIZER, SHARDS_INDEX, SUMS)]
@@ -216,8 +221,9 @@ def _read_values(cache: LevanterCache, part: CachePart, chunk: ChunkFile) -> np.
 
 
 def _pinned_cells(found: Source, *, tokenizer: str | None, name: str | None, subsets: Sequence[str] | None,
-                  manifest_sha256: str | None) -> tuple[LoadedTokenizer, list[_Cell]]:
-    """A pinned cache's selected cells, every file read through the pin (`LocalFiles`)."""
+                  manifest_sha256: str | None) -> tuple[LoadedTokenizer, list[_Cell], str]:
+    """A pinned cache's selected cells (each with its license), every file read through the pin
+    (`LocalFiles`), and the pinned corpus's name."""
     where = found.store.url
     if not found.pinned_cache:
         raise UnsupportedFormatError("a marin corpus of Parquet shards already: nothing to convert to marin",
@@ -246,8 +252,9 @@ def _pinned_cells(found: Source, *, tokenizer: str | None, name: str | None, sub
         rows = [r for r in corpus.shards if r.subset == subset]
         out.append(_Cell(name or subset, cells.cache(subset), functools.partial(cells.ends, subset),
                          functools.partial(cells.values, subset),
-                         shards_fingerprint(rows, corpus.manifest.tokenizer.sha256)))
-    return loaded, out
+                         shards_fingerprint(rows, corpus.manifest.tokenizer.sha256),
+                         corpus.manifest.subsets[subset].license))
+    return loaded, out, corpus.manifest.name
 
 
 def _single_name(name: str | None, source: str | os.PathLike) -> str:

@@ -34,8 +34,10 @@ __all__ = [
     "TokenizerInfo",
     "LoadedTokenizer",
     "resolve_tokenizer_file",
+    "local_tokenizer",
     "load_tokenizer",
     "tokenizer_from_bytes",
+    "marked_bos",
     "token_byte_lengths",
 ]
 
@@ -124,6 +126,22 @@ def resolve_tokenizer_file(spec: str) -> tuple[Path, str]:
     return Path(_hub_download(spec)), spec
 
 
+def local_tokenizer(spec: str) -> Path | None:
+    """The ``tokenizer.json`` a spec names when it is on this machine, without the network: a file, a
+    directory holding one, or a Hub repo id whose file is already in the local Hugging Face cache; else None."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        path = path / TOKENIZER
+    if path.is_file():
+        return path
+    if spec.endswith(".json") or not _REPO_ID.fullmatch(spec):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(spec, TOKENIZER)
+    return Path(found) if isinstance(found, str) else None
+
+
 def _name_of(path: Path) -> str:
     """A local tokenizer file's display name: its Hugging Face cache repo id, its directory or its stem."""
     if path.name != TOKENIZER:
@@ -207,6 +225,13 @@ def tokenizer_from_bytes(data: bytes, info: TokenizerInfo, *, where: str = TOKEN
         raise TokenizerChecksumError(f"tokenizer sha256 {actual} is not the expected {info.sha256}", path=where,
                                      expected=info.sha256, actual=actual)
     return LoadedTokenizer(tokenizer=_parse(data, where), data=data, info=info)
+
+
+def marked_bos(loaded: LoadedTokenizer) -> int | None:
+    """The id of the first of `BOS_CANDIDATES` the tokenizer marks special, or None: a BOS it has, whether or
+    not a corpus prepends it."""
+    special = {t.content: i for i, t in loaded.tokenizer.get_added_tokens_decoder().items() if t.special}
+    return next((special[t] for t in BOS_CANDIDATES if t in special), None)
 
 
 def _parse(data: bytes, where: str) -> Any:
