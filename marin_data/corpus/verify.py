@@ -33,7 +33,8 @@ from marin_data.corpus.shard import check_schema, count_tokens, inspect_shard
 from marin_data.engines import Engine, make_engine
 from marin_data.engines.local import default_workers
 from marin_data.errors import InvalidManifestError, ShardFormatError
-from marin_data.layout import BY_SHA256, DATA, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
+from marin_data.layout import BY_SHA256, CHECKED, DATA, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, \
+    UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.fileio.parquet_io import open_parquet
 from marin_data.ui import progress as progress_bar
 
@@ -352,7 +353,8 @@ def _scan_tree(corpus: Corpus, chosen: list[str] | None,
     ``data/<subset>/`` of a Parquet corpus), without descending into the folders of subsets that were not
     chosen (``data/a/b`` inside ``data/a``).
     """
-    known = {MANIFEST, MIRRORS, RECORD, *UNLISTED_ON_PURPOSE, *corpus.manifest.files, *(s.path for s in corpus.shards)}
+    known = {MANIFEST, MIRRORS, RECORD, CHECKED, *UNLISTED_ON_PURPOSE, *corpus.manifest.files,
+             *(s.path for s in corpus.shards)}
     if chosen is None:
         tops, skip = [""], set(IGNORED_NAMES)
     else:
