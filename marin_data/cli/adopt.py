@@ -8,9 +8,11 @@ from pathlib import Path
 import click
 
 from marin_data.cli._store_options import usage_errors
-from marin_data.ui import echo, human_bytes, plural
+from marin_data.ui import echo, human_bytes, plural, printable
 
 __all__ = ["command"]
+
+SHOWN = 10  # files first seen locally named in the summary
 
 
 @click.command("adopt")
@@ -43,3 +45,12 @@ def command(path: Path, tokenizer: str, name: str | None, license_: str, workers
     how = f"hashed in {report.seconds:.2f}s" if report.seconds is not None else "hashed by the run that was stopped"
     echo(f"pinned {plural(len(report.subsets), 'subset')}, {plural(report.files, 'file')}, "
          f"{human_bytes(report.bytes)} {how}; manifest sha256 {report.manifest_sha256}")
+    if report.seconds is None:
+        return
+    by = "".join(f", {n} by {a}" for a, n in sorted(report.checked.items()))
+    echo(f"digests: {sum(report.checked.values())} checked against the source{by}; "
+         f"{len(report.first_seen)} first seen locally")
+    for p in report.first_seen[:SHOWN]:
+        echo(f"  first seen locally: {printable(p)}")
+    if len(report.first_seen) > SHOWN:
+        echo(f"  ... and {len(report.first_seen) - SHOWN} more first seen locally")

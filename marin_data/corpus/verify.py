@@ -111,6 +111,7 @@ class VerifyReport:
     partial_files: tuple[str, ...]  # leftover *.part files: reported, not failures
     scope: str = SCOPE_ALL  # how the subsets were chosen: SCOPE_ALL, SCOPE_FILTER or SCOPE_DOWNLOADED
     ignored: tuple[str, ...] = ()  # FOREIGN_FOLDERS found in the tree: other tools' bookkeeping, not walked
+    recorded: bool = False  # an unpinned copy's files re-hashed against its download's record (`CHECKED`)
 
     @property
     def ok(self) -> bool:

@@ -20,13 +20,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from concurrent.futures import ThreadPoolExecutor
+
+from marin_data.corpus.verify import Problem, ProblemKind
 from marin_data.errors import CacheFormatError
-from marin_data.fileio.atomic import atomic_write_bytes
+from marin_data.fileio.atomic import atomic_write_bytes, sha256_file
 from marin_data.layout import CHECKED
 from marin_data.levanter.jsonio import parse_json
 from marin_data.stores.checksums import STRENGTH, strongest
 
-__all__ = ["SIZE_ONLY", "Checked", "read_checked", "write_checked", "checked_entry"]
+__all__ = ["SIZE_ONLY", "Checked", "read_checked", "write_checked", "checked_entry", "recheck"]
 
 SIZE_ONLY = "size-only"
 _HEX = re.compile(r"[0-9a-f]{8,64}")
@@ -81,6 +84,32 @@ def write_checked(root: str | Path, source: str, entries: Mapping[str, Checked],
     kept = {p: e for p, e in (earlier[1] if earlier else {}).items() if p in set(keep) and p not in entries}
     files = {p: e.to_json() for p, e in sorted({**kept, **entries}.items())}
     atomic_write_bytes(Path(root) / CHECKED, json.dumps({"source": source, "files": files}, indent=1).encode())
+
+
+def recheck(root: str | Path, entries: Mapping[str, Checked], cells: Iterable[str], *,
+            workers: int = 4) -> tuple[list[Problem], int, int]:
+    """Re-hash the recorded files of ``cells`` ("" for a single cache) under ``root`` against the record: the
+    findings (a file missing, of another size, or with another SHA-256), files hashed and bytes hashed."""
+    prefixes = tuple(f"{c}/" for c in cells if c)
+    chosen = [(p, e) for p, e in sorted(entries.items()) if not prefixes or p.startswith(prefixes)]
+
+    def one(item: tuple[str, Checked]) -> tuple[Problem | None, int]:
+        rel, e = item
+        try:
+            digest, size = sha256_file(Path(root) / rel)
+        except FileNotFoundError:
+            return Problem(rel, ProblemKind.MISSING, f"recorded in {CHECKED}, not on disk"), 0
+        if size != e.bytes:
+            kind = ProblemKind.TRUNCATED if size < e.bytes else ProblemKind.OVERSIZED
+            return Problem(rel, kind, f"{size} bytes, {e.bytes} when it was downloaded ({CHECKED})"), size
+        if digest != e.sha256:
+            return Problem(rel, ProblemKind.MODIFIED, f"sha256 {digest[:12]}… differs from the {e.sha256[:12]}… "
+                                                      f"it had when it was downloaded ({CHECKED})"), size
+        return None, size
+
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(chosen) or 1))) as pool:
+        results = list(pool.map(one, chosen))
+    return [p for p, _ in results if p is not None], len(chosen), sum(n for _, n in results)
 
 
 def _entry(rel: str, e: object, where: str) -> Checked:
