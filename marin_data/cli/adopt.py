@@ -30,7 +30,9 @@ def command(path: Path, tokenizer: str, name: str | None, license_: str, workers
     shards.parquet and SHA256SUMS, and manifest.json, tokenizer.json, the card (README.md) and croissant.json
     are written beside the cache's files. No Levanter file is changed: Levanter still loads it. A store's
     subsets are its cache folders (cluster=3/quality=4); one cache is one subset. Then verify, publish,
-    download --subset and serve work on it as on any corpus.
+    download --subset and serve work on it as on any corpus. A copy `marin-data download` made unpinned
+    is checked against its record (.marin-checked.json): a file changed since refuses the pin, and
+    vouched.json says per file whether its digest was checked against the source or first seen locally.
 
     \b
     EXAMPLES

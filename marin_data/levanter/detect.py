@@ -85,7 +85,8 @@ def find_cells(store: Store) -> tuple[str, ...]:
 
 
 def _own_files(store: Store) -> list[str]:
-    """The files of a tree but a writer's own (a download's record among them) and the card a Hub repo of caches has at its root."""
+    """The files of a tree but a writer's own (a download's record among them) and the card a Hub repo of
+    caches has at its root."""
     return [o.path for o in store.list() if o.path.split("/")[0] not in (LOCK_NAME, STAGING, CHECKED)
             and o.path != CARD]
 

@@ -80,7 +80,7 @@ class S3Store(Store):
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.endpoint_url = endpoint_url
         self.s3_compat = s3_compat
-        self._gcs = (urlsplit(endpoint_url).hostname or "").endswith("storage.googleapis.com") if endpoint_url else False
+        self._gcs = (urlsplit(endpoint_url or "").hostname or "").endswith("storage.googleapis.com")
         self._payer = {"RequestPayer": "requester"} if requester_pays else {}
         config = Config(
             retries={"total_max_attempts": 1, "mode": "standard"},  # marin_data.retry retries, once
