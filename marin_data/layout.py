@@ -11,6 +11,9 @@ Names only, no behaviour. A corpus (docs/design.md, the corpus layout) is::
 and, in a store it was published to, ``by-sha256/<sha256>/<name>``: every manifest and every file one lists,
 under its content (`marin_data.transfer.versions`),
 
+and, beside a Levanter cache fetched unpinned, ``.marin-checked.json`` (what the download checked each file
+against), which ``adopt`` turns into a listed ``vouched.json``,
+
 and, while it is being written or fetched, ``.marin.lock``, ``.staging/``, ``*.marin-download.part`` (with
 ``*.marin-download.ranges.part``) and, in a partial download, ``.marin-download.json``.
 
@@ -44,6 +47,8 @@ __all__ = [
     "STAGING",
     "COMMIT",
     "RECORD",
+    "CHECKED",
+    "VOUCHED",
     "PARTIAL_SUFFIX",
     "RANGES_SUFFIX",
     "SUCCESS",
@@ -78,6 +83,8 @@ LOCK_NAME = ".marin.lock"  # one writer per corpus
 STAGING = ".staging"  # `marin-data shard`'s work in progress
 COMMIT = f"{STAGING}/commit"  # a commit's index, SHA256SUMS and manifest before they move into place
 RECORD = ".marin-download.json"  # which subsets a partial download holds
+CHECKED = ".marin-checked.json"  # an unpinned Levanter download's per-file sizes, digests and how each was checked
+VOUCHED = "vouched.json"  # in a cache adopt pinned: per file, checked against its source or first seen locally
 PARTIAL_SUFFIX = ".marin-download.part"  # data/x/part-00000.parquet.marin-download.part
 RANGES_SUFFIX = ".marin-download.ranges.part"  # beside a partial fetched in ranges: what each range holds
 

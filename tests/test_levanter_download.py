@@ -15,7 +15,7 @@ from s3_env import FAST, bucket_url, moto, proxy, run_cli, s3_client  # noqa: F4
 from shard_env import tree_bytes
 
 from marin_data.errors import CacheUnfinishedError
-from marin_data.layout import LOCK_NAME
+from marin_data.layout import CHECKED, LOCK_NAME
 from marin_data.levanter import adopt, detect
 from marin_data.levanter.download import download_cache
 from marin_data.levanter.ledger import LEDGER
@@ -42,8 +42,9 @@ def chosen_files(store: Path) -> dict[str, bytes]:
 
 
 def copied(dest: Path) -> dict[str, bytes]:
-    """The files of a download, without the lock file every writer of a folder leaves."""
-    return {rel: b for rel, b in tree_bytes(dest).items() if rel != LOCK_NAME}
+    """The files of a download, without the lock file every writer of a folder leaves and the record of what
+    each file was checked against."""
+    return {rel: b for rel, b in tree_bytes(dest).items() if rel not in (LOCK_NAME, CHECKED)}
 
 
 def test_chosen_cells_arrive_byte_for_byte_resume_after_a_drop_and_their_structure_is_checked(

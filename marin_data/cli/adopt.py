@@ -9,9 +9,11 @@ import click
 
 from marin_data.cli._store_options import usage_errors
 from marin_data.corpus.foreign import skipped_note
-from marin_data.ui import echo, human_bytes, plural
+from marin_data.ui import echo, human_bytes, plural, printable
 
 __all__ = ["command"]
+
+SHOWN = 10  # files first seen locally named in the summary
 
 
 @click.command("adopt")
@@ -40,7 +42,9 @@ def command(path: Path, tokenizer: str, tokenizer_name: str | None, name: str | 
     ledgers record (Levanter's preprocessor_metadata), unless --tokenizer-name says otherwise; the output
     says which name was taken and from where. Other tools' bookkeeping (the .cache/huggingface/ folder of
     `hf download --local-dir`, Marin's executor's .executor_info and .executor_status) is left in place,
-    not pinned, and said so on stderr.
+    not pinned, and said so on stderr. A copy `marin-data download` made unpinned is checked against its
+    record (.marin-checked.json): a file changed since refuses the pin, and vouched.json says per file
+    whether its digest was checked against the source or first seen locally.
 
     \b
     EXAMPLES
@@ -61,3 +65,12 @@ def command(path: Path, tokenizer: str, tokenizer_name: str | None, name: str | 
         echo(note, err=True)
     echo(f"pinned {plural(len(report.subsets), 'subset')}, {plural(report.files, 'file')}, "
          f"{human_bytes(report.bytes)} {how}; manifest sha256 {report.manifest_sha256}")
+    if report.seconds is None:
+        return
+    by = "".join(f", {n} by {a}" for a, n in sorted(report.checked.items()))
+    echo(f"digests: {sum(report.checked.values())} checked against the source{by}; "
+         f"{len(report.first_seen)} first seen locally")
+    for p in report.first_seen[:SHOWN]:
+        echo(f"  first seen locally: {printable(p)}")
+    if len(report.first_seen) > SHOWN:
+        echo(f"  ... and {len(report.first_seen) - SHOWN} more first seen locally")

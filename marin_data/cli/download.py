@@ -52,7 +52,9 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
     then the next --mirror is tried. DIR keeps manifest.json verbatim and records the fetched subsets in
     DIR/.marin-download.json, so `marin-data verify DIR` checks exactly what was fetched.
     A Levanter cache or store that nothing pins (no manifest.json) is fetched cell by cell, each file
-    at its listed size, then the copy's structure is checked; `marin-data adopt DIR` pins it.
+    checked against every digest the store keeps (S3 checksums and MD5 ETags, GCS x-goog-hash, Hub LFS
+    sha256), else by its size (those are named), recorded in DIR/.marin-checked.json for verify; then the
+    copy's structure is checked; `marin-data adopt DIR` pins it.
     Exit status: 0 all fetched, 1 some files failed (each is listed) or a copied cache is damaged, 2 an
     untrusted manifest.
 

@@ -14,6 +14,7 @@ from marin_data.cli._hf_options import hf_options
 from marin_data.cli._store_options import check_sha256, is_url, remote_options, source_options, store_options, \
     usage_errors
 from marin_data.errors import VerificationFailedError
+from marin_data.layout import CHECKED
 from marin_data.ui import echo, human_bytes, plural, printable
 from marin_data.corpus.foreign import skipped_groups
 from marin_data.corpus.verify import SCOPE_DOWNLOADED, VerifyReport
@@ -135,6 +136,7 @@ def _human(report: VerifyReport) -> str:
         f"{'OK' if report.ok else 'FAILED'}:{deep} {plural(report.files_checked, 'file')}, {rate}, "
         f"{plural(len(report.subsets), 'subset')}{downloaded}; "
         + (f"manifest sha256 {report.manifest_sha256}" if report.manifest_sha256 else
-           "not pinned: structure checked, no hashes (`marin-data adopt` pins it)")
+           f"not pinned: structure checked, files re-hashed against {CHECKED} (`marin-data adopt` pins it)"
+           if report.recorded else "not pinned: structure checked, no hashes (`marin-data adopt` pins it)")
     )
     return "\n".join(lines)

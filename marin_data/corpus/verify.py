@@ -35,7 +35,8 @@ from marin_data.corpus.shard import check_schema, count_tokens, inspect_shard
 from marin_data.engines import Engine, make_engine
 from marin_data.engines.local import default_workers
 from marin_data.errors import InvalidManifestError, ShardFormatError
-from marin_data.layout import BY_SHA256, DATA, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, UNLISTED as UNLISTED_ON_PURPOSE
+from marin_data.layout import BY_SHA256, CHECKED, DATA, LOCK_NAME, MANIFEST, MIRRORS, RECORD, STAGING, \
+    UNLISTED as UNLISTED_ON_PURPOSE
 from marin_data.fileio.parquet_io import open_parquet
 from marin_data.ui import progress as progress_bar
 
@@ -110,6 +111,7 @@ class VerifyReport:
     partial_files: tuple[str, ...]  # leftover *.part files: reported, not failures
     scope: str = SCOPE_ALL  # how the subsets were chosen: SCOPE_ALL, SCOPE_FILTER or SCOPE_DOWNLOADED
     ignored: tuple[str, ...] = ()  # other tools' bookkeeping (`foreign`): its folders, not walked, and files
+    recorded: bool = False  # an unpinned copy's files re-hashed against its download's record (`CHECKED`)
 
     @property
     def ok(self) -> bool:
@@ -352,7 +354,8 @@ def _scan_tree(corpus: Corpus, chosen: list[str] | None,
     ``data/<subset>/`` of a Parquet corpus), without descending into the folders of subsets that were not
     chosen (``data/a/b`` inside ``data/a``).
     """
-    known = {MANIFEST, MIRRORS, RECORD, *UNLISTED_ON_PURPOSE, *corpus.manifest.files, *(s.path for s in corpus.shards)}
+    known = {MANIFEST, MIRRORS, RECORD, CHECKED, *UNLISTED_ON_PURPOSE, *corpus.manifest.files,
+             *(s.path for s in corpus.shards)}
     if chosen is None:
         tops, skip = [""], set(IGNORED_NAMES)
     else:

@@ -12,16 +12,22 @@ refuses the whole adoption. Then ``tokenizer.json``, the card, ``croissant.json`
 (`commit_corpus`): a run killed before its manifest leaves the cache as it was, one killed after it is finished
 by the next run. From then on the folder is a corpus: verify, publish, download and serve it as any other.
 docs/design.md ("Levanter caches") says why a chunk file is the shard.
+
+A copy an unpinned download made carries the download's record (`marin_data.levanter.checked`): a file
+whose SHA-256 differs from the one it arrived with refuses the adoption, and ``vouched.json`` (listed in
+the manifest, written only beside such a copy) states per file whether its digest was checked against the
+source, and by what, or first seen locally. Without a record every digest is first seen locally.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +39,12 @@ from marin_data.corpus.manifest import Manifest, load_corpus, summarize_subsets
 from marin_data.corpus.names import as_subset_name
 from marin_data.corpus.records import META, OFFSETS, SHARD, ShardRecord, SubsetInfo
 from marin_data.engines.local import default_workers
-from marin_data.errors import CacheCheckError, CacheFormatError, CorpusConflictError
-from marin_data.layout import CARD, COMMIT, CROISSANT, LISTED, LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, \
-    STAGING, SUMS, TOKENIZER, UNLISTED
+from marin_data.errors import CacheCheckError, CacheFormatError, CorpusConflictError, ShardChecksumError
+from marin_data.layout import CARD, CHECKED, COMMIT, CROISSANT, LISTED, LOCK_NAME, MANIFEST, MIRRORS, RECORD, \
+    SHARDS_INDEX, STAGING, SUMS, TOKENIZER, UNLISTED, VOUCHED
 from marin_data.levanter.arraymeta import ArrayMeta
 from marin_data.levanter.cache import LevanterCache, open_cache
+from marin_data.levanter.checked import Checked, read_checked
 from marin_data.levanter.checks import check_cache, refuse_problems
 from marin_data.levanter.chunkfile import decode_inner, read_index, stored_frames
 from marin_data.docs.questions import load_metadata
@@ -56,7 +63,8 @@ NAME_FROM_LEDGERS = "from the caches' ledgers"
 NAME_FROM_TOKENIZER = "from the --tokenizer path or repo id"
 NAME_FROM_PIN = "from the pin the stopped run committed"
 
-_OURS = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, MIRRORS, RECORD, LOCK_NAME, *LISTED, *UNLISTED}
+_OURS = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, MIRRORS, RECORD, CHECKED, VOUCHED, LOCK_NAME, *LISTED, *UNLISTED}
+FIRST_SEEN = "first-seen-locally"
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,8 @@ class AdoptReport:
     skipped: tuple[str, ...] = ()  # other tools' bookkeeping left in place, unpinned (`foreign`)
     tokenizer: str = ""  # the tokenizer's name the manifest records
     tokenizer_from: str = ""  # where that name came from: one of the NAME_* phrases
+    checked: dict[str, int] = field(default_factory=dict)  # digest algorithm -> files checked against the source
+    first_seen: tuple[str, ...] = ()  # files whose digest was first seen locally (no source vouched for one)
 
 
 @dataclass(frozen=True)
@@ -134,7 +144,7 @@ def adopt_found(found: Source, path: str | os.PathLike, *, tokenizer: str, name:
     root = Path(path)
     if found.kind == CORPUS:
         raise CorpusConflictError(f"already a marin corpus ({MANIFEST} is there): nothing to adopt", path=str(root))
-    taken = [n for n in (TOKENIZER, CARD, CROISSANT, SHARDS_INDEX, SUMS) if (root / n).exists()]
+    taken = [n for n in (TOKENIZER, CARD, CROISSANT, SHARDS_INDEX, SUMS, VOUCHED) if (root / n).exists()]
     if taken:
         raise CorpusConflictError(f"{', '.join(taken)} already there: adopt writes its own and overwrites no file; "
                                   "move them away first", path=str(root), actual=taken)
@@ -155,16 +165,25 @@ def adopt_found(found: Source, path: str | os.PathLike, *, tokenizer: str, name:
         with ThreadPoolExecutor(max_workers=max(1, min(workers or default_workers(), len(jobs) or 1))) as pool:
             rows = list(pool.map(lambda j: _hash(root, j, loaded.info.vocab_size), jobs))
         seconds = time.perf_counter() - t0
+        record = read_checked(root)
+        vouched = _vouched(rows, record[1] if record else {}, str(root))
         manifest = Manifest(name=name, version=version, tokenizer=loaded.info,
                             subsets={s: SubsetInfo(0, 0, 0, 0, licenses[s]) for s in cells},
                             format=LEVANTER_CACHE if found.kind == CACHE else LEVANTER_STORE)
         described = replace(manifest, subsets=summarize_subsets(rows, licenses))
         staged = {TOKENIZER: loaded.data, CARD: render_cache_card(described, descriptions).encode(),
                   CROISSANT: render_cache_croissant(described, rows, descriptions).encode()}
+        if record is not None:  # only beside a downloaded copy: a cache adopted where it was built pins as before
+            staged[VOUCHED] = json.dumps({"source": record[0], "files": vouched}, indent=1).encode()
         digest = commit_corpus(root, manifest, rows, staged=staged)  # one commit, the manifest last
+    checked: dict[str, int] = {}
+    for v in vouched.values():
+        if v["checked"] != FIRST_SEEN:
+            checked[v["checked"]] = checked.get(v["checked"], 0) + 1
     return AdoptReport(root=str(root), manifest_sha256=digest, subsets=tuple(sorted(cells)), files=len(rows),
                        bytes=sum(r.bytes for r in rows), seconds=seconds, skipped=skipped,
-                       tokenizer=loaded.info.name, tokenizer_from=named_from)
+                       tokenizer=loaded.info.name, tokenizer_from=named_from, checked=checked,
+                       first_seen=tuple(p for p, v in vouched.items() if v["checked"] == FIRST_SEEN))
 
 
 def _tokenizer_name(given: str | None, caches: Iterable[LevanterCache]) -> tuple[str | None, str]:
@@ -176,6 +195,25 @@ def _tokenizer_name(given: str | None, caches: Iterable[LevanterCache]) -> tuple
     if isinstance(recorded, str) and recorded:
         return recorded, NAME_FROM_LEDGERS
     return None, NAME_FROM_TOKENIZER
+
+
+def _vouched(rows: list[ShardRecord], record: dict[str, Checked], where: str) -> dict[str, dict]:
+    """Per row, path -> how its digest is vouched for: ``{"checked": algorithm, "digest": the source's}`` when
+    the download checked it against the source, else ``{"checked": "first-seen-locally"}``.
+
+    Raises:
+        ShardChecksumError: a file whose bytes changed since the download recorded them.
+    """
+    out = {}
+    for r in sorted(rows, key=lambda r: r.path):
+        e = record.get(r.path)
+        if e is not None and (e.sha256, e.bytes) != (r.sha256, r.bytes):
+            raise ShardChecksumError(f"sha256 {r.sha256[:12]}… differs from the {e.sha256[:12]}… it had when it "
+                                     f"was downloaded ({CHECKED}): changed since; download it again", path=r.path,
+                                     expected=e.sha256, actual=r.sha256)
+        out[r.path] = ({"checked": e.checked, "digest": e.vouched[e.checked]} if e is not None and e.against_source
+                       else {"checked": FIRST_SEEN})
+    return out
 
 
 def _finish(root: Path) -> AdoptReport:

@@ -17,7 +17,7 @@ from marin_data.corpus.foreign import foreign
 from marin_data.corpus.manifest import Manifest
 from marin_data.corpus.names import check_subset_name
 from marin_data.errors import InvalidManifestError, UnknownSourceError, UnpinnedCacheError
-from marin_data.layout import CARD, COMMIT, LOCK_NAME, MANIFEST, STAGING
+from marin_data.layout import CARD, CHECKED, COMMIT, LOCK_NAME, MANIFEST, STAGING
 from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.pinned import is_pinned_cache
 from marin_data.transfer.read import read_file
@@ -94,8 +94,10 @@ def find_cells(store: Store) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _own_files(store: Store) -> list[str]:
-    """The files of a tree but a writer's own and the card a Hub repo of caches has at its root."""
-    return [o.path for o in store.list() if o.path.split("/")[0] not in (LOCK_NAME, STAGING) and o.path != CARD]
+    """The files of a tree but a writer's own (a download's record among them) and the card a Hub repo of
+    caches has at its root."""
+    return [o.path for o in store.list() if o.path.split("/")[0] not in (LOCK_NAME, STAGING, CHECKED)
+            and o.path != CARD]
 
 
 def cache_tree(store: Store) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -1,6 +1,8 @@
 """``verify`` on a Levanter cache or store: the structural checks of every selected cell
 (`marin_data.levanter.checks`), read through its store (local, ``s3://``, ``hf://``), and, for a store
-pinned by `adopt`, the hashes of every listed file first (`marin_data.corpus.verify.verify_corpus`).
+pinned by `adopt`, the hashes of every listed file first (`marin_data.corpus.verify.verify_corpus`); for
+a local copy an unpinned download made, its files re-hashed against the download's record
+(`marin_data.levanter.checked`).
 
 A cell that cannot be opened (a missing or malformed ledger or ``zarr.json``) is one finding; the others
 are still checked. The report is the one ``verify`` prints for a corpus (`VerifyReport`).
@@ -20,6 +22,7 @@ from marin_data.corpus.verify import Problem, ProblemKind, VerifyReport, verify_
 from marin_data.engines.local import default_workers
 from marin_data.errors import CacheFormatError, InvalidManifestError, UnknownSubsetError
 from marin_data.levanter.cache import open_cache
+from marin_data.levanter.checked import read_checked, recheck
 from marin_data.levanter.checks import check_cache
 from marin_data.levanter.detect import CACHE, CORPUS, Source, detect
 from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
@@ -100,7 +103,12 @@ def verify_found(found: Source, url: str | os.PathLike, *, subsets: list[str] | 
         raise UnknownSubsetError("--subset selects cells of a store; this is one cache", actual=subsets)
     problems, files, nbytes = check_cells(found.store, cells, tokens=tokens, vocab_size=vocab_size,
                                   expect_bos=expect_bos, workers=workers)
+    record = read_checked(found.store.root) if isinstance(found.store, LocalStore) else None
+    if record is not None:
+        hashed, nfiles, hashed_bytes = recheck(found.store.root, record[1], cells,
+                                               workers=workers or default_workers())
+        problems, files, nbytes = [*problems, *hashed], files + nfiles, nbytes + hashed_bytes
     return VerifyReport(root=str(url), manifest_sha256="", subsets=tuple(c for c in cells if c), deep=tokens,
                         files_checked=files, bytes_checked=nbytes, seconds=time.perf_counter() - t0, workers=1,
                         problems=tuple(sorted(problems, key=lambda p: (p.path, p.kind.value))), partial_files=(),
-                        ignored=found.skipped)
+                        ignored=found.skipped, recorded=record is not None)

@@ -44,6 +44,13 @@ class ObjectInfo:
     sha256: str | None = None  # hex; None when the store keeps no full-object SHA-256 for it
     sha256_source: str | None = None  # "checksum" (computed by the store at upload) or "metadata" (ours)
     git_sha1: str | None = None  # Hugging Face: a regular (non-LFS) file's git blob id, its only content hash
+    checksums: tuple[tuple[str, str], ...] = ()  # other digests the store vouches for: (algorithm, hex), as
+    # `marin_data.stores.checksums` names them (md5, crc32c, crc32)
+    unfetched: tuple[str, ...] = ()  # algorithms a listing says the store keeps but did not give (`Store.vouched`)
+
+    def digests(self) -> dict[str, str]:
+        """Every digest the store vouches for: ``algorithm -> hex``, the SHA-256 among them when it has one."""
+        return {**dict(self.checksums), **({"sha256": self.sha256} if self.sha256 else {})}
 
 
 class ReadStream:
@@ -162,6 +169,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:
         """Store the file ``src`` (whose SHA-256 and size the caller has checked) at ``path``, whole."""
+
+    def vouched(self, info: ObjectInfo) -> ObjectInfo:
+        """``info`` (from `list`) with every digest the store keeps for the object: a store whose listing only
+        names some (S3's ``ChecksumAlgorithm``) asks for them (one HEAD); the others return ``info``."""
+        return info
 
     def mirror_record(self) -> dict:
         """How ``mirrors.json`` (`marin_data.corpus.mirrors`) names this store."""

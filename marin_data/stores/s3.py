@@ -5,7 +5,10 @@ Content hashes (docs/design.md, "The chain of trust"): every file is stored with
 SHA-256 that ``HeadObject(ChecksumMode="ENABLED")`` returns without reading data. A multipart upload would
 only ever get a composite ``<digest>-<parts>`` value, so `head` refuses those. The hex digest also goes into
 user metadata ``sha256``, the fallback for stores that drop or reject checksum headers (``s3_compat``).
-An ETag is never a content hash.
+An ETag is never marin's content hash, but a plain one (32 hex digits, no ``-``: a single-part upload) is
+the object's MD5, which an unpinned download checks (`marin_data.stores.checksums`); so are the
+``ChecksumSHA256`` / ``ChecksumCRC32C`` / ``ChecksumCRC32`` HeadObject returns (asked only for objects whose
+listing names such an algorithm: `vouched`) and, through GCS's S3-compatible endpoint, ``x-goog-hash``.
 
 botocore's own retries are off: `marin_data.retry` is the one retry loop, and it honours ``Retry-After``.
 """
@@ -25,6 +28,7 @@ from marin_data.fileio.untrusted_paths import safe_relpath
 from marin_data.errors import MarinDataError, NoSuchBucketError, RemoteError, RetryableRemoteError, TooSlowError, shown
 from marin_data.retry import parse_retry_after, status_error
 from marin_data.stores.base import READ_CHUNK, ObjectInfo, ReadStream, Store, body_span, range_header
+from marin_data.stores.checksums import etag_md5, from_base64, parse_goog_hash
 from marin_data.stores.limits import ListingBudget, RequestClock
 
 __all__ = ["S3Store", "SINGLE_PUT_LIMIT", "parse_s3_url"]
@@ -33,6 +37,8 @@ SINGLE_PUT_LIMIT = 5 << 30  # S3 refuses a single PUT over 5 GiB
 IDLE_TIMEOUT = 60  # seconds without a byte before a read gives up
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# The full-object checksums HeadObject(ChecksumMode="ENABLED") may return that a download can check.
+_HEAD_CHECKSUMS = {"sha256": "ChecksumSHA256", "crc32c": "ChecksumCRC32C", "crc32": "ChecksumCRC32"}
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -74,6 +80,7 @@ class S3Store(Store):
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.endpoint_url = endpoint_url
         self.s3_compat = s3_compat
+        self._gcs = (urlsplit(endpoint_url or "").hostname or "").endswith("storage.googleapis.com")
         self._payer = {"RequestPayer": "requester"} if requester_pays else {}
         config = Config(
             retries={"total_max_attempts": 1, "mode": "standard"},  # marin_data.retry retries, once
@@ -125,7 +132,25 @@ class S3Store(Store):
                     if type(size) is not int or size < 0:  # no size, or one no file has: nothing to fetch against
                         raise RemoteError(f"malformed listing entry: {shown(obj['Key'])} with size {shown(size)}",
                                           path=self.describe(prefix))
-                    yield ObjectInfo(obj["Key"][len(root):], size)
+                    yield self._listed(obj["Key"][len(root):], size, obj)
+
+    def _listed(self, path: str, size: int, obj: dict) -> ObjectInfo:
+        """A listing entry: its ETag's MD5 where it is one, and the checksums it names but does not give
+        (``ChecksumAlgorithm``; through GCS, whose listing names none, ``x-goog-hash``'s when there is no MD5)."""
+        md5 = etag_md5(obj.get("ETag"))
+        named = [str(a).lower() for a in obj.get("ChecksumAlgorithm") or () if str(a).lower() in _HEAD_CHECKSUMS]
+        if self._gcs and md5 is None:
+            named.append("crc32c")
+        return ObjectInfo(path, size, checksums=(("md5", md5),) if md5 else (), unfetched=tuple(named))
+
+    def vouched(self, info: ObjectInfo) -> ObjectInfo:
+        """``info`` with the checksums its listing named, from one HEAD (none when it named none)."""
+        if not info.unfetched:
+            return info
+        head = self.head(info.path)
+        if head is None or head.size != info.size:  # gone or replaced since the listing: its size is checked
+            return info
+        return head
 
     def head(self, path: str) -> ObjectInfo | None:
         with _mapped_errors(self.describe(path)):
@@ -144,7 +169,7 @@ class S3Store(Store):
         if type(size) is not int or size < 0:
             raise RetryableRemoteError(f"HEAD answered without a usable Content-Length ({size!r})",
                                        path=self.describe(path))
-        return ObjectInfo(path, size, sha, source)
+        return ObjectInfo(path, size, sha, source, checksums=_head_checksums(r))
 
     def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
         where = self.describe(path)
@@ -203,6 +228,19 @@ def _full_object_sha256(value: str | None, checksum_type: str | None) -> str | N
     except (binascii.Error, ValueError):
         return None
     return raw.hex() if len(raw) == 32 else None
+
+
+def _head_checksums(r: dict) -> tuple[tuple[str, str], ...]:
+    """The digests other than the SHA-256 a HeadObject answer vouches for: its full-object checksums, its ETag
+    as an MD5 (not for SSE-KMS or SSE-C objects, whose ETag is no MD5) and GCS's ``x-goog-hash``."""
+    found = {a: from_base64(a, r.get(field)) for a, field in _HEAD_CHECKSUMS.items() if a != "sha256"}
+    if r.get("ChecksumType") == "COMPOSITE":
+        found = {}
+    encrypted = r.get("ServerSideEncryption") == "aws:kms" or r.get("SSECustomerAlgorithm")
+    found["md5"] = None if encrypted else etag_md5(r.get("ETag"))
+    headers = r.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    found.update(parse_goog_hash(headers.get("x-goog-hash")))
+    return tuple((a, v) for a, v in sorted(found.items()) if v)
 
 
 def _status(e: Exception) -> int | None:

@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from marin_data.fileio.atomic import atomic_write_bytes
@@ -52,6 +52,7 @@ class DownloadReport:
     bytes_fetched: int = 0  # bytes received, including any that were discarded and fetched again
     seconds: float = 0.0
     notes: tuple[str, ...] = ()  # what was left out and why, in a line each (a stale datasheet)
+    sha256: dict[str, str] = field(default_factory=dict)  # path -> SHA-256 of each file hashed as it arrived
 
     @property
     def ok(self) -> bool:
@@ -194,8 +195,9 @@ def fetch_all(plan: DownloadPlan, root: Path, stores: StoreOrder, *, workers: in
     big ones in parallel ranges) from the stores of the run's ``stores``, with one progress bar; the caller
     holds the folder's lock."""
     t0 = time.perf_counter()
+    seen: dict[str, str] = {}  # filled from several threads: one key each
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify-existing") as pool:
-        present = list(pool.map(lambda t: already_there(root, t), plan.files))
+        present = list(pool.map(lambda t: already_there(root, t, seen), plan.files))
     todo = [t for t, ok in zip(plan.files, present) if not ok]
     skipped = tuple(t.path for t, ok in zip(plan.files, present) if ok)
     resumed = sum(resumed_bytes(partial_path(root / t.path)) for t in todo)
@@ -206,7 +208,7 @@ def fetch_all(plan: DownloadPlan, root: Path, stores: StoreOrder, *, workers: in
     meter = ByteMeter(bar)
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="download")
     try:
-        results = list(pool.map(lambda t: fetch_one(root, t, stores, policy, meter, ranges, part_bytes), todo))
+        results = list(pool.map(lambda t: fetch_one(root, t, stores, policy, meter, ranges, part_bytes, seen), todo))
     except BaseException:
         meter.stop.set()
         raise
@@ -216,4 +218,4 @@ def fetch_all(plan: DownloadPlan, root: Path, stores: StoreOrder, *, workers: in
     failed = tuple((t.path, why) for t, why in zip(todo, results) if why is not None)
     fetched = tuple(t.path for t, why in zip(todo, results) if why is None)
     return DownloadReport(plan=plan, dest=str(root), dry_run=False, fetched=fetched, skipped=skipped,
-                          failed=failed, bytes_fetched=meter.received, seconds=time.perf_counter() - t0)
+                          failed=failed, bytes_fetched=meter.received, seconds=time.perf_counter() - t0, sha256=seen)

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marin_data.fileio.atomic import SafeDir, sha256_file
+from marin_data.fileio.atomic import SafeDir
 from marin_data.errors import RemoteError, ShardChecksumError, TransferFailedError
 from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores.base import Store
+from marin_data.stores.checksums import file_digests
 from marin_data.stores.order import StoreOrder
 from marin_data.transfer.partial import open_partial, partial_path
 from marin_data.transfer.plan import DOWNLOAD_POLICY, FileTask
@@ -68,9 +69,10 @@ def fetch_file(root: str | os.PathLike, task: FileTask, stores: StoreOrder | Seq
     return meter.received
 
 
-def already_there(root: Path, task: FileTask) -> bool:
+def already_there(root: Path, task: FileTask, seen: dict[str, str] | None = None) -> bool:
     """True when the final file holds exactly the listed bytes (of the listed size, for a task without a
-    digest: a file gets its final name only once fetched whole). A wrong one never stays under its final
+    digest: a file gets its final name only once fetched whole); its SHA-256 goes into ``seen`` (path ->
+    hex) when it was hashed. A wrong one never stays under its final
     name: a shorter one becomes the partial file (its prefix may be good), anything else is removed. A link
     or a folder in its place (or in the folders above it, below ``root``) is refused: `UnsafeDestinationError`."""
     final = root / task.path
@@ -79,10 +81,12 @@ def already_there(root: Path, task: FileTask) -> bool:
         if st is None:
             return False
         if st.st_size == task.bytes:
-            if task.sha256 is None:
+            if not task.checksums and task.sha256 is None:
                 return True
-            fd = folder.open(final.name, os.O_RDONLY)
-            if sha256_file(fd)[0] == task.sha256:
+            digests, _ = file_digests(folder.open(final.name, os.O_RDONLY), (a for a, _ in task.checksums))
+            if task.mismatch(digests) is None:
+                if seen is not None:
+                    seen[task.path] = digests["sha256"]
                 return True
         partial = partial_path(final).name
         if st.st_size < task.bytes and folder.lstat(partial) is None:
@@ -93,10 +97,11 @@ def already_there(root: Path, task: FileTask) -> bool:
 
 
 def fetch_one(root: Path, task: FileTask, order: StoreOrder, policy: RetryPolicy,
-              meter: ByteMeter, ranges: int = 1, part_bytes: int = PART_BYTES) -> str | None:
+              meter: ByteMeter, ranges: int = 1, part_bytes: int = PART_BYTES,
+              seen: dict[str, str] | None = None) -> str | None:
     """Fetch one file into place (in up to ``ranges`` parallel ranges of at least ``part_bytes`` when it has two
     or more, or a partial in ranges is there) from the stores of ``order``; return None on success, else why
-    it failed on every store."""
+    it failed on every store. The SHA-256 of the bytes put in place goes into ``seen`` (path -> hex)."""
     final = root / task.path
     with SafeDir.of(final, root) as folder:
         partial = open_partial(folder, final.name, task, ranges=ranges, part_bytes=part_bytes)
@@ -109,6 +114,8 @@ def fetch_one(root: Path, task: FileTask, order: StoreOrder, policy: RetryPolicy
                     errors.append(f"{store.url}: {e.message}")
                     continue
                 partial.commit(final.name)
+                if seen is not None:
+                    seen[task.path] = partial.digests["sha256"]
                 return None
         finally:
             partial.close()

@@ -18,7 +18,6 @@ cannot hold (`InsufficientSpaceError`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -30,6 +29,7 @@ from marin_data.fileio.atomic import HASH_CHUNK, SafeDir, space_errors, write_al
 from marin_data.errors import InsufficientSpaceError, RetryableRemoteError, ShardChecksumError
 from marin_data.layout import PARTIAL_SUFFIX, RANGES_SUFFIX
 from marin_data.stores.base import Store
+from marin_data.stores.checksums import Hasher
 from marin_data.transfer.plan import FileTask
 from marin_data.fileio.untrusted_json import loads
 
@@ -95,14 +95,14 @@ class StreamPartial:
         if size > task.bytes:
             self.reset()
         else:
-            self.hash = _hash_prefix(self.f.fileno(), size)
+            self.hash = _hash_prefix(self.f.fileno(), size, task)
             self.offset = size
         self.flushed = self.offset
 
     def reset(self) -> None:
         self.f.truncate(0)
         self.f.seek(0)
-        self.hash, self.offset, self.flushed = hashlib.sha256(), 0, 0
+        self.hash, self.offset, self.flushed = _hasher(self.task), 0, 0
 
     def write(self, chunk: bytes) -> None:
         """Append ``chunk``, cut at the listed size: the bytes past it are not the file's."""
@@ -115,11 +115,14 @@ class StreamPartial:
             self.flushed = self.offset
 
     def check(self) -> None:
-        """Raise (and discard the bytes) unless the partial file is exactly the listed file."""
-        digest = self.hash.hexdigest()
-        if self.offset != self.task.bytes or not self.task.matches(digest):
+        """Raise (and discard the bytes) unless the partial file is exactly the listed file; keep its
+        digests (``digests``) when it is."""
+        digests = self.hash.hexdigests()
+        wrong = self.task.mismatch(digests) if self.offset == self.task.bytes else "sha256"
+        if wrong is not None:
             self.reset()
-            raise _mismatch(self.task, digest)
+            raise _mismatch(self.task, digests, wrong)
+        self.digests = digests
 
     def commit(self, final: str) -> None:
         """Move the verified bytes to their final name in the folder (fsync, rename, fsync the folder)."""
@@ -212,7 +215,7 @@ class RangedPartial:
         return self.record.name.removesuffix(".part") + ".tmp.part"  # a leftover to `verify`
 
     def _restart_hash(self) -> None:
-        self.hash, self.cursor = hashlib.sha256(), 0
+        self.hash, self.cursor = _hasher(self.task), 0
 
     def _complete(self, i: int) -> bool:
         return self.done[i] == self.bounds[i + 1] - self.bounds[i]
@@ -228,12 +231,14 @@ class RangedPartial:
             for future in futures:
                 future.result()
         self._advance()
-        digest = self.hash.hexdigest() if self.cursor == len(self.done) else "incomplete"
-        if self.cursor != len(self.done) or not self.task.matches(digest):
+        digests = self.hash.hexdigests() if self.cursor == len(self.done) else {"sha256": "incomplete"}
+        wrong = self.task.mismatch(digests) if self.cursor == len(self.done) else "sha256"
+        if wrong is not None:
             self.done = [0] * len(self.done)
             self._restart_hash()
             self._save()
-            raise _mismatch(self.task, digest)
+            raise _mismatch(self.task, digests, wrong)
+        self.digests = digests
 
     def _fetch_range(self, store: Store, i: int, meter: Meter) -> None:
         lo, hi = self.bounds[i] + self.done[i], self.bounds[i + 1]
@@ -293,8 +298,18 @@ class RangedPartial:
             self.fd = -1
 
 
-def _mismatch(task: FileTask, digest: str) -> ShardChecksumError:
-    """The error of a fetched file that is not the listed one (its bytes are discarded)."""
+def _hasher(task: FileTask) -> Hasher:
+    """The SHA-256, and every other digest the store vouches for, of the bytes fetched for ``task``."""
+    return Hasher(a for a, _ in task.checksums)
+
+
+def _mismatch(task: FileTask, digests: dict[str, str], wrong: str) -> ShardChecksumError:
+    """The error of a fetched file that is not the listed one (its bytes are discarded): its SHA-256 (or size,
+    when no digest is listed), or the ``wrong`` digest the store vouches for, differs."""
+    digest, want = digests.get(wrong, "incomplete"), task.expected().get(wrong)
+    if wrong != "sha256" and want is not None:
+        return ShardChecksumError(f"{wrong} {digest} differs from the {wrong} {want} the store vouches for; "
+                                  "discarded", path=task.path, expected=want, actual=digest)
     listed = f"{task.sha256[:12]}…" if task.sha256 else f"of {task.bytes} bytes (no digest listed)"
     return ShardChecksumError(f"sha256 {digest[:12]}… differs from the listed {listed}; discarded", path=task.path,
                               expected=task.sha256, actual=digest)
@@ -348,8 +363,8 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
-def _hash_prefix(fd: int, size: int):
-    h = hashlib.sha256()
+def _hash_prefix(fd: int, size: int, task: FileTask) -> Hasher:
+    h = _hasher(task)
     at = 0
     while at < size and (chunk := os.pread(fd, min(size - at, HASH_CHUNK), at)):
         h.update(chunk)

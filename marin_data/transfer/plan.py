@@ -26,6 +26,7 @@ from marin_data.errors import (
 from marin_data.layout import MANIFEST, SHARDS_INDEX
 from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores.base import METADATA_LIMIT, Store
+from marin_data.stores.checksums import mismatch
 from marin_data.stores.order import StoreOrder
 from marin_data.transfer.versions import fetch_manifest, half_published, versioned
 
@@ -41,10 +42,16 @@ class FileTask:
     bytes: int
     sha256: str | None  # None: nothing states the file's digest (a Levanter cache nobody pinned): size only
     subset: str | None = None  # None for a metadata file
+    checksums: tuple[tuple[str, str], ...] = ()  # other digests the store vouches for (`ObjectInfo.checksums`)
 
-    def matches(self, digest: str) -> bool:
-        """Whether bytes of the listed size with this SHA-256 are the file."""
-        return self.sha256 is None or digest == self.sha256
+    def expected(self) -> dict[str, str]:
+        """``algorithm -> hex`` of every digest stated for the file (`marin_data.stores.checksums`)."""
+        return {**dict(self.checksums), **({"sha256": self.sha256} if self.sha256 else {})}
+
+    def mismatch(self, digests: dict[str, str]) -> str | None:
+        """The algorithm whose stated digest ``digests`` (of bytes of the listed size) contradicts; None: the
+        bytes are the file."""
+        return mismatch(self.expected(), digests)
 
 
 @dataclass(frozen=True)
