@@ -14,7 +14,8 @@ tokens), EOS after each document.
   per batch (a GPU step: the GIL released) times how long each ``next`` waits.
 - **first pass**: a fresh decode cache, one pass worth of sequences: Parquet decode, writing the ``.npy``
   files and serving, vs reading every shard's ``tokens`` column (the one the loader decodes) with
-  ``pyarrow.parquet.read_table`` (the decode floor).
+  ``pyarrow.parquet.read_table`` (the decode floor); and the decode alone (``ParquetDecoder.decode_into``,
+  no hash) on one thread and on its default number of threads.
 - **start-up**: `TokenStream` over `simulate.simulated_corpus` (23T tokens, 100,000 shards, 200 subsets)
   in memory, and from an index on disk (`load_corpus` included); wall time and peak traced memory.
 
@@ -45,6 +46,7 @@ from marin_data.corpus.commit import commit_corpus
 from marin_data.corpus.manifest import Manifest, load_corpus
 from marin_data.corpus.records import ShardRecord, SubsetInfo
 from marin_data.corpus.shard import shard_path, write_shard
+from marin_data.formats.marin.decode import ParquetDecoder, decode_threads
 from marin_data.layout import TOKENIZER
 from marin_data.loader import LoaderConfig, TokenDataset, TokenLoader, TokenStream
 from marin_data.raw.tokenizer import TokenizerInfo
@@ -176,6 +178,12 @@ def first_pass(root: Path, tmp: Path) -> dict:
     for s in corpus.shards:
         pq.read_table(root / s.path, columns=["tokens"]).column("tokens").combine_chunks()  # what the loader reads
     floor = total / (time.perf_counter() - t0)
+    decode = {}
+    for threads in (1, decode_threads()):  # the loader's decode alone, no hash: one thread, then its default
+        t0 = time.perf_counter()
+        for s in corpus.shards:
+            ParquetDecoder(threads=threads).decode_into(root / s.path, s, tmp / "t.npy", tmp / "o.npy", verify=False)
+        decode[threads] = total / (time.perf_counter() - t0)
     cache = tmp / "cold-cache"
     stream = TokenStream(corpus, LoaderConfig(seq_len=SEQ_LEN, batch_size=BATCH, mixture=WEIGHTS), cache_dir=cache)
     steps = total // (SEQ_LEN * BATCH)
@@ -188,7 +196,8 @@ def first_pass(root: Path, tmp: Path) -> dict:
     stream.source.wait()
     decoded = sum(1 for _ in cache.rglob("tokens.npy"))
     shutil.rmtree(cache)
-    return {"floor": floor, "loader": loader, "shards_decoded": decoded, "shards": len(corpus.shards)}
+    return {"floor": floor, "loader": loader, "shards_decoded": decoded, "shards": len(corpus.shards),
+            "decode": decode}
 
 
 def startup(tmp: Path, shards: int) -> dict:
@@ -273,6 +282,8 @@ def main() -> None:
     print(f"\nFirst pass from Parquet ({cold['shards_decoded']}/{cold['shards']} shards decoded on the way): "
           f"loader {cold['loader'] / m:.0f}M tokens/s vs pyarrow decode floor {cold['floor'] / m:.0f}M tokens/s "
           f"({cold['loader'] / cold['floor']:.2f}); decoding every shard up front took {steady['decode_all_s']:.1f} s")
+    print("The decode alone (no hash) on " + ", ".join(f"{n} thread{'s' * (n > 1)}: {r / m:.0f}M tokens/s "
+                                                       f"({r / cold['floor']:.2f})" for n, r in cold["decode"].items()))
     print(f"\nStart-up over {start['shards']:,} shards / {start['tokens'] / 1e12:.0f}T tokens: "
           f"{start['memory_s']:.2f} s and {start['memory_peak_mb']:.0f} MB peak from an in-memory index; "
           f"{start['disk_s']:.2f} s and {start['disk_peak_mb']:.0f} MB with load_corpus from disk")

@@ -170,7 +170,11 @@ def main() -> None:
     ap.add_argument("--marin-segments", action="store_true", help="also time marin's loader with segments=True")
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--one", nargs=3, metavar=("KIND", "WORKERS", "WORK"), help=argparse.SUPPRESS)
+    ap.add_argument("--convert-to", type=Path, help=argparse.SUPPRESS)  # bench_loader_cold.py's: convert, then stop
     args = ap.parse_args()
+    if args.convert_to:
+        print(json.dumps(convert(args.corpus, args.convert_to)))
+        return
     if args.one:  # a child: one measurement
         kind, workers, work = args.one
         rate_ = PEERS[kind](Path(work), args.steps[0], args.warmup[0], int(workers), args.seed)

@@ -4,7 +4,7 @@ Why decode at all: Parquet decoding caps a core at ~124M tokens/s (docs/design.m
 from a memory map runs at 500M–1.3G tokens/s. So the first read of a shard decodes it into two ``.npy``
 files — ``tokens`` (``[N]`` uint32) and ``offsets`` (``[docs + 1]`` int64, document ``d`` is
 ``tokens[offsets[d]:offsets[d+1]]``) — about 3x the Parquet bytes, and every later read is a memory map
-served by the page cache.
+served by the page cache. A Parquet shard's row groups are decoded on several cores at once (`ParquetDecoder`).
 
 Files are named by the shard's sha256 (content addressing): two corpora holding the same shard share one
 decode, and a re-sharded file can never be served from a stale decode. Before its first decode a shard's
