@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
 
+from marin_data.cli._errors import describe
 from marin_model.config import ModelConfig, get_preset
 from marin_model.model import Transformer
 from marin_model.params import count_params
@@ -189,6 +191,19 @@ def _largest_micro_batch(per_rank: int, fixed: float, per_sequence: float, capac
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Print the plan; a known error (a corpus that cannot serve, a bad schedule) is one line and its exit
+    code, as the commands give it (`marin_data.cli._errors`)."""
+    try:
+        _plan(argv)
+    except Exception as e:  # noqa: BLE001 - known errors become one line and an exit code
+        known = describe(e)
+        if known is None:
+            raise
+        print(f"error: {known[0]}", file=sys.stderr)
+        sys.exit(known[1])
+
+
+def _plan(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="python -m marin_train.plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="marin-535b-a23b")

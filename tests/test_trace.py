@@ -145,6 +145,14 @@ def test_cli_prints_the_issue_json_shape_and_refuses_in_one_line(store, tmp_path
     assert len(bad.stderr.strip().splitlines()) == 2  # the error and its fix
 
 
+def test_the_table_without_documents_has_no_documents_column(store, tmp_path):
+    root, _ = store
+    shown = CliRunner().invoke(cli, ["trace", "--levanter-config", run_yaml(tmp_path), "--step", "2",
+                                     "--no-documents", "--store", str(root)])
+    assert shown.exit_code == 0, shown.output
+    assert "sequence" in shown.output and "documents" not in shown.output.splitlines()[1]
+
+
 def test_a_pinned_store_names_cell_shard_sha256_and_license(tmp_path, tiny_tokenizer):
     import hashlib
 

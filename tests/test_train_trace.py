@@ -149,6 +149,11 @@ def test_plan_shows_the_exposure_of_a_schedule_on_a_corpus_before_the_run(run):
     refused = subprocess.run([*args[:-2], "--data", str(corpus.root)], capture_output=True, text=True, cwd=ROOT,
                              timeout=300)
     assert refused.returncode == 2 and "need --schedule" in refused.stderr
+    empty = root / "not-a-corpus"
+    empty.mkdir(exist_ok=True)
+    (empty / "notes.txt").write_text("no corpus here")
+    unknown = subprocess.run([*args, "--data", str(empty)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: ") and "Traceback" not in unknown.stderr
 
 
 def test_a_checkpoint_that_records_no_fingerprint_is_traced_and_says_it_is_unchecked(run, capsys, tmp_path):

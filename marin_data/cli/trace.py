@@ -25,9 +25,10 @@ def _documents(slot: dict) -> str:
 
 def _print_step(out: dict) -> None:
     pinned = any("cell" in s for s in out["batch"])
-    headers = ["slot", "component", "sequence", "tokens", "documents (row[first:last])"]
-    rows = [[n, s["component"], f"{s['sequence']:,}", f"{s['tokens'][0]:,}-{s['tokens'][1]:,}", _documents(s)]
-            for n, s in enumerate(out["batch"])]
+    documents = all("documents" in s for s in out["batch"])  # not asked for with --no-documents
+    headers = ["slot", "component", "sequence", "tokens"] + (["documents (row[first:last])"] if documents else [])
+    rows = [[n, s["component"], f"{s['sequence']:,}", f"{s['tokens'][0]:,}-{s['tokens'][1]:,}"]
+            + ([_documents(s)] if documents else []) for n, s in enumerate(out["batch"])]
     if pinned:
         headers += ["shard", "sha256", "license"]
         for row, s in zip(rows, out["batch"]):
