@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from levanter_env import make_store
 from s3_env import bucket_url, moto, proxy, s3_client  # noqa: F401 - fixtures
-from shard_env import tree_bytes
+from shard_env import tiny_tokenizer, tree_bytes  # noqa: F401 - a fixture
 
 from marin_data.levanter.order.trace import open_trace
 from marin_data.testing.mirror import running_mirror
@@ -56,3 +56,19 @@ def test_a_store_on_a_hub_mirror_traces_as_on_disk(tmp_path):
         for step in (0, 5, 39):
             assert remote.step(step) == local.step(step)
         assert remote.document("cluster=0/quality=1:3") == local.document("cluster=0/quality=1:3")
+
+
+def test_a_pinned_store_on_s3_names_cell_sha256_and_license_as_on_disk(tmp_path, moto, bucket_url,  # noqa: F811
+                                                                       tiny_tokenizer):  # noqa: F811
+    from marin_data.levanter import adopt
+
+    root = tmp_path / "store"
+    make_store(root, CELLS)
+    adopt(root, tokenizer=str(tiny_tokenizer), license="ODC-By-1.0")
+    bucket, prefix = bucket_url[len("s3://"):].split("/", 1)
+    for rel in tree_bytes(root):
+        s3_client(moto).upload_file(str(root / rel), bucket, f"{prefix}/{rel}")
+    local = open_trace(run_yaml(tmp_path), store=str(root)).step(4)
+    remote = open_trace(run_yaml(tmp_path), store=bucket_url, endpoint_url=moto).step(4)
+    assert remote == local
+    assert all(s["license"] == "ODC-By-1.0" and s["shards"][0]["sha256"] for s in remote["batch"])

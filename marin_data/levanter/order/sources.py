@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from marin_data.corpus.index import read_shard_index
+from marin_data.corpus.manifest import Manifest
 from marin_data.errors import MarinDataError, TrainConfigError
 from marin_data.layout import MANIFEST
 from marin_data.levanter.cache import LevanterCache, open_cache
@@ -25,6 +27,7 @@ from marin_data.levanter.order.offsets import Document, InnerChunks, Offsets, Ra
 from marin_data.transfer.read import join
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
+from marin_data.transfer.plan import plan_download
 
 __all__ = ["ComponentCache", "Pin", "open_components"]
 
@@ -128,25 +131,23 @@ def _find_cell(store: Store, cache_dir: str) -> str:
                            f"{LEDGER}", path=store.url)
 
 
-def _pins(root: str) -> dict[str, Pin] | None:
-    """The pinned cells of a local store root, or None when it has no manifest."""
-    from pathlib import Path
-
-    from marin_data.corpus.manifest import load_corpus
-
-    if "://" in root or not (Path(root) / MANIFEST).is_file():
+def _pins(store: Store) -> dict[str, Pin] | None:
+    """The pinned cells of a store root (local, ``s3://``, ``hf://``): its manifest and shard index, checked as
+    a download checks them; None when it has no manifest."""
+    if store.head(MANIFEST) is None:
         return None
-    corpus = load_corpus(root)
+    _, manifest_bytes, index_bytes = plan_download([store], subsets=None)
+    manifest = Manifest.from_json(manifest_bytes, store.describe(MANIFEST))
     digests: dict[str, dict[str, str]] = {}
-    for row in corpus.shards:
+    for row in read_shard_index(index_bytes, metadata=manifest.files):
         digests.setdefault(row.subset, {})[row.path] = row.sha256
-    return {name: Pin(name, info.license, digests.get(name, {})) for name, info in corpus.manifest.subsets.items()}
+    return {name: Pin(name, info.license, digests.get(name, {})) for name, info in manifest.subsets.items()}
 
 
 def open_components(cache_dirs: dict[str, str], *, store: str | Store | None = None,
                     **options) -> dict[str, ComponentCache]:
     """Open each component's train cache (name -> cache root as the YAML names it); ``store`` is a URL or an
-    opened `Store` (pins are read from a local folder's manifest only).
+    opened `Store` (a pinned store's manifest names each cell's license and each chunk file's SHA-256).
 
     Raises:
         TrainConfigError: a cache that is not where the YAML (or ``--store``) says.
@@ -154,7 +155,7 @@ def open_components(cache_dirs: dict[str, str], *, store: str | Store | None = N
     """
     out, kept = {}, InnerChunks()
     root = store if isinstance(store, Store) else open_store(store, **options) if store else None
-    pins = _pins(store) if isinstance(store, str) else None
+    pins = _pins(root) if root is not None else None
     for name, cache_dir in cache_dirs.items():
         if root is not None:
             cell = _find_cell(root, cache_dir)
