@@ -18,7 +18,7 @@ from pathlib import Path
 
 from marin_data.errors import InsufficientSpaceError, MarinDataError, UnsafeDestinationError
 
-__all__ = ["SafeDir", "atomic_path", "atomic_write_bytes", "sha256_file", "pieces", "space_errors", "write_all",
+__all__ = ["SafeDir", "atomic_path", "atomic_write_bytes", "sha256_file", "read_pieces", "pieces", "space_errors", "write_all",
            "HASH_CHUNK", "NO_SPACE", "WRITE_BYTES"]
 
 HASH_CHUNK = 8 << 20  # 8 MiB reads: bounded memory whatever the file size, large enough for ~1 GB/s
@@ -227,15 +227,22 @@ def sha256_file(
     """
     h = hashlib.sha256()
     size = 0
+    for piece in read_pieces(path, chunk):
+        h.update(piece)
+        size += len(piece)
+        if on_bytes is not None:
+            on_bytes(len(piece))
+    return h.hexdigest(), size
+
+
+def read_pieces(path: str | os.PathLike | int, chunk: int = HASH_CHUNK) -> Iterator[memoryview]:
+    """A file's bytes (a path, or an open descriptor, which it closes) in pieces of at most ``chunk`` bytes,
+    read into one reused buffer: each piece is valid until the next one is read."""
     buf = bytearray(chunk)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buf):
-            h.update(view[:n])
-            size += n
-            if on_bytes is not None:
-                on_bytes(n)
-    return h.hexdigest(), size
+            yield view[:n]
 
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full file system, a quota, a file too large for it

@@ -22,12 +22,13 @@ from collections.abc import Iterable, Mapping
 
 import crc32c
 
+from marin_data.fileio.atomic import read_pieces
+
 __all__ = ["STRENGTH", "Hasher", "file_digests", "from_base64", "etag_md5", "parse_goog_hash", "strongest", "mismatch"]
 
 # The digests a download can check, strongest first: what a record names as "checked".
 STRENGTH = ("sha256", "md5", "crc32c", "crc32")
 _SIZES = {"sha256": 32, "md5": 16, "crc32c": 4, "crc32": 4}
-_CHUNK = 8 << 20
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 
 
@@ -115,10 +116,7 @@ def file_digests(path: str | os.PathLike | int, also: Iterable[str] = ()) -> tup
     """``(algorithm -> hex, size)`` of a file (a path, or an open descriptor, which it closes): its SHA-256
     and the digests of ``also``, in one bounded pass."""
     h, size = Hasher(also), 0
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-            size += n
+    for piece in read_pieces(path):
+        h.update(piece)
+        size += len(piece)
     return h.hexdigests(), size
