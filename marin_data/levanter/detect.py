@@ -9,14 +9,13 @@ else is an `UnknownSourceError` that names what was expected."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from marin_data.corpus.foreign import foreign
 from marin_data.corpus.manifest import Manifest
 from marin_data.corpus.names import check_subset_name
-from marin_data.errors import InvalidManifestError, UnknownSourceError, UnpinnedCacheError
+from marin_data.errors import InvalidManifestError, UnknownSourceError
 from marin_data.layout import CARD, CHECKED, COMMIT, LOCK_NAME, MANIFEST, STAGING
 from marin_data.levanter.ledger import LEDGER
 from marin_data.levanter.pinned import is_pinned_cache
@@ -25,8 +24,7 @@ from marin_data.stores import open_store
 from marin_data.stores.base import METADATA_LIMIT, Store
 from marin_data.stores.local import LocalStore
 
-__all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells", "cache_tree",
-           "refuse_unpinned", "unpinned_cache"]
+__all__ = ["CORPUS", "CACHE", "STORE", "Source", "detect", "detect_store", "find_cells", "cache_tree"]
 
 CORPUS = "corpus"
 CACHE = "cache"
@@ -132,25 +130,3 @@ def cache_tree(store: Store) -> tuple[tuple[str, ...], tuple[str, ...]]:
             raise UnknownSourceError(f"the cache folder {r!r} cannot name a subset (letters, digits, _ . - = "
                                      "and / only)", path=store.url, actual=r) from e
     return tuple(roots), skipped
-
-
-def unpinned_cache(find: Callable[[], Source], failed: list[Exception] | None = None) -> Source | None:
-    """What ``find`` detects if it is a Levanter cache or store with no manifest; None for a corpus, for
-    anything else, and when the source cannot be read or told (the caller's corpus path then reports what
-    is wrong, and tries its mirrors; ``failed``, when given, receives what stopped the telling)."""
-    try:
-        found = find()
-    except (UnknownSourceError, OSError, ValueError) as e:  # OSError: RemoteError too
-        if failed is not None:
-            failed.append(e)
-        return None
-    return None if found.kind == CORPUS else found
-
-
-def refuse_unpinned(find: Callable[[], Source], where: str, why: str) -> None:
-    """Raise `UnpinnedCacheError` (saying ``why`` a pin is needed) if what ``find`` detects, where no manifest
-    was found, is a Levanter cache or store (`unpinned_cache`)."""
-    found = unpinned_cache(find)
-    if found is not None:
-        raise UnpinnedCacheError(f"an unpinned Levanter {found.kind}: no SHA-256 vouches for its chunk files, and "
-                                 f"{why}", path=where, actual=found.kind)
