@@ -13,7 +13,9 @@ with ``--manifest-sha256``) vouches for ``shards.parquet`` through ``manifest["f
 every shard. The manifest is written last (`marin_data.corpus.commit`), so it never names a file that is not
 there. It also fixes which Hugging Face repo of the corpus holds each subset (``manifest["repos"]``), so a
 download finds the part repos through the pinned digest; where the corpus was published is recorded
-outside it (`marin_data.corpus.mirrors`), so publishing never changes the digest.
+outside it (`marin_data.corpus.mirrors`), so publishing never changes the digest. A pin kept apart from its
+data (``adopt --pin-to``) names where the shard files are in ``data``, under the digest: a download fetches
+them from there and checks each against the index as always.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ SCHEMA_VERSION = 1
 # a name it does not know when the corpus is opened). MARIN (the default): Parquet shards under data/<subset>/.
 MARIN = "marin"
 _FORMAT_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_CREDENTIALS = re.compile(r"://[^/]*@|[\x00-\x1f]")  # user:secret@ in a URL, or a control character
 
 
 @dataclass
@@ -63,6 +66,9 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     # what the shards are: MARIN, or a Levanter cache pinned in place (`marin_data.levanter.pinned`)
     format: str = MARIN
+    # where the shard files live when not beside the manifest (a pin kept apart from its data, written by
+    # ``adopt --pin-to``): a URL or local path, no credentials; "": beside it, as every other corpus
+    data: str = ""
 
     def to_json(self) -> bytes:
         """Canonical bytes: sorted keys, no timestamps, so equal corpora have equal manifest digests."""
@@ -77,6 +83,8 @@ class Manifest:
         }
         if self.format != MARIN:  # written only when not the default: existing manifests keep their bytes
             doc["format"] = self.format
+        if self.data:  # likewise: only a pin kept apart from its data names where that is
+            doc["data"] = self.data
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -100,7 +108,11 @@ class Manifest:
                 files={safe_relpath(k, where=path): FileRecord(**v) for k, v in doc["files"].items()},
                 repos={str(k): int(v) for k, v in doc.get("repos", {}).items()},
                 format=doc.get("format", MARIN),
+                data=doc.get("data", ""),
             )
+            if not isinstance(manifest.data, str) or _CREDENTIALS.search(manifest.data):
+                raise InvalidManifestError(f"data {shown(str(manifest.data))} is no URL without credentials",
+                                           path=path, actual=str(manifest.data))
             if not isinstance(manifest.format, str) or not _FORMAT_NAME.fullmatch(manifest.format):
                 raise InvalidManifestError(f"format {shown(str(manifest.format))} is no format name", path=path,
                                            actual=manifest.format)

@@ -21,7 +21,6 @@ source, and by what, or first seen locally. Without a record every digest is fir
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -32,25 +31,24 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_data.fileio.atomic import sha256_file
+from marin_data.fileio.atomic import read_pieces, sha256_file
 from marin_data.corpus.commit import commit_corpus, finish_commit
 from marin_data.corpus.foreign import foreign
 from marin_data.corpus.manifest import Manifest, load_corpus, summarize_subsets
 from marin_data.corpus.names import as_subset_name
 from marin_data.corpus.records import META, OFFSETS, SHARD, ShardRecord, SubsetInfo
 from marin_data.engines.local import default_workers
-from marin_data.errors import CacheCheckError, CacheFormatError, CorpusConflictError, ShardChecksumError
+from marin_data.errors import CorpusConflictError, ShardChecksumError
 from marin_data.layout import CARD, CHECKED, COMMIT, CROISSANT, LISTED, LOCK_NAME, MANIFEST, MIRRORS, RECORD, \
     SHARDS_INDEX, STAGING, SUMS, TOKENIZER, UNLISTED, VOUCHED
 from marin_data.levanter.arraymeta import ArrayMeta
 from marin_data.levanter.cache import LevanterCache, open_cache
 from marin_data.levanter.checked import Checked, read_checked
 from marin_data.levanter.checks import check_cache, refuse_problems
-from marin_data.levanter.chunkfile import decode_inner, read_index, stored_frames
 from marin_data.docs.questions import load_metadata
 from marin_data.levanter.describe import descriptions_of, render_cache_card, render_cache_croissant
 from marin_data.levanter.detect import CACHE, CORPUS, Source, detect
-from marin_data.levanter.documents import refuse_ids
+from marin_data.levanter.filehash import ChunkCheck, hash_stream
 from marin_data.levanter.ledgermeta import agreed, load_framed
 from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
 from marin_data.fileio.lock import corpus_lock
@@ -280,34 +278,19 @@ def _hash(root: Path, job: _Job, vocab_size: int) -> ShardRecord:
 
 def _hash_chunk(path: Path, meta: ArrayMeta, count: int, vocab_size: int) -> tuple[str, int, int]:
     """A data chunk file's sha256, size and stored inner chunks, its ``count`` token ids checked against the
-    vocabulary in the same pass: each frame is read once, hashed and decoded (one inner chunk in memory), so
-    the ids checked are those of the bytes hashed.
+    vocabulary in the same pass (`hash_stream`): its index read first, then the file once from its start.
 
     Raises:
         CacheCheckError: a token id outside ``[0, vocab_size)``; CacheFormatError: a bad index or frame, or
             the file changed while it was read.
     """
-    where, h = str(path), hashlib.sha256()
-    values = np.empty(meta.inner, np.dtype(meta.dtype).newbyteorder("<"))
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        f.seek(max(0, size - meta.index_bytes))
-        tail = f.read(meta.index_bytes)
-        frames = stored_frames(read_index(tail, size, meta, where))
-        unstored = -(-count // meta.inner) - sum(i * meta.inner < count for i, _, _ in frames)
-        if unstored and not 0 <= meta.fill_value < vocab_size:
-            raise CacheCheckError(f"{unstored} inner chunks of its tokens are not stored and read as the fill "
-                                  f"value {meta.fill_value}, outside the tokenizer's vocabulary [0, {vocab_size})",
-                                  path=where)
-        f.seek(0)
-        for i, _, nbytes in frames:  # they tile the file's data part in this order (`read_index`)
-            frame = f.read(nbytes)
-            h.update(frame)
-            if i * meta.inner < count:
-                decode_inner(frame, meta, f"{where} inner chunk {i}", out=values)
-                refuse_ids(values[:count - i * meta.inner], vocab_size, f"{where} inner chunk {i}")
-        rest = f.read()
-    if rest != tail:
-        raise CacheFormatError("changed while it was read: run adopt again", path=where)
-    h.update(rest)
-    return h.hexdigest(), size, len(frames)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, meta.index_bytes, max(0, size - meta.index_bytes))
+    except BaseException:
+        os.close(fd)
+        raise
+    hashed = hash_stream(read_pieces(fd), size=size, where=str(path), chunk=ChunkCheck(meta, count, vocab_size),
+                         tail=tail)  # read_pieces closes the descriptor
+    return hashed.digests["sha256"], size, hashed.row_groups
