@@ -40,6 +40,7 @@ __all__ = [
     "LoaderStateMismatchError",
     "ShardFormatError",
     "ShardChecksumError",
+    "StoreDigestMismatchError",
     "ShardMissingError",
     "VerificationFailedError",
     "RemoteError",
@@ -266,6 +267,11 @@ class ShardFormatError(ValueError, MarinDataError):
 
 class ShardChecksumError(ValueError, MarinDataError):
     """A file's sha256 or size differs from the manifest's: re-fetch it or fail it."""
+
+
+class StoreDigestMismatchError(ShardChecksumError):
+    """A store's object streamed with bytes that contradict the digest (or size) the store itself gives for it:
+    ``adopt`` pins nothing over it."""
 
 
 class ShardMissingError(FileNotFoundError, MarinDataError):

@@ -14,7 +14,8 @@ under its content (`marin_data.transfer.versions`),
 and, beside a Levanter cache fetched unpinned, ``.marin-checked.json`` (what the download checked each file
 against), which ``adopt`` turns into a listed ``vouched.json``,
 
-and, while it is being written or fetched, ``.marin.lock``, ``.staging/``, ``*.marin-download.part`` (with
+and, while it is being written or fetched, ``.marin.lock``, ``.marin-adopt.jsonl`` (the files an ``adopt`` of a
+store has hashed), ``.staging/``, ``*.marin-download.part`` (with
 ``*.marin-download.ranges.part``) and, in a partial download, ``.marin-download.json``.
 
 A Levanter cache (`marin_data.levanter`) names its own marker files, which are data, not a writer's
@@ -49,6 +50,7 @@ __all__ = [
     "RECORD",
     "CHECKED",
     "VOUCHED",
+    "ADOPT_JOURNAL",
     "PARTIAL_SUFFIX",
     "RANGES_SUFFIX",
     "SUCCESS",
@@ -85,6 +87,7 @@ COMMIT = f"{STAGING}/commit"  # a commit's index, SHA256SUMS and manifest before
 RECORD = ".marin-download.json"  # which subsets a partial download holds
 CHECKED = ".marin-checked.json"  # an unpinned Levanter download's per-file sizes, digests and how each was checked
 VOUCHED = "vouched.json"  # in a cache adopt pinned: per file, checked against its source or first seen locally
+ADOPT_JOURNAL = ".marin-adopt.jsonl"  # where adopt of a store builds its pin: the files hashed so far
 PARTIAL_SUFFIX = ".marin-download.part"  # data/x/part-00000.parquet.marin-download.part
 RANGES_SUFFIX = ".marin-download.ranges.part"  # beside a partial fetched in ranges: what each range holds
 

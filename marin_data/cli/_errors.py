@@ -76,6 +76,8 @@ ERROR_TABLE: list[tuple[type[BaseException], Callable[[Exception], str], int]] =
                                            "held-out fraction the checkpoint was written with; to change the "
                                            "mixture from a step on, marin-train takes --mixture-from (the Python "
                                            "API: strict=False)"), 12),
+    (E.StoreDigestMismatchError, _with_fix("nothing was pinned: the store's copy is damaged, or was replaced "
+                                           "while it was read; have its owner restore it, then adopt again"), 6),
     (E.ShardChecksumError, _with_fix("the file is corrupt: delete it and fetch it again"), 6),
     (E.ShardMissingError, _with_fix("download it (`marin-data download --subset NAME`) or select fewer "
                                     "subsets"), 6),

@@ -21,8 +21,8 @@ import numpy as np
 from marin_data.fileio.arrays import mask, string_buffers
 from marin_data.fileio.untrusted_paths import safe_relpath, unsafe_paths
 from marin_data.errors import InvalidManifestError, UnknownSubsetError, shown
-from marin_data.layout import BY_SHA256, CHECKED, LOCK_NAME, MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, STAGING, SUMS, \
-    TOKENIZER
+from marin_data.layout import ADOPT_JOURNAL, BY_SHA256, CHECKED, LOCK_NAME, MANIFEST, MIRRORS, RECORD, \
+    SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -34,7 +34,7 @@ __all__ = ["WRITER_NAMES", "METADATA_NAMES", "safe_relpath", "unsafe_paths", "is
 # corpus (a download writes and later readers trust them: the lock, a commit journal whose manifest
 # `load_corpus` prefers, a download's records), and, by suffix, partial files, which a download writes and
 # removes. A shard may not take the metadata files' names either.
-WRITER_NAMES = (MANIFEST, RECORD, CHECKED, LOCK_NAME, STAGING, MIRRORS, BY_SHA256)
+WRITER_NAMES = (MANIFEST, RECORD, CHECKED, LOCK_NAME, STAGING, MIRRORS, BY_SHA256, ADOPT_JOURNAL)
 METADATA_NAMES = (SHARDS_INDEX, SUMS, TOKENIZER)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")

@@ -157,6 +157,10 @@ class Source:
         raise self._refuse("convert")
 
     def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
-              workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None) -> Any:
-        """This source pinned in place by a manifest (an `AdoptReport`; `marin-data adopt`)."""
+              workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None,
+              pin_to: str | None = None, subsets: Sequence[str] = (), engine: str = "local",
+              engine_address: str | None = None, work_dir: str | Path | None = None) -> Any:
+        """This source pinned by a manifest (an `AdoptReport`; `marin-data adopt`): in place, or with ``pin_to``
+        elsewhere; ``subsets`` (cells to add), ``engine``, ``engine_address``: where its files are hashed;
+        ``work_dir``: where a pin for a remote destination is built."""
         raise self._refuse("adopt")

@@ -80,7 +80,8 @@ class CorpusSource(Source):
                                part_bytes=part_bytes, dry_run=dry_run)
 
     def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
-              workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None) -> Any:
+              workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None,
+              **where: Any) -> Any:
         from marin_data.levanter.adopt import adopt_corpus  # a pin a killed run committed, finished
 
         return adopt_corpus(self.given)

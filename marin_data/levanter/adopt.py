@@ -39,8 +39,8 @@ from marin_data.corpus.names import as_subset_name
 from marin_data.corpus.records import META, OFFSETS, SHARD, ShardRecord, SubsetInfo
 from marin_data.engines.local import default_workers
 from marin_data.errors import CorpusConflictError, ShardChecksumError
-from marin_data.layout import CARD, CHECKED, COMMIT, CROISSANT, LISTED, LOCK_NAME, MANIFEST, MIRRORS, RECORD, \
-    SHARDS_INDEX, STAGING, SUMS, TOKENIZER, UNLISTED, VOUCHED
+from marin_data.layout import ADOPT_JOURNAL, BY_SHA256, CARD, CHECKED, COMMIT, CROISSANT, LISTED, LOCK_NAME, \
+    MANIFEST, MIRRORS, RECORD, SHARDS_INDEX, STAGING, SUMS, TOKENIZER, UNLISTED, VOUCHED
 from marin_data.levanter.arraymeta import ArrayMeta
 from marin_data.levanter.cache import LevanterCache, open_cache
 from marin_data.levanter.checked import Checked, read_checked
@@ -54,14 +54,16 @@ from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
 from marin_data.fileio.lock import corpus_lock
 from marin_data.stores.local import LocalStore
 
-__all__ = ["AdoptReport", "adopt", "adopt_found", "adopt_corpus", "cache_rows"]
+__all__ = ["AdoptReport", "CacheFile", "FIRST_SEEN", "adopt", "commit_pin", "adopt_found", "adopt_corpus", "cache_rows", "cache_files",
+           "is_ours", "tokenizer_name_for", "vouched_by"]
 
 NAME_GIVEN = "given with --tokenizer-name"
 NAME_FROM_LEDGERS = "from the caches' ledgers"
 NAME_FROM_TOKENIZER = "from the --tokenizer path or repo id"
 NAME_FROM_PIN = "from the pin the stopped run committed"
 
-_OURS = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, MIRRORS, RECORD, CHECKED, VOUCHED, LOCK_NAME, *LISTED, *UNLISTED}
+_OURS = {MANIFEST, SHARDS_INDEX, SUMS, TOKENIZER, MIRRORS, RECORD, CHECKED, VOUCHED, LOCK_NAME, ADOPT_JOURNAL, *LISTED,
+         *UNLISTED}
 FIRST_SEEN = "first-seen-locally"
 
 
@@ -78,10 +80,14 @@ class AdoptReport:
     tokenizer_from: str = ""  # where that name came from: one of the NAME_* phrases
     checked: dict[str, int] = field(default_factory=dict)  # digest algorithm -> files checked against the source
     first_seen: tuple[str, ...] = ()  # files whose digest was first seen locally (no source vouched for one)
+    data: str = ""  # where the pinned files are, when the pin is kept apart from them (``root``: the pin)
+    reused: int = 0  # files not hashed again: an earlier run's (its journal) or an earlier pin's rows
 
 
 @dataclass(frozen=True)
-class _Job:
+class CacheFile:
+    """One file of a cell to hash and what its row says beyond its bytes (`cache_files`)."""
+
     path: str  # relative to the root
     subset: str
     kind: str
@@ -150,7 +156,7 @@ def adopt_found(found: Source, path: str | os.PathLike, *, tokenizer: str, name:
     cells = {as_subset_name(name): ""} if found.kind == CACHE else {c: c for c in found.cells}
     answers = load_metadata(meta, subsets=cells, licenses=True)
     caches = {s: open_cache(found.store, p, require_finished=False) for s, p in cells.items()}
-    named, named_from = _tokenizer_name(tokenizer_name, caches.values())
+    named, named_from = tokenizer_name_for(tokenizer_name, caches.values())
     loaded = load_framed(tokenizer, caches.values(), name=named)
     licenses = {s: answers.licenses.get(s, license) for s in cells}
     descriptions = descriptions_of(answers, cells)
@@ -158,7 +164,7 @@ def adopt_found(found: Source, path: str | os.PathLike, *, tokenizer: str, name:
                     str(root))
     with corpus_lock(root):
         files, skipped = _cell_files(root, caches, found.skipped)
-        jobs = [j for subset, cache in caches.items() for j in _jobs(subset, cache, files[subset])]
+        jobs = [j for subset, cache in caches.items() for j in cache_files(subset, cache, files[subset])]
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=max(1, min(workers or default_workers(), len(jobs) or 1))) as pool:
             rows = list(pool.map(lambda j: _hash(root, j, loaded.info.vocab_size), jobs))
@@ -168,23 +174,38 @@ def adopt_found(found: Source, path: str | os.PathLike, *, tokenizer: str, name:
         manifest = Manifest(name=name, version=version, tokenizer=loaded.info,
                             subsets={s: SubsetInfo(0, 0, 0, 0, licenses[s]) for s in cells},
                             format=LEVANTER_CACHE if found.kind == CACHE else LEVANTER_STORE)
-        described = replace(manifest, subsets=summarize_subsets(rows, licenses))
-        staged = {TOKENIZER: loaded.data, CARD: render_cache_card(described, descriptions).encode(),
-                  CROISSANT: render_cache_croissant(described, rows, descriptions).encode()}
-        if record is not None:  # only beside a downloaded copy: a cache adopted where it was built pins as before
-            staged[VOUCHED] = json.dumps({"source": record[0], "files": vouched}, indent=1).encode()
-        digest = commit_corpus(root, manifest, rows, staged=staged)  # one commit, the manifest last
+        # vouched.json only beside a downloaded copy: a cache adopted where it was built pins as before
+        digest = commit_pin(root, manifest, rows, licenses=licenses, descriptions=descriptions,
+                            tokenizer=loaded.data, vouched=(record[0], vouched) if record is not None else None)
+    return AdoptReport(root=str(root), manifest_sha256=digest, subsets=tuple(sorted(cells)), files=len(rows),
+                       bytes=sum(r.bytes for r in rows), seconds=seconds, skipped=skipped,
+                       tokenizer=loaded.info.name, tokenizer_from=named_from, **vouched_by(vouched))
+
+
+def vouched_by(vouched: dict[str, dict]) -> dict:
+    """`AdoptReport`'s ``checked`` (algorithm -> files checked against the source by it) and ``first_seen``
+    (the files no source vouched for) of a ``vouched.json``'s ``files``."""
     checked: dict[str, int] = {}
     for v in vouched.values():
         if v["checked"] != FIRST_SEEN:
             checked[v["checked"]] = checked.get(v["checked"], 0) + 1
-    return AdoptReport(root=str(root), manifest_sha256=digest, subsets=tuple(sorted(cells)), files=len(rows),
-                       bytes=sum(r.bytes for r in rows), seconds=seconds, skipped=skipped,
-                       tokenizer=loaded.info.name, tokenizer_from=named_from, checked=checked,
-                       first_seen=tuple(p for p, v in vouched.items() if v["checked"] == FIRST_SEEN))
+    return {"checked": checked, "first_seen": tuple(p for p, v in vouched.items() if v["checked"] == FIRST_SEEN)}
 
 
-def _tokenizer_name(given: str | None, caches: Iterable[LevanterCache]) -> tuple[str | None, str]:
+def commit_pin(root: Path, manifest: Manifest, rows: list[ShardRecord], *, licenses: dict[str, str],
+               descriptions: dict[str, str], tokenizer: bytes, vouched: tuple[str, dict] | None) -> str:
+    """Commit the pin of ``rows`` in ``root`` (`commit_corpus`: one commit, the manifest last) with its
+    ``tokenizer.json``, card, ``croissant.json`` and, given ``(source, files)``, ``vouched.json``; return the
+    manifest's sha256."""
+    described = replace(manifest, subsets=summarize_subsets(rows, licenses))
+    staged = {TOKENIZER: tokenizer, CARD: render_cache_card(described, descriptions).encode(),
+              CROISSANT: render_cache_croissant(described, rows, descriptions).encode()}
+    if vouched is not None:
+        staged[VOUCHED] = json.dumps({"source": vouched[0], "files": vouched[1]}, indent=1).encode()
+    return commit_corpus(root, manifest, rows, staged=staged)
+
+
+def tokenizer_name_for(given: str | None, caches: Iterable[LevanterCache]) -> tuple[str | None, str]:
     """The tokenizer's name for the manifest and where it came from: ``given``, else the name every cache's
     ledger records, else None (`load_tokenizer` derives one from the tokenizer's path or repo id)."""
     if given:
@@ -258,16 +279,22 @@ def _cell_files(root: Path, caches: dict[str, LevanterCache],
     return files, tuple(sorted(skipped))
 
 
-def _jobs(subset: str, cache: LevanterCache, files: list[str]) -> list[_Job]:
-    """A job per file of ``cache`` (``files``: those its folder holds, other tools' bookkeeping left out)."""
+def is_ours(path: str) -> bool:
+    """Whether ``path`` (relative to a pinned cache's root) is a file the pin or its writers put there."""
+    return path in _OURS or path.split("/")[0] in (STAGING, BY_SHA256)
+
+
+def cache_files(subset: str, cache: LevanterCache, files: list[str]) -> list[CacheFile]:
+    """A job per file of ``cache`` (``files``: those its folder holds, other tools' bookkeeping left out): its
+    kind, tokens and documents (`cache_rows`), a data chunk file's array."""
     known = cache_rows(cache)
     data_meta = {c.path: p.data for p in cache.parts for c in p.data_chunks()}
     if not cache.prefix:  # a single cache at the corpus root: our own files are no part of it
-        files = [f for f in files if f not in _OURS and f.split("/")[0] != STAGING]
-    return [_Job(f, subset, *known.get(f, (META, 0, 0)), meta=data_meta.get(f)) for f in files]
+        files = [f for f in files if not is_ours(f)]
+    return [CacheFile(f, subset, *known.get(f, (META, 0, 0)), meta=data_meta.get(f)) for f in files]
 
 
-def _hash(root: Path, job: _Job, vocab_size: int) -> ShardRecord:
+def _hash(root: Path, job: CacheFile, vocab_size: int) -> ShardRecord:
     if job.kind == SHARD:
         digest, size, row_groups = _hash_chunk(root / job.path, job.meta, job.tokens, vocab_size)
     else:

@@ -42,7 +42,7 @@ from marin_data.transfer.fetch import PART_BYTES
 from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, FileTask
 from marin_data.ui import format_table, human_bytes, human_count, plural, printable
 
-__all__ = ["CacheDownload", "download_cache"]
+__all__ = ["CacheDownload", "cell_listing", "download_cache"]
 
 SHOWN = 10  # size-only files named in the summary
 
@@ -136,7 +136,7 @@ def download_cache(source: Source, *, subsets: Sequence[str] | None, dest: str |
         cells = select_subsets(source.cells, list(subsets or []), what="cell")
     with ThreadPoolExecutor(max_workers=max(1, min(REMOTE_WORKERS, len(cells)))) as pool:
         caches = list(pool.map(lambda c: open_cache(store, c), cells))  # refuses what is unfinished or unreadable
-    listed = [(o, cell) for cell in cells for o in _listed(store, cell)]
+    listed = [(o, cell) for cell in cells for o in cell_listing(store, cell)]
     with ThreadPoolExecutor(max_workers=REMOTE_WORKERS) as pool:  # a HEAD each where a listing names checksums
         vouched = list(pool.map(lambda oc: store.vouched(oc[0]), listed))
     files = tuple(FileTask(o.path, o.size, o.sha256, cell, tuple(sorted(dict(o.checksums).items())))
@@ -178,7 +178,7 @@ def _record(root: Path, source: str, plan: DownloadPlan, report: DownloadReport)
     return entries
 
 
-def _listed(store: Store, cell: str) -> Iterator[ObjectInfo]:
+def cell_listing(store: Store, cell: str) -> Iterator[ObjectInfo]:
     """The files of ``cell`` ("" for a single cache) as ``store`` lists them, each name checked before it
     becomes a local path: a clean relative path inside the cell, no name marin keeps beside a copy (its lock,
     a partial file: `is_reserved`), and listed once. A listing is the server's word, like a manifest."""

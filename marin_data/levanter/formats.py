@@ -119,11 +119,19 @@ class CacheSource(Source):
         return _to_marin(self.found, self.given, dest, subsets, settings)
 
     def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
-              workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None) -> Any:
+              workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None,
+              **where: Any) -> Any:
+        """Pinned in place (`adopt_found`) when it is a local folder and ``where`` (as `Source.adopt`) asks
+        nothing else; else where it lives (`adopt_store`)."""
         from marin_data.levanter.adopt import adopt_found
 
-        return adopt_found(self.found, self.given, tokenizer=tokenizer, name=name, license=license, workers=workers,
-                           tokenizer_name=tokenizer_name, meta=meta)
+        settings = {"tokenizer": tokenizer, "name": name, "license": license, "workers": workers,
+                    "tokenizer_name": tokenizer_name, "meta": meta}
+        if isinstance(self.store, LocalStore) and not _elsewhere(where):
+            if self.options:
+                raise NotApplicableError("the store options apply to s3:// and hf:// URLs")
+            return adopt_found(self.found, self.given, **settings)
+        return _adopt_store(self, settings, where)
 
 
 class PinnedSource(CorpusSource):
@@ -167,6 +175,18 @@ class PinnedSource(CorpusSource):
                             tokens=deep or expect_bos is not None, expect_bos=expect_bos,
                             manifest_sha256=manifest_sha256, workers=workers)
 
+    def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
+              workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None,
+              **where: Any) -> Any:
+        """A pin a killed local run committed, finished (`adopt_corpus`); or, for a store pinned where it lives
+        or with ``where`` asking more, cells added to its pin (`adopt_store`)."""
+        from marin_data.levanter.adopt import adopt_corpus
+
+        if isinstance(self.store, LocalStore) and not _elsewhere(where):
+            return adopt_corpus(self.given)
+        return _adopt_store(self, {"tokenizer": tokenizer, "name": name, "license": license, "workers": workers,
+                                   "tokenizer_name": tokenizer_name, "meta": meta}, where)
+
     def convert(self, *, to: str, dest: str | Path, subsets: Sequence[str] = (), **settings: Any) -> Any:
         if to != MARIN:
             raise NotApplicableError(f"{self.given} is a pinned Levanter cache: --format marin writes it as a Parquet "
@@ -174,6 +194,20 @@ class PinnedSource(CorpusSource):
         if settings.get("tokenizer") is not None:
             raise NotApplicableError("a pinned Levanter cache converts with its own tokenizer: drop --tokenizer")
         return _to_marin(self.found, self.given, dest, subsets, settings)
+
+
+def _elsewhere(where: dict) -> bool:
+    """Whether `Source.adopt`'s options ask for more than a pin in place hashed on this machine."""
+    return bool(where.get("pin_to") or where.get("subsets") or where.get("work_dir") or where.get("engine_address")
+                or where.get("engine", "local") != "local")
+
+
+def _adopt_store(source: Source, settings: dict, where: dict) -> Any:
+    from marin_data.levanter.adopt_remote import adopt_store
+
+    return adopt_store(source.given, **settings, pin_to=where.get("pin_to"), subsets=list(where.get("subsets") or ()),
+                       engine=where.get("engine", "local"), engine_address=where.get("engine_address"),
+                       work_dir=where.get("work_dir"), **source.options)
 
 
 def _to_marin(found: Found, given: str, dest: str | Path, subsets: Sequence[str], settings: dict) -> Any:
