@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from marin_data.cli._hf_options import check_hf_flags, hf_options
-from marin_data.cli._store_options import check_s3_flags, check_sha256, show_retries, store_kwargs, store_options, \
-    usage_errors
+from marin_data.cli._store_options import check_s3_flags, check_sha256, is_url, show_retries, store_kwargs, \
+    store_options, usage_errors
 from marin_data.transfer.fetch import PART_BYTES
 from marin_data.ui import echo
 
@@ -67,11 +67,14 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
       marin-data download hf://datasets/my-org/corpus --subset pretrain/code --to d --mirror s3://bkt/c
       marin-data download hf://datasets/team/c@main --endpoint http://127.0.0.1:8080 --subset a --to d
       marin-data download s3://bkt/levanter-store --subset 'cluster=*/quality=4' --to cells   # not pinned
+      marin-data download ./pin --subset 'cluster=3/*' --to cells --endpoint-url URL  # a pin kept apart: data from
+                                                                      # where its manifest says, checked against it
     """
     check_sha256(manifest_sha256)
-    if not any(u.startswith("hf://") for u in (source, *mirrors)):
+    urls = [source, *mirrors, *_data_of(source)]
+    if not any(u.startswith("hf://") for u in urls):
         check_hf_flags(source, endpoint, token)  # --endpoint/--token without any hf:// URL do nothing
-    check_s3_flags([source, *mirrors], endpoint_url, profile, anonymous, requester_pays)
+    check_s3_flags(urls, endpoint_url, profile, anonymous, requester_pays)
     show_retries()
     hf = {k: v for k, v in {"endpoint": endpoint, "token": token}.items() if v}
     options = {**store_kwargs(endpoint_url, profile, anonymous, requester_pays), **hf}
@@ -85,3 +88,18 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
         echo(line, err=to_stderr)
     if done.error is not None:
         raise done.error
+
+
+def _data_of(source: str) -> list[str]:
+    """Where a local pin kept apart from its data says the data is (its manifest's ``data``): the store
+    options apply to that store too."""
+    if is_url(source) or not Path(source).is_dir():
+        return []
+    from marin_data.formats import read_manifest
+    from marin_data.stores import open_store
+
+    try:
+        manifest = read_manifest(open_store(source))
+    except (ValueError, OSError):  # the download says what is wrong with it
+        return []
+    return [manifest.data] if manifest is not None and manifest.data else []

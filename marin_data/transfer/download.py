@@ -1,7 +1,8 @@
 """``download``: fetch chosen subsets of a corpus from a store, verified, resumable, with mirror fallback.
 
 `download` plans from the manifest and shard index (`marin_data.transfer.plan`; the manifest checked against
-a pinned ``manifest_sha256``), fetches every metadata file and every shard of the chosen subsets on a thread
+a pinned ``manifest_sha256``; a pin kept apart from its data reads its shards from where the manifest's
+``data`` says they are: `marin_data.transfer.apart`), fetches every metadata file and every shard of the chosen subsets on a thread
 pool (`marin_data.transfer.fetch`: hashed while they stream, renamed into place only once size and SHA-256
 match) and the datasheet (which the manifest cannot list), then writes ``manifest.json`` and the download
 record last. A re-run after a crash continues each file from its partial file (`marin_data.transfer.partial`);
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from marin_data.fileio.atomic import atomic_write_bytes
-from marin_data.corpus.manifest import load_corpus
+from marin_data.corpus.manifest import Manifest, load_corpus
 from marin_data.corpus.record import DownloadRecord, read_download_record
 from marin_data.errors import RemoteError, TransferFailedError
 from marin_data.layout import MANIFEST, RECORD, SHARDS_INDEX, UNLISTED
@@ -30,6 +31,7 @@ from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores import open_store
 from marin_data.stores.base import METADATA_LIMIT
 from marin_data.stores.order import StoreOrder
+from marin_data.transfer.apart import ApartStore
 from marin_data.transfer.fetch import PART_BYTES, ByteMeter, already_there, fetch_one
 from marin_data.transfer.partial import partial_path, resumed_bytes
 from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, plan_download
@@ -112,6 +114,11 @@ def download(
     plan, manifest_bytes, index_bytes = plan_download(order, subsets=subsets, manifest_sha256=manifest_sha256,
                                                       policy=policy, known_manifest=known_manifest)
     stores = order.using(lambda s: versioned(s, manifest_bytes))  # this version's files, never a newer one's
+    data = Manifest.from_json(manifest_bytes, order.primary.describe(MANIFEST)).data
+    if data:  # a pin kept apart: its shards from where the data is (`ApartStore`), the mirrors' from them
+        shards = {t.path for t in plan.files if t.subset is not None}
+        primary = stores.stores[0]
+        stores = stores.using(lambda s: ApartStore(s, open_store(data, **options), shards) if s is primary else s)
     root = Path(dest)
     if dry_run:
         return DownloadReport(plan=plan, dest=str(root), dry_run=True)

@@ -10,7 +10,8 @@ manifest and its files that readers pinned to it read, where the store keeps the
 The report is `marin_data.corpus.verify.VerifyReport`, so the CLI prints local and remote checks alike:
 ``missing``, ``truncated``/``oversized`` (sizes differ), ``modified`` (same size, other SHA-256), and
 ``unreadable`` for an object whose store reports no full-object SHA-256 (a multipart upload without our
-metadata): its content cannot be vouched for without downloading it.
+metadata): its content cannot be vouched for without downloading it. A pin kept apart from its data
+(the manifest's ``data``) has its shards compared with the data's store; given that store as URL, only them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores import open_store
 from marin_data.stores.base import ObjectInfo, Store
 from marin_data.stores.hub_ids import git_blob_sha1_file
+from marin_data.transfer.apart import ApartStore
 from marin_data.transfer.versions import content_path
 
 __all__ = ["verify_remote"]
@@ -77,6 +79,12 @@ def verify_remote(
     copies: dict[str, tuple[str, int, str]] = {content_path(sha, path): (path, size, sha)
                                                for path, size, sha in listed}
     store = open_store(url, max_connections=workers + 2, **store_options)
+    data = corpus.manifest.data
+    if data:  # a pin kept apart: its shards are compared with the data's store (`ApartStore`)
+        shards = {s.path for s in corpus.shards}
+        store = ApartStore(store, open_store(data, max_connections=workers + 2, **store_options), shards)
+        if url.rstrip("/") == data.rstrip("/"):  # URL is the data's store: it holds the shards, not the pin
+            targets, copies = [t for t in targets if t[0] in shards], {}
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify-remote") as pool:
