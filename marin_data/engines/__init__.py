@@ -6,6 +6,7 @@ stats. An engine only runs them, in any order and on any worker, so the output c
 engine or the worker count. `marin_data.engines.local.LocalEngine` is a process pool on this machine;
 `marin_data.engines.ray.RayEngine` runs the very same functions as Ray tasks on a Ray cluster. `ENGINES`
 names both; the Ray one is imported only when asked for, so Ray stays an optional extra.
+`marin_data.engines.threads.ThreadEngine` runs them on threads of this process, for work that waits on a store.
 """
 
 from __future__ import annotations

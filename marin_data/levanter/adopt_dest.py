@@ -15,7 +15,6 @@ checked against the manifest's digests), so that a later run adds cells to it.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from marin_data.corpus.manifest import Manifest
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import InvalidManifestError
 from marin_data.fileio.atomic import sha256_file
+from marin_data.fileio.untrusted_json import loads
 from marin_data.layout import MANIFEST, SHARDS_INDEX, VOUCHED
 from marin_data.stores import open_store
 from marin_data.stores.base import METADATA_LIMIT
@@ -73,7 +73,8 @@ class PinPlace:
             return None
         manifest = Manifest.from_json(data, self.store.describe(MANIFEST))
         rows = read_shard_index(self._listed(manifest, SHARDS_INDEX), metadata=manifest.files)
-        vouched = json.loads(self._listed(manifest, VOUCHED)).get("files", {}) if VOUCHED in manifest.files else {}
+        vouched = _vouched(self._listed(manifest, VOUCHED), self.store.describe(VOUCHED)) \
+            if VOUCHED in manifest.files else {}
         return Earlier(manifest, tuple(rows), vouched)
 
     def _listed(self, manifest: Manifest, name: str) -> bytes:
@@ -96,6 +97,17 @@ class PinPlace:
         for name in names:
             digest, size = sha256_file(self.folder / name)
             self.store.put(name, self.folder / name, sha256=digest, size=size)
+
+
+def _vouched(data: bytes, where: str) -> dict[str, dict]:
+    """The ``files`` of a ``vouched.json``: path -> ``{"checked": ..., "digest": ...}``."""
+    try:
+        files = loads(data).get("files")
+    except (ValueError, AttributeError) as e:
+        raise InvalidManifestError(f"not a vouched.json: {e}", path=where) from e
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+        raise InvalidManifestError("not a vouched.json: expected 'files', an object of objects", path=where)
+    return files
 
 
 def _commit_to_hub(url: str, folder: Path, names: list[str], options: dict) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import CacheFormatError
+from marin_data.fileio.untrusted_json import loads
 from marin_data.layout import ADOPT_JOURNAL
 
 __all__ = ["Finished", "Journal"]
@@ -93,7 +94,7 @@ class Journal:
 
 def _parse(line: bytes) -> dict | None:
     try:
-        doc = json.loads(line)
+        doc = loads(line)
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None

@@ -113,12 +113,7 @@ def download(
     order = StoreOrder([open_store(url, **options) for url in [source, *mirrors]])
     plan, manifest_bytes, index_bytes = plan_download(order, subsets=subsets, manifest_sha256=manifest_sha256,
                                                       policy=policy, known_manifest=known_manifest)
-    stores = order.using(lambda s: versioned(s, manifest_bytes))  # this version's files, never a newer one's
-    data = Manifest.from_json(manifest_bytes, order.primary.describe(MANIFEST)).data
-    if data:  # a pin kept apart: its shards from where the data is (`ApartStore`), the mirrors' from them
-        shards = {t.path for t in plan.files if t.subset is not None}
-        primary = stores.stores[0]
-        stores = stores.using(lambda s: ApartStore(s, open_store(data, **options), shards) if s is primary else s)
+    stores = _apart(order.using(lambda s: versioned(s, manifest_bytes)), plan, manifest_bytes, options)
     root = Path(dest)
     if dry_run:
         return DownloadReport(plan=plan, dest=str(root), dry_run=True)
@@ -147,6 +142,17 @@ def download(
             atomic_write_bytes(root / RECORD, record.to_json())
             load_corpus(root, manifest_sha256=plan.manifest_sha256)  # the local root of trust holds
     return report
+
+
+def _apart(stores: StoreOrder, plan: DownloadPlan, manifest_bytes: bytes, options: dict) -> StoreOrder:
+    """``stores``, the primary reading a pin kept apart from its data (the manifest's ``data``) as `ApartStore`:
+    its shards from where the data is. Mirrors are whole copies, read as they are."""
+    data = Manifest.from_json(manifest_bytes, stores.primary.describe(MANIFEST)).data
+    if not data:
+        return stores
+    shards = {t.path for t in plan.files if t.subset is not None}
+    primary = stores.primary
+    return stores.using(lambda s: ApartStore(s, open_store(data, **options), shards) if s is primary else s)
 
 
 def _read_or_none(path: Path) -> bytes | None:
