@@ -209,3 +209,19 @@ def test_a_store_on_the_hub_is_pinned_against_its_lfs_sha256(store, local_rows, 
     sums = pinned_sums((tmp_path / "pin/SHA256SUMS").read_text())
     assert {p: d for p, d in sums.items() if p.startswith("cluster=")} == \
         {p: d for p, d in local_rows.items() if p.startswith("cluster=0/")}
+
+
+def test_a_pin_committed_to_a_hub_repo_downloads_its_data_from_the_folder_it_names(store, tiny_tokenizer, tmp_path):
+    (tmp_path / "mirror").mkdir()
+    with running_mirror(tmp_path / "mirror", writable=True, token="t") as mirror:
+        hub = {"endpoint": mirror.url, "token": "t"}
+        report = adopt_store(str(store), tokenizer=str(tiny_tokenizer), pin_to="hf://datasets/team/pin",
+                             subsets=["cluster=2/*"], work_dir=tmp_path / "work", **hub)
+        assert report.root == "hf://datasets/team/pin" and report.data == str(store)
+        assert not (tmp_path / "work" / ADOPT_JOURNAL).exists()
+        assert not any(p.name.startswith((".marin", "manifest")) for p in store.rglob("*"))  # the data untouched
+        from marin_data.transfer.download import download
+
+        got = download("hf://datasets/team/pin", subsets=None, dest=tmp_path / "d", progress=False, **hub)
+    assert got.ok and (tmp_path / "d/cluster=2/quality=4/shard_ledger.json").read_bytes() == \
+        (store / "cluster=2/quality=4/shard_ledger.json").read_bytes()

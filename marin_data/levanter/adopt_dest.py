@@ -112,12 +112,7 @@ def _vouched(data: bytes, where: str) -> dict[str, dict]:
 
 def _commit_to_hub(url: str, folder: Path, names: list[str], options: dict) -> None:
     """The pin's files as one commit of the dataset repo ``url`` (created if needed): all of it or none."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+    from marin_data.transfer.publish_hf import commit_files
 
-    from marin_data.stores.hub_ids import parse_hf_url
-
-    repo = parse_hf_url(url).repo_id
-    api = HfApi(endpoint=options.get("endpoint"), token=options.get("token"))
-    api.create_repo(repo, repo_type="dataset", exist_ok=True)
-    api.create_commit(repo, [CommitOperationAdd(n, str(folder / n)) for n in names], repo_type="dataset",
-                      commit_message=f"marin-data adopt: the pin ({len(names)} files)")
+    commit_files(url, folder, names, message=f"marin-data adopt: the pin ({len(names)} files)",
+                 endpoint=options.get("endpoint"), token=options.get("token"))

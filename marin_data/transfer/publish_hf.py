@@ -59,7 +59,7 @@ from marin_data.transfer.publish_s3 import PublishReport, check_datasheet, check
 from marin_data.transfer.versions import content_path, keep_published
 from marin_data.ui import human_bytes, plural, progress as progress_bar
 
-__all__ = ["HfPublishReport", "RepoPlan", "plan_repos", "publish_hf"]
+__all__ = ["HfPublishReport", "RepoPlan", "commit_files", "plan_repos", "publish_hf"]
 
 
 @dataclass(frozen=True)
@@ -321,6 +321,28 @@ def _commit(api, repo_id: str, root: Path, batch: Sequence[_File], workers: int)
     total = sum(f.bytes for f in batch)
     api.create_commit(repo_id, ops, repo_type="dataset", num_threads=workers,
                       commit_message=f"marin-data publish: {plural(len(batch), 'file')} ({human_bytes(total)})")
+
+
+def commit_files(url: str, folder: Path, names: Sequence[str], *, message: str, endpoint: str | None = None,
+                 token: str | None = None) -> None:
+    """The files ``names`` of ``folder`` as one commit of the dataset repo ``url`` (created if needed): all of
+    them or none (``adopt --pin-to hf://``).
+
+    Raises:
+        RemoteError: a malformed URL, or the endpoint refused a request.
+    """
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    try:
+        repo = parse_hf_url(url).repo_id
+    except ValueError as e:
+        raise RemoteError(str(e), path=url) from e
+    api = HfApi(endpoint=endpoint, token=token)
+    with _hub_errors(repo), _hub_bars(False):
+        api.create_repo(repo, repo_type="dataset", exist_ok=True)
+        with _lfs_unless_xet(api, repo):
+            api.create_commit(repo, [CommitOperationAdd(n, str(folder / n)) for n in names], repo_type="dataset",
+                              commit_message=message)
 
 
 @contextlib.contextmanager
