@@ -90,7 +90,7 @@ def command(source: str, tokenizer: str, tokenizer_name: str | None, name: str |
       marin-data adopt ./fineweb-edu-10B/train --tokenizer ./llama3/tokenizer.json --license odc-by
       marin-data adopt /data/marin-store --tokenizer ./llama3 --tokenizer-name meta-llama/Llama-3.1-8B --meta meta.yaml
       marin-data verify /data/marin-store && marin-data publish /data/marin-store --to s3://bucket/store
-      marin-data adopt s3://marin-data/store --tokenizer ./llama3 --pin-to s3://my-pins/marin --subset 'cluster=*/quality=4'
+      marin-data adopt s3://marin-data/store --tokenizer ./llama3 --pin-to s3://pins/m --subset 'cluster=*/quality=4'
       marin-data adopt s3://marin-data/store --tokenizer ./llama3 --pin-to ./marin-pin --engine ray --ray-address auto
       marin-data adopt hf://datasets/team/store --tokenizer ./llama3 --pin-to ./pin --endpoint http://127.0.0.1:8080
       marin-data download ./marin-pin --subset 'cluster=3/*' --to cells   # fetched from s3://marin-data/store

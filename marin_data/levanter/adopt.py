@@ -54,8 +54,8 @@ from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
 from marin_data.fileio.lock import corpus_lock
 from marin_data.stores.local import LocalStore
 
-__all__ = ["AdoptReport", "CacheFile", "FIRST_SEEN", "adopt", "commit_pin", "adopt_found", "adopt_corpus", "cache_rows", "cache_files",
-           "is_ours", "tokenizer_name_for", "vouched_by"]
+__all__ = ["AdoptReport", "CacheFile", "FIRST_SEEN", "adopt", "commit_pin", "adopt_found", "adopt_corpus", "cache_rows",
+           "cache_files", "is_ours", "tokenizer_name_for", "vouched_by"]
 
 NAME_GIVEN = "given with --tokenizer-name"
 NAME_FROM_LEDGERS = "from the caches' ledgers"

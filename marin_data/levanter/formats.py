@@ -168,9 +168,10 @@ class PinnedSource(CorpusSource):
         if not isinstance(self.store, LocalStore):
             raise self.published(tokenizer, expect_bos)
         if self.manifest.data:
-            raise NotApplicableError(f"{self.given} is a pin kept apart from its data, which is at {self.manifest.data}:"
-                                     f" compare them with `marin-data verify {self.given} --remote "
-                                     f"{self.manifest.data}`, or download it (`marin-data download {self.given}`)")
+            data = self.manifest.data
+            raise NotApplicableError(f"{self.given} is a pin kept apart from its data, which is at {data}: compare "
+                                     f"them with `marin-data verify {self.given} --remote {data}`, or download it "
+                                     f"(`marin-data download {self.given}`)")
         if tokenizer:
             raise NotApplicableError("a pinned cache has its own tokenizer: drop --tokenizer")
         if engine != "local" or engine_address:

@@ -1,15 +1,15 @@
 """``download``: fetch chosen subsets of a corpus from a store, verified, resumable, with mirror fallback.
 
-`download` plans from the manifest and shard index (`marin_data.transfer.plan`; the manifest checked against
-a pinned ``manifest_sha256``; a pin kept apart from its data reads its shards from where the manifest's
-``data`` says they are: `marin_data.transfer.apart`), fetches every metadata file and every shard of the chosen subsets on a thread
-pool (`marin_data.transfer.fetch`: hashed while they stream, renamed into place only once size and SHA-256
-match) and the datasheet (which the manifest cannot list), then writes ``manifest.json`` and the download
-record last. A re-run after a crash continues each file from its partial file (`marin_data.transfer.partial`);
-transient faults are retried, then the next mirror continues the same partial file; a store that keeps
-failing is tried after the others for the rest of the run (`marin_data.stores.order`). The order of work, the
-faults handled and the request strategy (one GET per file, or parallel ranges for a few large files):
-docs/data.md.
+`download` plans from the manifest and shard index (`marin_data.transfer.plan`; the manifest checked against a
+pinned ``manifest_sha256``; a pin kept apart from its data reads its shards from where the manifest's ``data``
+says they are: `marin_data.transfer.apart`), fetches every metadata file and every shard of the chosen subsets
+on a thread pool (`marin_data.transfer.fetch`: hashed while they stream, renamed into place only once size and
+SHA-256 match) and the datasheet (which the manifest cannot list), then writes ``manifest.json`` and the
+download record last. A re-run after a crash continues each file from its partial file
+(`marin_data.transfer.partial`); transient faults are retried, then the next mirror continues the same partial
+file; a store that keeps failing is tried after the others for the rest of the run (`marin_data.stores.order`).
+The order of work, the faults handled and the request strategy (one GET per file, or parallel ranges for a few
+large files): docs/data.md.
 """
 
 from __future__ import annotations
