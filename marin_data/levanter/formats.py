@@ -22,7 +22,7 @@ from marin_data.levanter.cells import PinnedCells
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, cache_tree
 from marin_data.levanter.detect import Source as Found
 from marin_data.levanter.ledger import LEDGER
-from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
+from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE, cell_prefixes
 from marin_data.stores.base import Store
 from marin_data.stores.local import LocalStore
 
@@ -166,6 +166,14 @@ class PinnedSource(CorpusSource):
         return verify_found(self.found, self.given, subsets=list(subsets) or None,
                             tokens=deep or expect_bos is not None, expect_bos=expect_bos,
                             manifest_sha256=manifest_sha256, workers=workers)
+
+    def remote_checks(self, data: Store, options: dict[str, Any], subsets: Sequence[str]) -> list:
+        """The structural checks of each chosen cell in ``data``, a job per cell (`CellJob`): the hashes say the
+        bytes are the pinned ones, these say the caches they make are whole (as a local verify checks them)."""
+        from marin_data.levanter.verify import CellJob
+
+        prefixes, opened = cell_prefixes(self.manifest), tuple(sorted(options.items()))
+        return [CellJob(data.reopen_url(), opened, subset, prefixes[subset]) for subset in subsets]
 
     def convert(self, *, to: str, dest: str | Path, subsets: Sequence[str] = (), **settings: Any) -> Any:
         if to != MARIN:
