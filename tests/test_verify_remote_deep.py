@@ -9,12 +9,12 @@ import shutil
 import sys
 
 import pytest
-from levanter_env import make_store
+from levanter_env import pinned_store  # noqa: F401 - fixture
 from s3_env import bucket_url, copy_corpus, fault_corpus, moto, run_cli, s3_client  # noqa: F401 - fixtures
+from s3_env import rewrite_keeping_metadata
 from shard_env import tiny_tokenizer  # noqa: F401 - fixture
 
 from marin_data.formats import open_source
-from marin_data.levanter import adopt
 from marin_data.stores.s3 import parse_s3_url
 from marin_data.transfer.publish_s3 import publish
 
@@ -22,41 +22,11 @@ CELL = "cluster=1/quality=4"
 CHUNK = f"{CELL}/input_ids/data/c/0"
 
 
-def _plain_client(endpoint: str):
-    """A client that sends no checksum of its own: the object keeps only what we give it."""
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                        config=Config(request_checksum_calculation="when_required"))
-
-
-def rewrite_keeping_metadata(endpoint: str, url: str, path: str) -> None:
-    """Flip one byte of ``path`` in the bucket, keeping its size and its ``sha256`` metadata (the old one):
-    what the store says of it is unchanged, its bytes are not."""
-    bucket, prefix = parse_s3_url(url)
-    key = f"{prefix}/{path}"
-    client = s3_client(endpoint)
-    head = client.head_object(Bucket=bucket, Key=key)
-    data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-    data[len(data) // 2] ^= 0x01
-    _plain_client(endpoint).put_object(Bucket=bucket, Key=key, Body=bytes(data), Metadata=head["Metadata"])
-
-
-@pytest.fixture(scope="module")
-def pinned_store(tmp_path_factory, tiny_tokenizer):  # noqa: F811
-    """A Levanter store of two cells pinned in place, on local disk."""
-    root = tmp_path_factory.mktemp("pinned") / "store"
-    make_store(root, {CELL: 200, "cluster=2/quality=4": 120})
-    adopt(root, tokenizer=str(tiny_tokenizer), name="store")
-    return root
-
-
 def _remote(url: str, endpoint: str, **kw):
     return open_source(url, endpoint_url=endpoint).verify_remote(**kw)
 
 
-def test_deep_catches_a_byte_flipped_under_the_old_checksum_and_plain_remote_does_not(moto, bucket_url,
+def test_deep_catches_a_byte_flipped_under_the_old_checksum_metadata_and_plain_remote_does_not(moto, bucket_url,
                                                                                      fault_corpus, tmp_path):
     root = copy_corpus(fault_corpus, tmp_path / "c")
     publish(root, to=bucket_url, endpoint_url=moto)
@@ -64,14 +34,15 @@ def test_deep_catches_a_byte_flipped_under_the_old_checksum_and_plain_remote_doe
     rewrite_keeping_metadata(moto, bucket_url, shard)
 
     plain = run_cli("verify", bucket_url, "--remote", "--endpoint-url", moto)
-    assert plain.returncode == 0, plain.stderr + plain.stdout
-    assert run_cli("verify", str(root), "--remote", bucket_url, "--endpoint-url", moto).returncode == 0
+    assert plain.returncode == 0, plain.stderr + plain.stdout  # the store's word: the old sha256 metadata
+    against_local = run_cli("verify", str(root), "--remote", bucket_url, "--endpoint-url", moto)
+    assert against_local.returncode == 1 and f"modified  {shard}" in against_local.stdout  # its ETag's MD5
     deep = run_cli("verify", bucket_url, "--remote", "--deep", "--endpoint-url", moto)
     assert deep.returncode == 1, deep.stderr
     assert f"modified  {shard}" in deep.stdout and "OK" not in deep.stdout
     assert "FAILED: deep," in deep.stdout
-    against_local = run_cli("verify", str(root), "--remote", bucket_url, "--deep", "--endpoint-url", moto)
-    assert against_local.returncode == 1 and f"modified  {shard}" in against_local.stdout
+    deep_local = run_cli("verify", str(root), "--remote", bucket_url, "--deep", "--endpoint-url", moto)
+    assert deep_local.returncode == 1 and f"modified  {shard}" in deep_local.stdout
 
 
 def test_deep_counts_every_listed_file_and_its_copies_by_content(moto, bucket_url, fault_corpus, tmp_path):
@@ -86,8 +57,8 @@ def test_deep_counts_every_listed_file_and_its_copies_by_content(moto, bucket_ur
     assert one.subsets == ("a",) and one.files_checked == deep.files_checked - 2
 
 
-def test_deep_on_a_pinned_store_hashes_every_file_and_checks_every_cell(moto, bucket_url, pinned_store):
-    publish(pinned_store, to=bucket_url, endpoint_url=moto)
+def test_deep_on_a_pinned_store_hashes_every_file_and_checks_every_cell(moto, bucket_url, pinned_store, tmp_path):
+    publish(shutil.copytree(pinned_store, tmp_path / "store"), to=bucket_url, endpoint_url=moto)
     assert _remote(bucket_url, moto, deep=True).ok
     bucket, prefix = parse_s3_url(bucket_url)
     s3_client(moto).delete_object(Bucket=bucket, Key=f"{prefix}/{CELL}/shard_ledger.json")
@@ -109,9 +80,7 @@ def test_remote_without_url_on_local_data_and_engine_without_deep_are_usage_erro
 @pytest.mark.slow
 def test_deep_on_ray_finds_what_the_local_engine_finds(moto, bucket_url, pinned_store, tmp_path):
     ray = pytest.importorskip("ray")
-    root = tmp_path / "store"
-    shutil.copytree(pinned_store, root)
-    publish(root, to=bucket_url, endpoint_url=moto)
+    publish(shutil.copytree(pinned_store, tmp_path / "store"), to=bucket_url, endpoint_url=moto)
     rewrite_keeping_metadata(moto, bucket_url, CHUNK)
     bucket, prefix = parse_s3_url(bucket_url)
     s3_client(moto).delete_object(Bucket=bucket, Key=f"{prefix}/cluster=2/quality=4/shard_ledger.json")

@@ -191,11 +191,15 @@ def _rehashed(targets: list[tuple[Store, Listed]], copies: dict[str, Listed], pi
 
 
 def _as_local(root: Path | None, path: str, sha256: str, have: ObjectInfo | None) -> ObjectInfo | None:
-    """A store that states no SHA-256 may state another digest: a Hugging Face repo a regular (non-LFS) file's
-    git blob SHA-1, GCS (through its S3 endpoint) an MD5 and a CRC32C, an S3 object uploaded by another tool
-    the MD5 of its ETag. When it matches the local file ``path``'s, and that file matches the manifest, the
-    store holds the listed SHA-256 too (reading the local file costs no download)."""
-    if have is None or have.sha256 is not None or root is None or not (root / path).is_file():
+    """A store that states no SHA-256 it computed may state another digest: a Hugging Face repo a regular
+    (non-LFS) file's git blob SHA-1, GCS (through its S3 endpoint) an MD5 and a CRC32C, S3 the MD5 of a
+    single-part upload's ETag. When it matches the local file ``path``'s, and that file matches the manifest,
+    the store holds the listed SHA-256 too (reading the local file costs no download). Our ``sha256``
+    metadata is only what the publisher wrote: where the store computed a digest of its own, that digest
+    decides (an object rewritten under its old metadata is caught)."""
+    if have is None or root is None or not (root / path).is_file():
+        return have
+    if have.sha256 is not None and (have.sha256_source != "metadata" or not have.checksums):
         return have
     local = root / path
     if have.git_sha1 is not None:
