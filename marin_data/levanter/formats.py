@@ -116,7 +116,7 @@ class CacheSource(Source):
         if settings.get("tokenizer") is None:
             raise NotApplicableError("a Levanter cache carries no tokenizer: pass --tokenizer (the one it was built "
                                      "with)")
-        return _to_marin(self.found, self.given, dest, subsets, settings)
+        return _to_marin(self.found, self.given, dest, subsets, settings, self.options)
 
     def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
               workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None) -> Any:
@@ -181,14 +181,16 @@ class PinnedSource(CorpusSource):
                                      "corpus")
         if settings.get("tokenizer") is not None:
             raise NotApplicableError("a pinned Levanter cache converts with its own tokenizer: drop --tokenizer")
-        return _to_marin(self.found, self.given, dest, subsets, settings)
+        return _to_marin(self.found, self.given, dest, subsets, settings, self.options)
 
 
-def _to_marin(found: Found, given: str, dest: str | Path, subsets: Sequence[str], settings: dict) -> Any:
+def _to_marin(found: Found, given: str, dest: str | Path, subsets: Sequence[str], settings: dict,
+              options: dict[str, Any]) -> Any:
     from marin_data.levanter.to_marin import convert_found_to_marin
 
-    wanted = ("tokenizer", "name", "license", "shard_tokens", "workers", "manifest_sha256")
-    return convert_found_to_marin(found, given, dest=dest, subsets=list(subsets) or None,
+    wanted = ("tokenizer", "name", "license", "shard_tokens", "workers", "manifest_sha256", "engine",
+              "engine_address")
+    return convert_found_to_marin(found, given, dest=dest, subsets=list(subsets) or None, store_options=options,
                                   **{k: v for k, v in settings.items() if k in wanted})
 
 
