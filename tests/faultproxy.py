@@ -111,6 +111,17 @@ class FaultProxy(LoopbackServer):
         with self.lock:
             self.served[path] += n
 
+    def rewrite_request(self, method: str, target: str, headers: dict) -> tuple[str, dict]:
+        """The request target (path and query) and headers sent upstream: as they came (a subclass that
+        plays another server rewrites them)."""
+        return target, headers
+
+    def rewrite_response(self, method: str, target: str, status: int, headers: list[tuple[str, str]],
+                         body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        """The upstream answer as it is passed on: unchanged (a subclass that plays another server rewrites
+        it; ``target`` is what the client asked for)."""
+        return status, headers, body
+
 
 def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -155,27 +166,29 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 return
             if kind == "ignore_range":
                 headers = {k: v for k, v in headers.items() if k.lower() != "range"}
+            target, headers = proxy.rewrite_request(self.command, self.path, headers)
             conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
             try:
-                conn.request(self.command, self.path, body=body, headers=headers)
+                conn.request(self.command, target, body=body, headers=headers)
                 resp = conn.getresponse()
-                data = resp.read()
+                status, answer, data = proxy.rewrite_response(self.command, self.path, resp.status,
+                                                              resp.getheaders(), resp.read())
             finally:
                 conn.close()
-            proxy._record(Logged(self.command, path, self.headers.get("Range"), resp.status, dict(self.headers),
-                                 kind))
+            proxy._record(Logged(self.command, path, self.headers.get("Range"), status, dict(self.headers), kind))
             out = data
             if kind == "truncate":
                 out = data[: int(len(data) * fault.fraction)]
             elif kind == "corrupt" and data:
                 i = len(data) // 2
                 out = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
-            self.send_response(resp.status)
-            for k, v in resp.getheaders():
+            self.send_response(status)
+            for k, v in answer:
                 if k.lower() not in _HOP and k.lower() != "content-length":
                     self.send_header(k, v)
             head = self.command == "HEAD"  # no body: pass the object's length through
-            self.send_header("Content-Length", resp.getheader("Content-Length", "0") if head else str(len(out)))
+            length = next((v for k, v in answer if k.lower() == "content-length"), "0")
+            self.send_header("Content-Length", length if head else str(len(out)))
             self.end_headers()
             if head:
                 return

@@ -8,13 +8,14 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.shard import read_shard
 from marin_data.levanter import LZ4, detect, open_cache, write_cache
 
 __all__ = ["CHUNK", "INNER", "VOCAB", "BOS", "FIXTURES", "LLAMA3_VOCAB", "documents", "make_cache", "make_store",
-           "cache_documents", "corpus_documents", "same_document", "wide_tokenizer"]
+           "cache_documents", "corpus_documents", "same_document", "wide_tokenizer", "pinned_store", "PINNED_CELLS"]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "levanter"  # written by real Levanter: README.md there
 LLAMA3_VOCAB = 128_256  # the golden caches' token ids lie below it
@@ -90,3 +91,18 @@ def wide_tokenizer(folder: Path, vocab: int = LLAMA3_VOCAB) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(folder / "tokenizer.json"))
     return folder / "tokenizer.json"
+
+
+PINNED_CELLS = {"cluster=1/quality=4": 200, "cluster=2/quality=4": 120}
+
+
+@pytest.fixture(scope="session")
+def pinned_store(tmp_path_factory, tiny_tokenizer) -> Path:
+    """A Levanter store of the two `PINNED_CELLS` pinned in place by ``adopt`` (with ``tiny_tokenizer``, which
+    the test module imports from shard_env), built once: copy it before changing it."""
+    from marin_data.levanter import adopt
+
+    root = tmp_path_factory.mktemp("pinned") / "store"
+    make_store(root, PINNED_CELLS)
+    adopt(root, tokenizer=str(tiny_tokenizer), name="store")
+    return root

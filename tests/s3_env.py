@@ -27,7 +27,8 @@ from marin_data.testing.local_s3 import LOCAL_S3_ENV, create_bucket, local_s3_se
 from marin_data.transfer.plan import DOWNLOAD_POLICY
 
 __all__ = ["moto", "bucket_url", "proxy", "fault_corpus", "published", "copy_corpus", "object_key", "s3_client",
-           "run_cli", "FAST", "file_sha256", "interrupt_download", "kill_and_resume"]
+           "run_cli", "FAST", "file_sha256", "interrupt_download", "kill_and_resume", "plain_client", "upload_tree",
+           "rewrite_keeping_metadata"]
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tiny waits, few retries: the fault tests exercise the retry paths without sleeping.
@@ -91,6 +92,40 @@ def s3_client(endpoint: str):
     import boto3
 
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+
+def plain_client(endpoint: str):
+    """A client that sends no checksum of its own: an object keeps only what it is given (and its ETag)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                        config=Config(request_checksum_calculation="when_required"))
+
+
+def upload_tree(endpoint: str, url: str, root: Path) -> None:
+    """Every file under ``root`` to ``url`` as plain PUTs (no checksum, no metadata), as another tool uploads."""
+    from marin_data.stores.s3 import parse_s3_url
+
+    bucket, prefix = parse_s3_url(url)
+    client = plain_client(endpoint)
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_file():
+            client.put_object(Bucket=bucket, Key=f"{prefix}/{p.relative_to(root).as_posix()}", Body=p.read_bytes())
+
+
+def rewrite_keeping_metadata(endpoint: str, url: str, path: str) -> None:
+    """Flip one byte of ``path`` in the bucket, keeping its size and its user metadata (our ``sha256``, the old
+    one): what the store says of it from its metadata is unchanged, its bytes are not."""
+    from marin_data.stores.s3 import parse_s3_url
+
+    bucket, prefix = parse_s3_url(url)
+    key = f"{prefix}/{path}"
+    client = s3_client(endpoint)
+    head = client.head_object(Bucket=bucket, Key=key)
+    data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[len(data) // 2] ^= 0x01
+    plain_client(endpoint).put_object(Bucket=bucket, Key=key, Body=bytes(data), Metadata=head["Metadata"])
 
 
 def file_sha256(path: Path) -> str:

@@ -19,6 +19,7 @@ from s3_env import FAST, bucket_url, moto, run_cli, s3_client  # noqa: F401 - fi
 from shard_env import tiny_tokenizer, tree_bytes  # noqa: F401 - a fixture
 
 from marin_data.errors import StoreDigestMismatchError
+from marin_data.formats import open_source
 from marin_data.layout import ADOPT_JOURNAL, MANIFEST, VOUCHED
 from marin_data.levanter import adopt_remote
 from marin_data.levanter.adopt import adopt
@@ -91,12 +92,16 @@ def test_a_bucket_pinned_to_another_prefix_is_untouched_and_downloads_from_where
     fetched = {k: v for k, v in tree_bytes(tmp_path / "d").items() if k.startswith("cluster=")}
     assert fetched == {k: v for k, v in tree_bytes(store).items() if k.startswith(("cluster=1/", "cluster=2/"))}
 
+    assert open_source(pin, endpoint_url=moto).verify_remote(deep=True).ok
+
     victim = "cluster=1/quality=4/input_ids/data/c/0"
     data = bytearray((store / victim).read_bytes())
     data[10] ^= 0xFF  # a byte flipped in the bucket after pinning: same size, other bytes
     client.put_object(Bucket=bucket, Key=f"corpus/{victim}", Body=bytes(data))
     got = run_cli("download", pin, "--subset", "cluster=1/*", "--to", str(tmp_path / "d2"), "--endpoint-url", moto)
     assert got.returncode == 1 and victim in got.stderr, got.stderr
+    deep = open_source(pin, endpoint_url=moto).verify_remote(deep=True)  # the bytes re-hashed where they live
+    assert [p.path for p in deep.problems] == [victim]
 
 
 def test_a_pin_in_a_local_folder_names_the_bucket_and_download_and_verify_take_it_from_there(
@@ -113,6 +118,12 @@ def test_a_pin_in_a_local_folder_names_the_bucket_and_download_and_verify_take_i
     assert got.returncode == 0, got.stderr
     got = run_cli("verify", str(tmp_path / "pin"))
     assert got.returncode == 2 and "--remote" in got.stderr and bucket_url in got.stderr
+    pinned = open_source(tmp_path / "pin", endpoint_url=moto)
+    assert pinned.verify_remote(deep=True).ok  # the shards re-hashed where the data lives
+    # uploaded by another tool, the bucket states only MD5s, which no local file here can stand in for
+    assert {p.kind.value for p in pinned.verify_remote().problems} == {"unreadable"}
+    shards = pinned.verify_remote(bucket_url, options={"endpoint_url": moto}, deep=True)  # the data's URL: shards
+    assert shards.ok and shards.files_checked == sum(p.startswith("cluster=1/") for p in sums)
 
 
 def test_a_killed_run_rerun_hashes_only_the_unfinished_files_and_a_later_run_adds_cells(

@@ -23,7 +23,7 @@ from marin_data.cli import main
 from marin_data.corpus.manifest import load_corpus
 from marin_data.errors import InvalidManifestError
 from marin_data.layout import LOCK_NAME, STAGING
-from marin_data.levanter import to_levanter, to_marin
+from marin_data.levanter import cell_shards, to_levanter, to_marin
 from marin_data.levanter.adopt import adopt
 from marin_data.levanter.convert import on_threads
 
@@ -86,7 +86,7 @@ def test_a_convert_to_marin_killed_midway_resumes_to_the_same_bytes(tmp_path, ti
                                                                      n):
     make_store(tmp_path / "store", CELLS)
     options = {"tokenizer": str(tiny_tokenizer), "shard_tokens": 600, "workers": 1}
-    shards = counting(monkeypatch, to_marin._Shards, "_close")
+    shards = counting(monkeypatch, cell_shards._Shards, "_close")
     to_marin.convert_to_marin(tmp_path / "store", dest=tmp_path / "reference/out", **options)  # the same name
     total, shards[0] = shards[0], 0
     assert total > 7
@@ -94,7 +94,7 @@ def test_a_convert_to_marin_killed_midway_resumes_to_the_same_bytes(tmp_path, ti
     def run() -> None:
         to_marin.convert_to_marin(tmp_path / "store", dest=tmp_path / "out", **options)
 
-    module, name = {"shard": (to_marin._Shards, "_close"), "place": (to_marin, "place_shards"),
+    module, name = {"shard": (cell_shards._Shards, "_close"), "place": (to_marin, "place_shards"),
                     "commit": (to_marin, "commit_corpus")}[where]
     assert killed(run, module, name, n, before=where == "commit") == KILLED
     with pytest.raises(InvalidManifestError, match="not a marin corpus"):

@@ -132,13 +132,27 @@ def test_verify_remote_reports_modified_missing_resized_and_unverifiable_objects
     s3.put_object(Bucket=bucket, Key=f"{prefix}/{a0}", Body=same_size, ChecksumAlgorithm="SHA256")
     s3.delete_object(Bucket=bucket, Key=f"{prefix}/{a1}")
     s3.put_object(Bucket=bucket, Key=f"{prefix}/{b0}", Body=b"short")
-    s3.put_object(Bucket=bucket, Key=f"{prefix}/{b1}", Body=(root / b1).read_bytes())  # no checksum, no metadata
+    _multipart_without_checksums(moto, bucket, f"{prefix}/{b1}", (root / b1).read_bytes())
     report = verify_remote(root, bucket_url, endpoint_url=moto)
     kinds = {p.path: p.kind for p in report.problems}
     assert kinds == {a0: ProblemKind.MODIFIED, a1: ProblemKind.MISSING, b0: ProblemKind.TRUNCATED,
                      b1: ProblemKind.UNREADABLE}
     only_b = verify_remote(root, bucket_url, endpoint_url=moto, subsets=["b"])  # b's shards and the metadata
     assert only_b.files_checked == 2 + 2 * listed and len(only_b.problems) == 2
+
+
+def _multipart_without_checksums(endpoint: str, bucket: str, key: str, body: bytes) -> None:
+    """Upload ``body`` in one part of a multipart upload, with no checksum and no metadata: the store vouches
+    for nothing (its ETag ends in ``-1``, no MD5)."""
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                      config=Config(request_checksum_calculation="when_required"))
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    etag = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=body)["ETag"]
+    s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
+                                 MultipartUpload={"Parts": [{"ETag": etag, "PartNumber": 1}]})
 
 
 def test_cli_publish_prints_the_manifest_sha256_and_refuses_bad_urls(moto, bucket_url, fault_corpus, tmp_path):

@@ -42,8 +42,9 @@ def test_verify_remote_hf_uses_the_mirror_endpoint(fault_corpus, tmp_path):
         assert bad.returncode == 1 and f"missing  {shard}" in bad.stdout
 
 
-def test_store_flags_without_remote_and_deep_with_remote_are_usage_errors(fault_corpus, tmp_path):
+def test_store_flags_without_remote_and_cache_flags_with_remote_are_usage_errors(fault_corpus, tmp_path):
     root = str(fault_corpus.root)
     assert run_cli("verify", root, "--endpoint-url", "http://127.0.0.1:1").returncode == 2
-    assert run_cli("verify", root, "--remote", "s3://b/p", "--deep").returncode == 2
+    assert run_cli("verify", root, "--remote", "s3://b/p", "--expect-bos", "1").returncode == 2
+    assert run_cli("verify", root, "--remote", "s3://b/p", "--engine", "ray").returncode == 2
     assert run_cli("verify", root, "--remote", "s3://b/p", "--endpoint", "http://127.0.0.1:1").returncode == 2

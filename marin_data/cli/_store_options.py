@@ -27,7 +27,9 @@ def store_options(fn):
     """Add ``--endpoint-url``, ``--profile``, ``--anonymous`` and ``--requester-pays`` to a command."""
     for option in reversed([
         click.option("--endpoint-url", metavar="URL",
-                     help="An S3-compatible endpoint (MinIO, R2, a local server). Default: AWS."),
+                     help="An S3-compatible endpoint (MinIO, R2, a local server; GCS: https://storage.googleapis.com "
+                          "with an HMAC key's id and secret as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY). "
+                          "Default: AWS."),
         click.option("--profile", metavar="NAME", help="AWS named profile for credentials and region."),
         click.option("--anonymous", is_flag=True,
                      help="Send unsigned requests: public buckets, no credentials needed."),

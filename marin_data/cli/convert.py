@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from marin_data.cli._engine_options import engine_kwargs, engine_options
 from marin_data.cli._hf_options import hf_options
 from marin_data.cli._store_options import check_sha256, is_url, source_options, store_options, usage_errors
 from marin_data.cli.shard import TokenCount
@@ -48,12 +49,14 @@ __all__ = ["command"]
                    "core.")
 @click.option("--manifest-sha256", metavar="HEX", help="A corpus or a pinned cache: refuse a manifest with another "
                                                         "sha256.")
+@engine_options
 @store_options
 @hf_options
 def command(source: str, dest: Path, format_: str, subsets: tuple[str, ...], tokenizer: str | None, name: str | None,
             license_: str | None, shard_tokens: int | None, token_dtype: str | None, codec: str | None,
-            workers: int | None, manifest_sha256: str | None, endpoint_url: str | None, profile: str | None,
-            anonymous: bool, requester_pays: bool, endpoint: str | None, token: str | None) -> None:
+            workers: int | None, manifest_sha256: str | None, engine: str, ray_address: str | None,
+            endpoint_url: str | None, profile: str | None, anonymous: bool, requester_pays: bool,
+            endpoint: str | None, token: str | None) -> None:
     """Convert SOURCE to the other format, every document the same tokens in the same order.
 
     --format marin: SOURCE is a Levanter cache or a store of them (cluster=3/quality=4 folders; either
@@ -67,6 +70,11 @@ def command(source: str, dest: Path, format_: str, subsets: tuple[str, ...], tok
     consolidated cache DEST/<subset>/ that Levanter's TreeCache.load opens, its ledger naming the tokenizer
     and vocabulary in preprocessor_metadata; every shard is checked against its SHA-256 first.
 
+    --engine ray (marin, from a cache or store nobody pinned, local or s3:// or hf://): each cell is a Ray
+    task on a local Ray instance or the cluster --ray-address names, --workers at once, retried when its
+    worker dies; every task opens the source itself and writes under DEST, which every node must see at the
+    same path. The corpus is byte for byte the one --engine local writes.
+
     A killed run, run again, keeps what it finished (the cells' shards, the whole caches) and redoes the
     rest; nothing unfinished ever lies under a final name, and a subset already converted is left alone.
 
@@ -75,6 +83,8 @@ def command(source: str, dest: Path, format_: str, subsets: tuple[str, ...], tok
       marin-data convert /data/marin-store --to corpus --format marin --tokenizer meta-llama/Llama-3.1-8B
       marin-data convert s3://bucket/store --endpoint-url http://127.0.0.1:9000 --subset 'cluster=*/quality=4' \\
           --to q4 --format marin --tokenizer ./llama3/tokenizer.json --workers 8
+      marin-data convert s3://bucket/store --subset 'cluster=*/quality=4' --to /shared/q4 --format marin \\
+          --tokenizer ./llama3/tokenizer.json --engine ray --ray-address auto --workers 64
       marin-data convert ./fineweb-edu/train --to corpus --format marin --tokenizer gpt2 --name fineweb-edu
       marin-data convert out/sample --to out/sample-caches --format levanter
       marin-data convert corpus --subset pretrain --to caches --format levanter --token-dtype int64 --codec zstd
@@ -97,6 +107,8 @@ def command(source: str, dest: Path, format_: str, subsets: tuple[str, ...], tok
     other = ("--token-dtype", "--codec") if format_ == MARIN else ("--tokenizer", "--name", "--license",
                                                                     "--shard-tokens")
     wrong = [flag for flag in other if given[flag] is not None]
+    if engine != "local" and format_ == LEVANTER:
+        wrong.append("--engine ray")
     if wrong:
         raise click.UsageError(f"{', '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} to the other "
                                f"direction, not --format {format_}")
@@ -109,7 +121,7 @@ def command(source: str, dest: Path, format_: str, subsets: tuple[str, ...], tok
         report = found.convert(
             to=format_, dest=dest, subsets=subsets, tokenizer=tokenizer, name=name, license=license_,
             shard_tokens=shard_tokens or DEFAULT_SHARD_TOKENS, dtype=token_dtype or "int32", codec=codec,
-            workers=workers, manifest_sha256=manifest_sha256)
+            workers=workers, manifest_sha256=manifest_sha256, **engine_kwargs(engine, ray_address))
     echo(summary(report))
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from marin_data.cli._engine_options import engine_options
+from marin_data.cli._engine_options import engine_kwargs, engine_options
 from marin_data.cli._hf_options import hf_options
 from marin_data.cli._store_options import check_sha256, is_url, remote_options, source_options, store_options, \
     usage_errors
@@ -33,7 +33,8 @@ __all__ = ["command"]
 @engine_options
 @click.option("--deep", is_flag=True,
               help="Also read each shard's footer: schema, encodings, tokenizer, document/token counts. On a "
-                   "Levanter cache: decode every token (ids inside the vocabulary).")
+                   "Levanter cache: decode every token (ids inside the vocabulary). With --remote: stream and "
+                   "re-hash every byte the store holds (jobs on --engine) instead of trusting its checksums.")
 @click.option("--tokenizer", metavar="TOK",
               help="An unpinned Levanter cache: with --deep, token ids must be below this tokenizer's vocabulary.")
 @click.option("--expect-bos", type=click.IntRange(min=0), metavar="ID",
@@ -41,10 +42,12 @@ __all__ = ["command"]
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
 @click.option("--manifest-sha256", metavar="HEX",
               help="Refuse the corpus unless manifest.json has this sha256 (the published root of trust).")
-@click.option("--remote", metavar="URL",
-              help="Instead of re-hashing local files, check that the published copy at URL (s3://bucket/prefix "
-                   "or hf://datasets/org/name) holds exactly what CORPUS's manifest lists, from the store's own "
-                   "checksums and sizes; no shard data is downloaded.")
+@click.option("--remote", metavar="[URL]", is_flag=False, flag_value="",
+              help="Check a copy where it is stored instead of local files. With URL (s3://bucket/prefix or "
+                   "hf://datasets/org/name): the published copy of the local CORPUS, against CORPUS's manifest. "
+                   "Alone: the pin CORPUS (a URL, or a local pin whose data lives in a store) against the store "
+                   "holding its data. From the store's own checksums and sizes (no shard data downloaded), or "
+                   "with --deep every byte re-hashed, and a pinned Levanter store's cells checked.")
 @store_options
 @hf_options
 def command(corpus: str, subsets: tuple[str, ...], workers: int | None, deep: bool, tokenizer: str | None,
@@ -74,9 +77,12 @@ def command(corpus: str, subsets: tuple[str, ...], workers: int | None, deep: bo
       marin-data verify out/sample --remote hf://datasets/org/sample --endpoint http://127.0.0.1:8080
       marin-data verify /data/store --subset 'cluster=*/quality=4' --expect-bos 128000
       marin-data verify s3://bucket/store --endpoint-url http://127.0.0.1:9000 --deep --tokenizer gpt2
+      marin-data verify s3://bucket/pinned-store --remote --deep --endpoint-url http://127.0.0.1:9000
+      marin-data verify s3://bucket/pinned-store --remote --deep --engine ray --ray-address auto --workers 64
+      marin-data verify s3://bucket/sample --remote --endpoint-url https://storage.googleapis.com   # GCS (HMAC keys)
     """
     check_sha256(manifest_sha256)
-    if remote:
+    if remote is not None:
         report = _verify_remote(corpus, remote, subsets=subsets, workers=workers, deep=deep, tokenizer=tokenizer,
                                 expect_bos=expect_bos, manifest_sha256=manifest_sha256, engine=engine,
                                 ray_address=ray_address, endpoint_url=endpoint_url, profile=profile,
@@ -104,21 +110,27 @@ def _verify_remote(corpus: str, remote: str, *, subsets: tuple[str, ...], worker
                    tokenizer: str | None, expect_bos: int | None, manifest_sha256: str | None, engine: str,
                    ray_address: str | None, endpoint_url: str | None, profile: str | None, anonymous: bool,
                    requester_pays: bool, endpoint: str | None, token: str | None) -> VerifyReport:
-    """``verify LOCAL --remote URL``: the published copy's own checksums and sizes against LOCAL's manifest."""
+    """``verify LOCAL --remote URL``: the published copy against LOCAL's manifest; ``verify PIN --remote``: the
+    pin against the store holding its data (`Source.verify_remote`)."""
+    from marin_data.formats import open_source
+
     if tokenizer or expect_bos is not None:
         raise click.UsageError("--tokenizer and --expect-bos apply to Levanter caches")
-    if is_url(corpus):
+    if remote and is_url(corpus):
         raise click.UsageError(f"{corpus} is a published marin corpus: verify a local copy, or compare one with "
-                               "it (verify LOCAL --remote URL)")
-    if deep:
-        raise click.UsageError("--deep reads shard footers and cannot be combined with --remote")
-    if engine != "local" or ray_address:
-        raise click.UsageError("--engine ray hashes local files and cannot be combined with --remote")
-    from marin_data.transfer.remote_verify import verify_remote
-
-    options = remote_options(remote, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
-    return verify_remote(corpus, remote, subsets=subsets or None, manifest_sha256=manifest_sha256,
-                         **({"workers": workers} if workers else {}), **options)
+                               "it (verify LOCAL --remote URL), or check it where it is (verify URL --remote)")
+    if (engine != "local" or ray_address) and not deep:
+        raise click.UsageError("--engine ray runs the re-hashing of --remote --deep; plain --remote asks the "
+                               "store's checksums from here")
+    kwargs = engine_kwargs(engine, ray_address)
+    with usage_errors():
+        if remote:
+            opened = remote_options(remote, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
+            return open_source(corpus).verify_remote(remote, options=opened, subsets=subsets, workers=workers,
+                                                     deep=deep, manifest_sha256=manifest_sha256, **kwargs)
+        opened = source_options(corpus, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
+        return open_source(corpus, **opened).verify_remote(subsets=subsets, workers=workers, deep=deep,
+                                                           manifest_sha256=manifest_sha256, **kwargs)
 
 
 def _human(report: VerifyReport) -> str:

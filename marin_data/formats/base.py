@@ -144,6 +144,21 @@ class Source:
         ``engine``, ``engine_address``: where a Parquet corpus's hashing runs (`marin_data.engines`)."""
         raise self._refuse("verify")
 
+    def data_store(self) -> Store:
+        """The store holding the data's bytes: the source's own (a pin kept apart from its data names another).
+        Whatever reads the data (a remote verify's hashing, a cell's checks) asks this, never ``store``."""
+        return self.store
+
+    def verify_remote(self, url: str | None = None, *, options: dict[str, Any] | None = None,
+                      subsets: Sequence[str] = (), workers: int | None = None, deep: bool = False,
+                      manifest_sha256: str | None = None, engine: str = "local",
+                      engine_address: str | None = None) -> Any:
+        """What this source lists compared with what a store holds (a `VerifyReport`; `verify --remote`): the
+        copy published at ``url`` (opened with ``options``), or where ``url`` is None the stores of the data
+        (`data_store`) and of the pin; from the store's own checksums, or with ``deep`` every byte re-hashed,
+        jobs on ``engine`` (`marin_data.transfer.remote_verify`)."""
+        raise self._refuse("verify --remote")
+
     def download(self, *, subsets: Sequence[str], dest: str | Path, mirrors: Sequence[str] = (),
                  manifest_sha256: str | None = None, workers: int = 8, part_bytes: int, dry_run: bool = False,
                  ) -> Downloaded:

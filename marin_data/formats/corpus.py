@@ -65,12 +65,54 @@ class CorpusSource(Source):
                              tokenizer=tokenizer, expect_bos=expect_bos, manifest_sha256=manifest_sha256,
                              engine=engine, engine_address=engine_address)
 
+    def data_store(self) -> Store:
+        """The store the manifest's ``data`` names (a pin kept apart from its data), opened with this source's
+        options; else the source's own."""
+        if not self.manifest.data:
+            return self.store
+        from marin_data.stores import open_store
+
+        return open_store(self.manifest.data, **self.options)
+
+    def verify_remote(self, url: str | None = None, *, options: dict[str, Any] | None = None,
+                      subsets: Sequence[str] = (), workers: int | None = None, deep: bool = False,
+                      manifest_sha256: str | None = None, engine: str = "local",
+                      engine_address: str | None = None) -> Any:
+        from marin_data.stores import open_store
+        from marin_data.transfer.remote_verify import REMOTE_WORKERS, check_listing, held_by, local_listing, \
+            published_listing
+
+        options = dict(self.options if url is None else options or {})
+        if url is None:
+            data, pin = self.data_store(), self.store
+            if isinstance(data, LocalStore):
+                raise NotApplicableError(f"the data of {self.given} is on this machine: `verify {self.given}` "
+                                         "re-hashes it (--remote URL compares it with a published copy)")
+        else:
+            if not self.local:
+                raise self.published(None, None)
+            pin = open_store(url, max_connections=(workers or REMOTE_WORKERS) + 2, **options)
+        pinned = {"subsets": subsets, "manifest_sha256": manifest_sha256}
+        listing = local_listing(self.given, **pinned) if self.local else published_listing(self.store, **pinned)
+        if url is not None:
+            listing, data, pin = held_by(listing, pin, options, workers)
+        return check_listing(listing, data=data, pin=pin, options=options, workers=workers, deep=deep,
+                             engine=engine, engine_address=engine_address,
+                             also=self.remote_checks(data, options, listing.subsets) if deep else ())
+
+    def remote_checks(self, data: Store, options: dict[str, Any], subsets: Sequence[str]) -> list:
+        """The jobs a deep remote verify runs beside the hashing (`check_listing`'s ``also``): a format's own
+        checks of the chosen subsets in ``data``. A corpus of Parquet shards has none (bytes whose SHA-256 is
+        the manifest's are the shards it lists, footers and all)."""
+        return []
+
     def published(self, tokenizer: str | None, expect_bos: int | None) -> NotApplicableError:
         """Why ``verify`` refuses a published corpus (its options first)."""
         if tokenizer or expect_bos is not None:
             return NotApplicableError("--tokenizer and --expect-bos apply to Levanter caches")
-        return NotApplicableError(f"{self.given} is a published marin corpus: verify a local copy, or compare one "
-                                  "with it (verify LOCAL --remote URL)")
+        return NotApplicableError(f"{self.given} is a published marin corpus: verify a local copy, compare one "
+                                  "with it (verify LOCAL --remote URL), or check it where it is (verify URL "
+                                  "--remote [--deep])")
 
     def download(self, *, subsets: Sequence[str], dest: str | Path, mirrors: Sequence[str] = (),
                  manifest_sha256: str | None = None, workers: int = 8, part_bytes: int, dry_run: bool = False,

@@ -22,7 +22,7 @@ from marin_data.levanter.cells import PinnedCells
 from marin_data.levanter.detect import CACHE, CORPUS, STORE, cache_tree
 from marin_data.levanter.detect import Source as Found
 from marin_data.levanter.ledger import LEDGER
-from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE
+from marin_data.levanter.pinned import LEVANTER_CACHE, LEVANTER_STORE, cell_prefixes
 from marin_data.stores.base import Store
 from marin_data.stores.local import LocalStore
 
@@ -116,7 +116,7 @@ class CacheSource(Source):
         if settings.get("tokenizer") is None:
             raise NotApplicableError("a Levanter cache carries no tokenizer: pass --tokenizer (the one it was built "
                                      "with)")
-        return _to_marin(self.found, self.given, dest, subsets, settings)
+        return _to_marin(self.found, self.given, dest, subsets, settings, self.options)
 
     def adopt(self, *, tokenizer: str, name: str | None = None, license: str = "unknown",
               workers: int | None = None, tokenizer_name: str | None = None, meta: str | Path | None = None,
@@ -169,9 +169,9 @@ class PinnedSource(CorpusSource):
             raise self.published(tokenizer, expect_bos)
         if self.manifest.data:
             data = self.manifest.data
-            raise NotApplicableError(f"{self.given} is a pin kept apart from its data, which is at {data}: compare "
-                                     f"them with `marin-data verify {self.given} --remote {data}`, or download it "
-                                     f"(`marin-data download {self.given}`)")
+            raise NotApplicableError(f"{self.given} is a pin kept apart from its data, which is at {data}: check "
+                                     f"the data against it with `marin-data verify {self.given} --remote [--deep]`, "
+                                     f"or download it (`marin-data download {self.given}`)")
         if tokenizer:
             raise NotApplicableError("a pinned cache has its own tokenizer: drop --tokenizer")
         if engine != "local" or engine_address:
@@ -192,13 +192,21 @@ class PinnedSource(CorpusSource):
         return _adopt_store(self, {"tokenizer": tokenizer, "name": name, "license": license, "workers": workers,
                                    "tokenizer_name": tokenizer_name, "meta": meta}, where)
 
+    def remote_checks(self, data: Store, options: dict[str, Any], subsets: Sequence[str]) -> list:
+        """The structural checks of each chosen cell in ``data``, a job per cell (`CellJob`): the hashes say the
+        bytes are the pinned ones, these say the caches they make are whole (as a local verify checks them)."""
+        from marin_data.levanter.verify import CellJob
+
+        prefixes, opened = cell_prefixes(self.manifest), tuple(sorted(options.items()))
+        return [CellJob(data.reopen_url(), opened, subset, prefixes[subset]) for subset in subsets]
+
     def convert(self, *, to: str, dest: str | Path, subsets: Sequence[str] = (), **settings: Any) -> Any:
         if to != MARIN:
             raise NotApplicableError(f"{self.given} is a pinned Levanter cache: --format marin writes it as a Parquet "
                                      "corpus")
         if settings.get("tokenizer") is not None:
             raise NotApplicableError("a pinned Levanter cache converts with its own tokenizer: drop --tokenizer")
-        return _to_marin(self.found, self.given, dest, subsets, settings)
+        return _to_marin(self.found, self.given, dest, subsets, settings, self.options)
 
 
 def _elsewhere(where: dict) -> bool:
@@ -215,11 +223,13 @@ def _adopt_store(source: Source, settings: dict, where: dict) -> Any:
                        work_dir=where.get("work_dir"), **source.options)
 
 
-def _to_marin(found: Found, given: str, dest: str | Path, subsets: Sequence[str], settings: dict) -> Any:
+def _to_marin(found: Found, given: str, dest: str | Path, subsets: Sequence[str], settings: dict,
+              options: dict[str, Any]) -> Any:
     from marin_data.levanter.to_marin import convert_found_to_marin
 
-    wanted = ("tokenizer", "name", "license", "shard_tokens", "workers", "manifest_sha256")
-    return convert_found_to_marin(found, given, dest=dest, subsets=list(subsets) or None,
+    wanted = ("tokenizer", "name", "license", "shard_tokens", "workers", "manifest_sha256", "engine",
+              "engine_address")
+    return convert_found_to_marin(found, given, dest=dest, subsets=list(subsets) or None, store_options=options,
                                   **{k: v for k, v in settings.items() if k in wanted})
 
 

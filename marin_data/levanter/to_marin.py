@@ -19,32 +19,32 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import shutil
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
-
-import numpy as np
+from typing import Any
 
 from marin_data.fileio.atomic import atomic_write_bytes
 from marin_data.corpus.build import DEFAULT_SHARD_TOKENS, check_corpus, place_shards, remove_staging
 from marin_data.corpus.commit import commit_corpus, finish_commit
 from marin_data.corpus.manifest import Corpus, Manifest, load_corpus, shards_fingerprint
 from marin_data.corpus.foreign import foreign
-from marin_data.corpus.markers import canonical, read_marker
+from marin_data.corpus.markers import canonical
 from marin_data.corpus.names import as_subset_name, check_subset_name, select_subsets
 from marin_data.corpus.records import ShardRecord, SubsetInfo
-from marin_data.corpus.shard import ShardStats, ShardWriter, shard_path
+from marin_data.corpus.shard import ShardStats
 from marin_data.corpus.sources import check_recorded, sources_path
+from marin_data.engines import run_jobs
 from marin_data.engines.local import default_workers
-from marin_data.errors import CacheCheckError, InvalidManifestError, InvalidTokenizerError, UnknownSubsetError, \
+from marin_data.errors import InvalidManifestError, NotApplicableError, InvalidTokenizerError, UnknownSubsetError, \
     UnsupportedFormatError
 from marin_data.layout import MANIFEST, SHARDS_INDEX, STAGING, SUMS, TOKENIZER
 from marin_data.levanter.arraymeta import render_array_meta
-from marin_data.levanter.cache import CachePart, ChunkFile, LevanterCache, open_cache
+from marin_data.levanter.cache import LevanterCache, open_cache
+from marin_data.levanter.cell_shards import Cell, CellWork, read_values, write_cell
 from marin_data.levanter.cells import PinnedCells
 from marin_data.levanter.checks import refuse_problems
 from marin_data.levanter.convert import MARIN, ConvertReport, Run, on_threads, refuse_inside
@@ -55,29 +55,17 @@ from marin_data.corpus.readers import LocalFiles
 from marin_data.levanter.verify import REMOTE_WORKERS, check_cells
 from marin_data.fileio.lock import corpus_lock
 from marin_data.raw.tokenizer import LoadedTokenizer, TokenizerInfo, load_tokenizer, tokenizer_from_bytes
+from marin_data.stores.base import Store
 from marin_data.stores.local import LocalStore
+from marin_data.transfer.rehash import run_job
 
 __all__ = ["convert_to_marin", "convert_found_to_marin"]
-
-_DONE = "done.json"  # a cell's staging: every shard written, their stats in order
-
-
-@dataclass(frozen=True)
-class _Cell:
-    """One cell to convert: its subset name, its layout, how its values are read, and what it holds."""
-
-    subset: str
-    cache: LevanterCache
-    ends: Callable[[CachePart], np.ndarray]  # a part's document ends (`LevanterCache.document_ends`)
-    values: Callable[[CachePart, ChunkFile], np.ndarray]  # one chunk file's values, decoded
-    identity: str  # a digest of what the source holds for it: work staged for another is not reused
-    license: str = "unknown"  # its license where the source records one (a pinned cache's manifest)
-
 
 def convert_to_marin(source: str | os.PathLike, *, dest: str | os.PathLike, tokenizer: str | None = None,
                      name: str | None = None, subsets: Sequence[str] | None = None, license: str | None = None,
                      shard_tokens: int = DEFAULT_SHARD_TOKENS, workers: int | None = None,
-                     manifest_sha256: str | None = None, **store_options) -> ConvertReport:
+                     manifest_sha256: str | None = None, engine: str = "local", engine_address: str | None = None,
+                     **store_options) -> ConvertReport:
     """Convert the Levanter cache or store at ``source`` into subsets of the corpus at ``dest``.
 
     Args:
@@ -94,6 +82,9 @@ def convert_to_marin(source: str | os.PathLike, *, dest: str | os.PathLike, toke
         workers: cells converted at once, each on a thread holding one decoded chunk file (0.5 GiB of int32 at
             Levanter's grid, 1.5 GiB of int64 with its uint32 copy) and a row group (default: one per core).
         manifest_sha256: a pinned source's manifest must have this sha256.
+        engine, engine_address: where the cells are written (`marin_data.engines`): ``"local"`` on threads
+            here, ``"ray"`` one Ray task per cell of an unpinned source (each opening the source again, with
+            ``store_options``, and writing into ``dest``, which every node must see): the same bytes.
 
     Raises:
         UnknownSourceError: no cache at ``source``; UnsupportedFormatError: a Parquet corpus, or a pinned
@@ -107,18 +98,24 @@ def convert_to_marin(source: str | os.PathLike, *, dest: str | os.PathLike, toke
     """
     return convert_found_to_marin(detect(source, **store_options), source, dest=dest, tokenizer=tokenizer, name=name,
                                   subsets=subsets, license=license, shard_tokens=shard_tokens, workers=workers,
-                                  manifest_sha256=manifest_sha256)
+                                  manifest_sha256=manifest_sha256, engine=engine, engine_address=engine_address,
+                                  store_options=store_options)
 
 
 def convert_found_to_marin(found: Source, source: str | os.PathLike, *, dest: str | os.PathLike,
                            tokenizer: str | None = None, name: str | None = None, subsets: Sequence[str] | None = None,
                            license: str | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
-                           workers: int | None = None, manifest_sha256: str | None = None) -> ConvertReport:
-    """`convert_to_marin` of the source ``found`` (`detect`), named ``source``."""
+                           workers: int | None = None, manifest_sha256: str | None = None, engine: str = "local",
+                           engine_address: str | None = None,
+                           store_options: dict[str, Any] | None = None) -> ConvertReport:
+    """`convert_to_marin` of the source ``found`` (`detect`), named ``source``, opened with ``store_options``."""
     t0 = time.perf_counter()
     if shard_tokens < 1:
         raise ValueError(f"shard_tokens must be positive, not {shard_tokens}")
     refuse_inside(found, dest)
+    if engine != "local" and found.kind == CORPUS:
+        raise NotApplicableError("--engine ray converts the cells of a cache nobody pinned; a pinned one is "
+                                 "converted here, every file read through its pin")
     if manifest_sha256 and found.kind != CORPUS:
         raise InvalidManifestError("a Levanter cache has no manifest to pin until it is adopted: pass no "
                                    "manifest sha256", path=str(source))
@@ -145,7 +142,8 @@ def convert_found_to_marin(found: Source, source: str | os.PathLike, *, dest: st
         if not todo:
             return ConvertReport(str(source), str(dest), MARIN, (), reused, empty, 0, 0, 0, 0,
                                  time.perf_counter() - t0, existing.manifest_sha256 if existing else "")
-        written = _write_cells(root, todo, info, loaded.info.vocab_size, shard_tokens, workers)
+        written = _write_cells(root, todo, info, loaded.info.vocab_size, shard_tokens, workers,
+                               engine=(engine, engine_address, found.store, store_options or {}))
         if existing is None:
             atomic_write_bytes(root / TOKENIZER, loaded.data, root=root)
         records = []
@@ -182,7 +180,7 @@ def _commit(root: Path, existing: Corpus | None, info: TokenizerInfo, licenses: 
 
 # --- the source's cells ----------------------------------------------------------------------------------
 def _unpinned_cells(found: Source, source: str | os.PathLike, *, tokenizer: str | None, name: str | None,
-                    subsets: Sequence[str] | None) -> tuple[LoadedTokenizer, list[_Cell]]:
+                    subsets: Sequence[str] | None) -> tuple[LoadedTokenizer, list[Cell]]:
     """An unpinned cache's or store's selected cells, opened after the structural checks pass."""
     if tokenizer is None:
         raise InvalidTokenizerError("a Levanter cache carries no tokenizer: name the one it was built with",
@@ -211,17 +209,13 @@ def _unpinned_cells(found: Source, source: str | os.PathLike, *, tokenizer: str 
     with ThreadPoolExecutor(max_workers=max(1, min(default_workers() if local else REMOTE_WORKERS,
                                                    len(prefixes)))) as pool:
         caches = dict(zip(prefixes, pool.map(lambda p: open_cache(found.store, p), prefixes.values())))
-    return loaded, [_Cell(subset, cache, cache.document_ends, functools.partial(_read_values, cache),
+    return loaded, [Cell(subset, cache, cache.document_ends, functools.partial(read_values, cache),
                           _identity(cache, sorted(files.get(subset, ()))))
                     for subset, cache in caches.items()]
 
 
-def _read_values(cache: LevanterCache, part: CachePart, chunk: ChunkFile) -> np.ndarray:
-    return cache.read_chunk(chunk, part.data)
-
-
 def _pinned_cells(found: Source, *, tokenizer: str | None, name: str | None, subsets: Sequence[str] | None,
-                  manifest_sha256: str | None) -> tuple[LoadedTokenizer, list[_Cell], str]:
+                  manifest_sha256: str | None) -> tuple[LoadedTokenizer, list[Cell], str]:
     """A pinned cache's selected cells (each with its license), every file read through the pin
     (`LocalFiles`), and the pinned corpus's name."""
     where = found.store.url
@@ -250,7 +244,7 @@ def _pinned_cells(found: Source, *, tokenizer: str | None, name: str | None, sub
     out = []
     for subset in chosen:
         rows = [r for r in corpus.shards if r.subset == subset]
-        out.append(_Cell(name or subset, cells.cache(subset), functools.partial(cells.ends, subset),
+        out.append(Cell(name or subset, cells.cache(subset), functools.partial(cells.ends, subset),
                          functools.partial(cells.values, subset),
                          shards_fingerprint(rows, corpus.manifest.tokenizer.sha256),
                          corpus.manifest.subsets[subset].license))
@@ -281,148 +275,23 @@ def _staging(root: Path, subset: str) -> Path:
     return root / STAGING / urllib.parse.quote(subset, safe="")
 
 
-def _write_cells(root: Path, cells: Sequence[_Cell], info: TokenizerInfo, vocab: int, shard_tokens: int,
-                 workers: int | None) -> dict[str, tuple[list[str], list[ShardStats]]]:
-    """Every cell's shards staged, ``workers`` cells at once: subset -> (staged paths, their stats)."""
-    def one(cell: _Cell, run: Run) -> tuple[list[str], list[ShardStats]]:
-        key = hashlib.sha256(f"{cell.identity} {shard_tokens} {info.sha256}".encode()).hexdigest()[:16]
-        return _write_cell(_staging(root, cell.subset), key, cell, info, vocab, shard_tokens, run)
+def _write_cells(root: Path, cells: Sequence[Cell], info: TokenizerInfo, vocab: int, shard_tokens: int,
+                 workers: int | None, *, engine: tuple[str, str | None, Store, dict[str, Any]]
+                 ) -> dict[str, tuple[list[str], list[ShardStats]]]:
+    """Every cell's shards staged, ``workers`` cells at once: subset -> (staged paths, their stats). ``engine``:
+    its name and address, and the source's store and options, which a cell's job elsewhere opens again."""
+    def key(cell: Cell) -> str:
+        return hashlib.sha256(f"{cell.identity} {shard_tokens} {info.sha256}".encode()).hexdigest()[:16]
 
-    done = on_threads(one, cells, workers=workers or default_workers(), tokens=sum(c.cache.tokens for c in cells))
-    return dict(zip((c.subset for c in cells), done))
+    def one(cell: Cell, run: Run) -> tuple[list[str], list[ShardStats]]:
+        return write_cell(_staging(root, cell.subset), key(cell), cell, info, vocab, shard_tokens, run)
 
-
-def _write_cell(staging: Path, key: str, cell: _Cell, info: TokenizerInfo, vocab: int, shard_tokens: int,
-                run: Run) -> tuple[list[str], list[ShardStats]]:
-    """One cell's shards in ``staging/levanter-<key>/``, resumed after the shards an earlier run finished."""
-    work = staging / f"levanter-{key}"
-    for stale in staging.glob("levanter-*") if staging.exists() else ():
-        if stale != work:
-            shutil.rmtree(stale)  # made from other data or settings
-    work.mkdir(parents=True, exist_ok=True)
-    done = read_marker(work / _DONE)
-    if done is None:
-        stats = []
-        while (marker := read_marker(_part(work, len(stats)).with_suffix(".json"))) is not None \
-                and _part(work, len(stats)).exists():
-            stats.append(ShardStats(**marker))
-        run.count(sum(s.tokens for s in stats))
-        shards = _Shards(work, cell.subset, info, shard_tokens, first=len(stats))
-        try:
-            for row, tokens, lengths in _documents(cell, sum(s.docs for s in stats), vocab):
-                run.check()
-                shards.add(row, tokens, lengths)
-                run.count(len(tokens))
-        except BaseException as e:
-            shards.abort(e)
-            raise
-        stats += shards.close()
-        atomic_write_bytes(work / _DONE, canonical({"shards": [asdict(s) for s in stats]}))
+    name, address, store, options = engine
+    if name == "local" and address is None:
+        done = on_threads(one, cells, workers=workers or default_workers(), tokens=sum(c.cache.tokens for c in cells))
     else:
-        stats = [ShardStats(**s) for s in done["shards"]]
-        run.count(sum(s.tokens for s in stats))
-    return [str(_part(work, n)) for n in range(len(stats))], stats
-
-
-def _part(work: Path, n: int) -> Path:
-    return work / f"part-{n:05d}.parquet"
-
-
-def _documents(cell: _Cell, first_row: int, vocab: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """The cell's documents from row ``first_row`` on, chunk file by chunk file: ``(row of the first, tokens
-    uint32, lengths)`` of those that end in it. A document crossing chunk files is carried (copied: the chunk
-    it began in is dropped) to the one it ends in and given alone; the others are views of their chunk file's
-    values. Empty rows keep their place.
-
-    Raises:
-        CacheCheckError: a token id outside ``[0, vocab)``.
-    """
-    base = 0  # rows of the parts before this one
-    for part in cell.cache.parts:
-        if base + part.rows <= first_row:
-            base += part.rows
-            continue
-        ends = cell.ends(part)
-        d = max(0, first_row - base)  # the next row to give
-        pos = int(ends[d - 1]) if d else 0  # where it starts in the part's flat tokens
-        carry: list[np.ndarray] = []  # its tokens [pos, chunk.start), read from earlier chunk files
-        for chunk in part.data_chunks():
-            if chunk.stop <= pos:
-                continue  # given before a resume
-            values = _checked(cell.values(part, chunk), vocab, cell.cache.where(chunk.path), chunk.start)
-            at = max(pos, chunk.start)  # the flat position of values[0] from here on
-            values = values[at - chunk.start:]
-            e = int(np.searchsorted(ends, chunk.stop, "right"))  # rows [d, e) end by the chunk's end
-            if carry:  # row d began in an earlier chunk file
-                if e == d:
-                    carry.append(values.copy())  # and goes on past this one
-                    continue
-                yield base + d, np.concatenate([*carry, values[:int(ends[d]) - at]]), np.array([ends[d] - pos])
-                carry, pos, d = [], int(ends[d]), d + 1
-            if e > d:
-                stop = int(ends[e - 1])
-                yield base + d, values[pos - at:stop - at], np.diff(ends[d:e], prepend=pos)
-                pos, d = stop, e
-            if len(rest := values[pos - at:]):
-                carry.append(rest.copy())
-        if d < part.rows:  # rows ending at the part's last token (empty rows, or a part with no tokens)
-            yield base + d, np.zeros(0, np.uint32), np.diff(ends[d:], prepend=pos)
-        base += part.rows
-
-
-def _checked(values: np.ndarray, vocab: int, where: str, start: int) -> np.ndarray:
-    """``values`` as uint32 once every one lies in ``[0, vocab)``; else `CacheCheckError` naming the first."""
-    bad = np.flatnonzero((values < 0) | (values >= vocab)) if values.size else values
-    if len(bad):
-        i = int(bad[0])
-        raise CacheCheckError(f"token {start + i} is {values[i]}, outside the tokenizer's vocabulary [0, {vocab}) "
-                              f"({len(bad)} such tokens in this chunk file); nothing was committed", path=where)
-    return values.view(np.uint32) if values.dtype.itemsize == 4 else values.astype(np.uint32)
-
-
-class _Shards:
-    """A cell's documents cut into shards as they arrive, the cut `marin-data shard` makes: a shard closes when
-    the next document does not fit in ``shard_tokens``, and a longer document gets a shard of its own. Each
-    shard is written to ``work/part-NNNNN.parquet`` with its done marker beside it, numbered from ``first``."""
-
-    def __init__(self, work: Path, subset: str, info: TokenizerInfo, shard_tokens: int, *, first: int) -> None:
-        self.work, self.subset, self.info, self.shard_tokens = work, subset, info, shard_tokens
-        self.n = first
-        self.writer: ShardWriter | None = None
-        self.filled = 0
-        self.stats: list[ShardStats] = []
-
-    def add(self, row: int, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        """Documents ``row``, ``row + 1``... (``lengths``, their ``tokens`` concatenated)."""
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        i = 0
-        while i < len(lengths):
-            j = int(np.searchsorted(offsets, offsets[i] + self.shard_tokens - self.filled, "right")) - 1
-            if j == i and self.filled == 0:
-                j = i + 1  # longer than a shard
-            if j > i:
-                if self.writer is None:
-                    shard_path(self.subset, self.n)  # refuses a subset of more shards than a Hub folder holds
-                    self.writer = ShardWriter(_part(self.work, self.n), self.info)
-                self.writer.write([f"{self.subset}:{r}" for r in range(row + i, row + j)],
-                                  tokens[offsets[i]:offsets[j]], offsets[i:j + 1] - offsets[i])
-                self.filled += int(offsets[j] - offsets[i])
-                i = j
-            if i < len(lengths):
-                self._close()
-
-    def close(self) -> list[ShardStats]:
-        """Close the last shard; the stats of every shard written here."""
-        if self.writer is not None:
-            self._close()
-        return self.stats
-
-    def abort(self, error: BaseException) -> None:
-        if self.writer is not None:
-            self.writer.abort(error)
-
-    def _close(self) -> None:
-        stats = self.writer.close()
-        atomic_write_bytes(_part(self.work, self.n).with_suffix(".json"), canonical(asdict(stats)))
-        self.stats.append(stats)
-        self.writer, self.filled, self.n = None, 0, self.n + 1
+        opened = tuple(sorted(options.items()))
+        jobs = [CellWork(store.reopen_url(), opened, c.subset, c.cache.prefix, c.identity,
+                         str(_staging(root, c.subset).resolve()), key(c), info, vocab, shard_tokens) for c in cells]
+        done, _ = run_jobs(run_job, jobs, engine=name, workers=workers, address=address)
+    return dict(zip((c.subset for c in cells), done))

@@ -14,7 +14,8 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.names import select_subsets
@@ -28,8 +29,9 @@ from marin_data.levanter.detect import CACHE, CORPUS, Source, detect
 from marin_data.levanter.pinned import cell_prefixes, is_pinned_cache
 from marin_data.stores.base import Store
 from marin_data.stores.local import LocalStore
+from marin_data.transfer.rehash import job_store
 
-__all__ = ["REMOTE_WORKERS", "verify_source", "verify_found", "check_cells"]
+__all__ = ["REMOTE_WORKERS", "CellJob", "verify_source", "verify_found", "check_cells"]
 
 REMOTE_WORKERS = 16  # cells checked at once over s3:// or hf://
 
@@ -59,6 +61,22 @@ def check_cells(store: Store, cells: dict[str, str], *, tokens: bool = False, vo
     with ThreadPoolExecutor(max_workers=max(1, min(workers or default, len(cells) or 1))) as pool:
         results = list(pool.map(one, cells.values()))
     return [p for found, _ in results for p in found], sum(n for _, n in results), decoded[0]
+
+
+@dataclass(frozen=True)
+class CellJob:
+    """The structural checks of one cell (``subset``, its cache root ``prefix``) of the store at ``url``
+    (opened with ``options``, as sorted pairs), as plain data: a job any engine runs
+    (`marin_data.transfer.remote_verify.check_listing`'s ``also``); calling it returns the findings."""
+
+    url: str
+    options: tuple[tuple[str, Any], ...]
+    subset: str
+    prefix: str
+
+    def __call__(self) -> list[Problem]:
+        problems, _, _ = check_cells(job_store(self.url, self.options), {self.subset: self.prefix}, workers=1)
+        return problems
 
 
 def verify_source(url: str | os.PathLike, *, subsets: list[str] | None = None, tokens: bool = False,

@@ -175,6 +175,10 @@ class Store(abc.ABC):
         names some (S3's ``ChecksumAlgorithm``) asks for them (one HEAD); the others return ``info``."""
         return info
 
+    def reopen_url(self) -> str:
+        """The URL `marin_data.stores.open_store` opens this very store again with (in another process)."""
+        return self.url
+
     def mirror_record(self) -> dict:
         """How ``mirrors.json`` (`marin_data.corpus.mirrors`) names this store."""
         return {"url": self.url}

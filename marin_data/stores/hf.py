@@ -101,6 +101,9 @@ class HfStore(Store):
         raise RemoteError("a Hugging Face repo is written in commits: publish with `marin-data publish "
                           "--to hf://datasets/org/name` (marin_data.transfer.publish_hf)", path=self.describe(path))
 
+    def reopen_url(self) -> str:
+        return f"{self.url}@{self.hf.revision}" if self.hf.revision else self.url
+
     def mirror_record(self) -> dict:
         return {"url": self.url, **({"endpoint": self.endpoint} if self.endpoint != _default_endpoint() else {})}
 

@@ -8,7 +8,8 @@ user metadata ``sha256``, the fallback for stores that drop or reject checksum h
 An ETag is never marin's content hash, but a plain one (32 hex digits, no ``-``: a single-part upload) is
 the object's MD5, which an unpinned download checks (`marin_data.stores.checksums`); so are the
 ``ChecksumSHA256`` / ``ChecksumCRC32C`` / ``ChecksumCRC32`` HeadObject returns (asked only for objects whose
-listing names such an algorithm: `vouched`) and, through GCS's S3-compatible endpoint, ``x-goog-hash``.
+listing names such an algorithm: `vouched`) and, through GCS's S3-compatible endpoint (told by its
+``x-goog-*`` headers), ``x-goog-hash``'s crc32c and md5, never its ETags (a composite object's is no MD5).
 
 botocore's own retries are off: `marin_data.retry` is the one retry loop, and it honours ``Retry-After``.
 """
@@ -122,6 +123,7 @@ class S3Store(Store):
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=root + (prefix.strip("/") + "/" if prefix else ""), **self._payer)
             for page in pages:
+                self._gcs = self._gcs or _answered_by_gcs(page)
                 contents = page.get("Contents", [])
                 budget.take(entries=len(contents), nbytes=sum(len(o.get("Key", "")) for o in contents), page=True)
                 for obj in contents:
@@ -136,11 +138,12 @@ class S3Store(Store):
 
     def _listed(self, path: str, size: int, obj: dict) -> ObjectInfo:
         """A listing entry: its ETag's MD5 where it is one, and the checksums it names but does not give
-        (``ChecksumAlgorithm``; through GCS, whose listing names none, ``x-goog-hash``'s when there is no MD5)."""
+        (``ChecksumAlgorithm``). Through GCS, whose listing names none and whose ETag is no MD5 for a composite
+        object (nor said to be one), the ETag is not taken: ``x-goog-hash``'s crc32c and md5 are asked."""
+        if self._gcs:
+            return ObjectInfo(path, size, unfetched=("crc32c", "md5"))
         md5 = etag_md5(obj.get("ETag"))
         named = [str(a).lower() for a in obj.get("ChecksumAlgorithm") or () if str(a).lower() in _HEAD_CHECKSUMS]
-        if self._gcs and md5 is None:
-            named.append("crc32c")
         return ObjectInfo(path, size, checksums=(("md5", md5),) if md5 else (), unfetched=tuple(named))
 
     def vouched(self, info: ObjectInfo) -> ObjectInfo:
@@ -162,8 +165,9 @@ class S3Store(Store):
                     return None
                 raise
         sha, source = _full_object_sha256(r.get("ChecksumSHA256"), r.get("ChecksumType")), "checksum"
-        if sha is None:
-            meta = (r.get("Metadata") or {}).get("sha256", "").lower()
+        if sha is None:  # our metadata, as S3 returns it or as GCS does (``x-goog-meta-*``)
+            headers = r.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            meta = str((r.get("Metadata") or {}).get("sha256") or headers.get("x-goog-meta-sha256") or "").lower()
             sha, source = (meta, "metadata") if _HEX64.match(meta) else (None, None)
         size = r.get("ContentLength")
         if type(size) is not int or size < 0:
@@ -232,15 +236,24 @@ def _full_object_sha256(value: str | None, checksum_type: str | None) -> str | N
 
 def _head_checksums(r: dict) -> tuple[tuple[str, str], ...]:
     """The digests other than the SHA-256 a HeadObject answer vouches for: its full-object checksums, its ETag
-    as an MD5 (not for SSE-KMS or SSE-C objects, whose ETag is no MD5) and GCS's ``x-goog-hash``."""
+    as an MD5 (not for SSE-KMS or SSE-C objects, whose ETag is no MD5) and GCS's ``x-goog-hash`` (from GCS,
+    the only MD5 taken: a composite object's ETag is none, and its hash header names a crc32c alone)."""
     found = {a: from_base64(a, r.get(field)) for a, field in _HEAD_CHECKSUMS.items() if a != "sha256"}
     if r.get("ChecksumType") == "COMPOSITE":
         found = {}
     encrypted = r.get("ServerSideEncryption") == "aws:kms" or r.get("SSECustomerAlgorithm")
-    found["md5"] = None if encrypted else etag_md5(r.get("ETag"))
+    gcs = _answered_by_gcs(r)
+    found["md5"] = None if encrypted or gcs else etag_md5(r.get("ETag"))
     headers = r.get("ResponseMetadata", {}).get("HTTPHeaders", {})
     found.update(parse_goog_hash(headers.get("x-goog-hash")))
     return tuple((a, v) for a, v in sorted(found.items()) if v)
+
+
+def _answered_by_gcs(r: dict) -> bool:
+    """Whether a parsed answer came from Google Cloud Storage's S3-compatible (XML) API: every answer it
+    sends carries ``x-goog-*`` (or ``x-guploader-uploadid``) headers, whatever endpoint name reached it."""
+    headers = r.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    return any(k.lower().startswith(("x-goog-", "x-guploader-")) for k in headers)
 
 
 def _status(e: Exception) -> int | None:
