@@ -7,10 +7,12 @@ ETag is the object's MD5, as a GCS object or a single-part S3 upload has it, and
 one run:
 
 a. **Client CPU per GB**: the whole `adopt_store` of the store (``--engine local``: threads in this process;
-   the structural checks, hashing and commit) and `hash_file` over every file one after another, each counted
-   as this process's user + system CPU (``getrusage``; moto is another process and is not counted), against
-   the floor: coreutils ``sha256sum`` of the same files on local disk (its own process's CPU, ``wait4``), with
-   ``openssl dgst -sha256`` (SHA-NI where the CPU has it) for context. Rotated within each repeat.
+   the structural checks, hashing and commit) and `hash_file` over every file one after another (as adopt
+   sends the jobs, a data chunk file's LZ4 frames decoded and ids checked as they stream; and bytes only),
+   each counted as this process's user + system CPU (``getrusage``; moto is another process and is not
+   counted), against the floor: coreutils ``sha256sum`` of the same files on local disk (its own process's
+   CPU, ``wait4``), with ``openssl dgst -sha256`` (SHA-NI where the CPU has it) and hashlib's MD5 (what
+   checking an ETag adds) for context. Rotated within each repeat.
 b. **Throughput** (GB of the store per second of wall clock) of `adopt_store` with ``--engine ray`` on a
    private local Ray instance of 1, 2 and 4 CPUs (a fresh instance per run, its start-up timed apart:
    ``ray.init`` and one warm-up task per worker), with ``--engine local`` for reference; each run pins into
@@ -29,6 +31,7 @@ moto, the client and Ray's workers share the same cores, and 4 Ray workers canno
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -46,9 +49,12 @@ from bench_verify import machine
 from pin_counting import CountingStore, recorded_requests
 
 from marin_data.levanter import LZ4, write_cache
+from marin_data.levanter.adopt import cache_files
 from marin_data.levanter.adopt_files import FileJob, hash_file
 from marin_data.levanter.adopt_remote import adopt_store
 from marin_data.levanter.arraymeta import LEVANTER_INNER
+from marin_data.levanter.cache import open_cache
+from marin_data.levanter.filehash import ChunkCheck
 from marin_data.levanter.verify import check_cells
 from marin_data.stores import open_store
 from marin_data.stores.snapshot import SnapshotStore
@@ -60,8 +66,10 @@ from levanter_env import LLAMA3_VOCAB, wide_tokenizer  # noqa: E402 - the tests'
 
 BUCKET = "marin-pin-bench"
 URL = f"s3://{BUCKET}/store"
-FLOOR, OPENSSL, HASH_FILE, ADOPT = "sha256sum (floor)", "openssl dgst -sha256", "hash_file, every file", \
-    "adopt --engine local"
+FLOOR, OPENSSL, MD5 = "sha256sum (floor)", "openssl dgst -sha256", "hashlib MD5 of the same files (context)"
+HASH_BYTES = "hash_file, every file, bytes only (SHA-256 + the ETag's MD5)"
+HASH_FILE = "hash_file, every file as adopt sends it (+ LZ4 frames decoded, ids checked)"
+ADOPT = "adopt --engine local, whole (checks, hashing on 16 threads, commit)"
 DATA, OFFSETS, METADATA = "data chunk files (their index)", "offsets chunk files", "ledgers, zarr.json"
 
 
@@ -124,17 +132,30 @@ def pin(endpoint: str, tokenizer: Path, dest: Path, **engine) -> tuple[float, fl
     return wall, cpu, report.manifest_sha256
 
 
-def file_jobs(endpoint: str, sizes: dict[str, int]) -> list[FileJob]:
-    """A `FileJob` per file as adopt makes them, without the chunk-frame check (``hash_file`` alone)."""
-    listing = SnapshotStore(open_store(URL, endpoint_url=endpoint)).listing()
-    return [FileJob(URL, (("endpoint_url", endpoint),), listing[p], "bench", "cache") for p in sizes]
+def file_jobs(endpoint: str, sizes: dict[str, int], *, decode: bool) -> list[FileJob]:
+    """A `FileJob` per file as adopt makes them (``decode``: a data chunk file's frames decoded and its ids
+    checked as it streams), or with its bytes hashed and nothing else."""
+    store = SnapshotStore(open_store(URL, endpoint_url=endpoint))
+    listing, jobs = store.listing(), []
+    for cell in sorted({"/".join(p.split("/")[:2]) for p in sizes}):
+        for f in cache_files(cell, open_cache(store, cell), [p for p in sizes if p.startswith(cell + "/")]):
+            chunk = ChunkCheck(f.meta, f.tokens, LLAMA3_VOCAB) if decode and f.meta is not None else None
+            jobs.append(FileJob(URL, (("endpoint_url", endpoint),), listing[f.path], cell, f.kind, f.tokens,
+                                f.docs, chunk))
+    return jobs
+
+
+def md5_of(files: list[str]) -> None:
+    for f in files:
+        with open(f, "rb") as fh:
+            hashlib.file_digest(fh, "md5")
 
 
 def cpu_figures(endpoint: str, tokenizer: Path, store: Path, sizes: dict[str, int], repeats: int,
                 dest: Path, digests: set[str]) -> dict[str, list[dict]]:
-    """(a): per repeat, in rotated order, wall and CPU of the floor, openssl, hash_file and a local adopt."""
+    """(a): per repeat, in rotated order, wall and CPU of the floor, openssl, MD5, hash_file and a local adopt."""
     files = [str(store / p) for p in sizes]
-    jobs = file_jobs(endpoint, sizes)
+    bare, decoding = file_jobs(endpoint, sizes, decode=False), file_jobs(endpoint, sizes, decode=True)
 
     def adopt_local() -> tuple[float, float]:
         wall, cpu, digest = pin(endpoint, tokenizer, dest, engine="local")
@@ -143,7 +164,9 @@ def cpu_figures(endpoint: str, tokenizer: Path, store: Path, sizes: dict[str, in
 
     runs = {FLOOR: lambda: child_run(["sha256sum", *files]),
             OPENSSL: lambda: child_run(["openssl", "dgst", "-sha256", *files]),
-            HASH_FILE: lambda: in_process(lambda: [hash_file(j) for j in jobs])[:2],
+            MD5: lambda: in_process(lambda: md5_of(files))[:2],
+            HASH_BYTES: lambda: in_process(lambda: [hash_file(j) for j in bare])[:2],
+            HASH_FILE: lambda: in_process(lambda: [hash_file(j) for j in decoding])[:2],
             ADOPT: adopt_local}
     for run in runs.values():  # warm: page cache, imports, the store client of hash_file
         run()
