@@ -51,7 +51,7 @@ from marin_data.transfer.plan import DOWNLOAD_POLICY, FileTask
 __all__ = ["RemoteShardCache", "CacheStats", "DEFAULT_CACHE_BYTES", "MEMORY_BYTES"]
 
 DEFAULT_CACHE_BYTES = 64 << 30  # a training node's scratch disk holds this easily; production shards are <= 6 GiB decoded
-MEMORY_BYTES = 1 << 30  # a fetch thread holds at most this much of a shard in memory (`RemoteShardCache`)
+MEMORY_BYTES = 256 << 20  # a fetch thread holds at most this much of a shard in memory (`RemoteShardCache`)
 _LOCK = ".cache.lock"
 
 
@@ -76,7 +76,7 @@ class RemoteShardCache:
     """
 
     def __init__(self, stores: StoreOrder | Sequence[Store], cache_dir: str | Path, *,
-                 max_bytes: int = DEFAULT_CACHE_BYTES, prefetch: int = 4, workers: int = 2,
+                 max_bytes: int = DEFAULT_CACHE_BYTES, prefetch: int = 8, workers: int = 4,
                  policy: RetryPolicy = DOWNLOAD_POLICY, peers: str | Path | None = None,
                  decoder: ShardDecoder | None = None, memory_bytes: int = MEMORY_BYTES) -> None:
         from filelock import FileLock, Timeout

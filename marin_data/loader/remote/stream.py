@@ -242,8 +242,8 @@ def make_remote_loader(
     manifest_sha256: str | None = None,
     cache_dir: str | os.PathLike | None = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
-    prefetch_shards: int = 4,
-    fetch_workers: int = 2,
+    prefetch_shards: int = 8,
+    fetch_workers: int = 4,
     lookahead: int | None = None,
     share: bool = True,
     rank: int | None = None,
@@ -271,7 +271,9 @@ def make_remote_loader(
         cache_dir: the cache root (metadata under ``meta/``, shards under ``<manifest>-rank<r>/``, the ranks'
             shared locks under ``<manifest>-peers/``); default `remote_cache_root`.
         cache_bytes: disk limit for this rank's shards.
-        prefetch_shards: missing shards fetched ahead at once; fetch_workers: threads fetching them.
+        prefetch_shards: missing shards fetched ahead at once; fetch_workers: threads fetching them (each its
+            own connection: through a link paced per connection, four fetched a 143M-token corpus ~1.2x
+            faster than two, docs/benchmarks.md).
         lookahead: stream positions ahead whose shards are planned (`RemoteStream`).
         share: the ranks whose caches are under the same ``cache_dir`` (those of one host, by default) fetch each
             shard once between them and hard-link it into each other's caches (`RemoteShardCache` ``peers``).
