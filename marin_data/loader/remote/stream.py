@@ -272,9 +272,8 @@ def make_remote_loader(
         cache_dir: the cache root (metadata under ``meta/``, shards under ``<manifest>-rank<r>/``, the ranks'
             shared locks under ``<manifest>-peers/``); default `remote_cache_root`.
         cache_bytes: disk limit for this rank's shards.
-        prefetch_shards: missing shards fetched ahead at once; fetch_workers: threads fetching them (each its
-            own connection: through a link paced per connection, four fetched a 143M-token corpus ~1.2x
-            faster than two, docs/benchmarks.md).
+        prefetch_shards: missing shards fetched ahead at once; fetch_workers: threads fetching them, each on
+            its own connection (docs/benchmarks.md: four beat two through a link paced per connection).
         lookahead: stream positions ahead whose shards are planned (`RemoteStream`).
         share: the ranks whose caches are under the same ``cache_dir`` (those of one host, by default) fetch each
             shard once between them and hard-link it into each other's caches (`RemoteShardCache` ``peers``).
