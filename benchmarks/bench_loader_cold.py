@@ -21,11 +21,16 @@ endpoint from ``S3_ENDPOINT_URL``.
 
     .venv/bin/python benchmarks/bench_loader_cold.py --corpus /tmp/bench-loader-corpus \\
         --peers-python /tmp/peers-venv/bin/python --steps 2500 --repeats 3 --workers 0 2
+
+``--throttle 100e6 4`` puts ``throttle_proxy.py`` between the server and every reader (loaders and GET
+floors; the uploads go straight to the server): each connection paced to 100 MB/s, at most 4 moving bytes
+at once, as a real bucket's link would be rather than loopback's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -149,6 +154,10 @@ def measure(kind: str, workers: int, args, endpoint: str, seed: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+sys.path.insert(0, str(Path(__file__).parent))
+from throttle_proxy import throttled  # noqa: E402 - beside this script
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", type=Path, help="a corpus from bench_loader.py --keep")
@@ -157,6 +166,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    ap.add_argument("--throttle", nargs=2, type=float, metavar=("BYTES_PER_S", "CONNECTIONS"),
+                    help="read through throttle_proxy.py: each connection paced, at most CONNECTIONS at once")
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--one", nargs=4, metavar=("KIND", "WORKERS", "ENDPOINT", "CACHE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -177,9 +188,11 @@ def main() -> None:
         most = min(int(windows[s] / (w * BATCH)) for s, w in WEIGHTS.items())
         if args.steps > most:  # LitData's combined stream ends when its first subset does
             raise SystemExit(f"--steps {args.steps}: the peers' streams end after about {most} steps of this corpus")
-        with local_s3_server() as endpoint:
-            create_bucket(endpoint, BUCKET)
-            upload(endpoint, args.corpus, work)
+        with local_s3_server() as server, contextlib.ExitStack() as stack:
+            create_bucket(server, BUCKET)
+            upload(server, args.corpus, work)
+            endpoint = server if not args.throttle else stack.enter_context(
+                throttled(server, args.throttle[0], int(args.throttle[1])))
             floors = {fmt: [] for fmt in ("marin", "litdata", "mds")}
             for rep in range(3):  # rotated, the median kept: the server's first requests are slower
                 for fmt in list(floors)[rep:] + list(floors)[:rep]:
@@ -199,20 +212,26 @@ def main() -> None:
 
 def report(args, floors: dict, runs: list, rows: dict) -> None:
     tokens = args.steps * BATCH * SEQ_LEN
-    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.steps} steps of {BATCH} x "
-          f"{SEQ_LEN} ({tokens / 1e6:.0f}M tokens), cold, fresh process each, median of {args.repeats} rotated\n")
+    link = "loopback" if not args.throttle else \
+        f"through throttle_proxy.py: {args.throttle[0] / 1e6:.0f} MB/s per connection, {args.throttle[1]:.0f} at once"
+    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
+          f"{args.steps} steps of {BATCH} x {SEQ_LEN} ({tokens / 1e6:.0f}M tokens), cold, fresh process each, "
+          f"median of {args.repeats} rotated; {link}\n")
     print("| format | objects' bytes | boto3 GET, one at a time, median of 3 |\n|---|---:|---:|")
     for fmt, (seconds, size) in floors.items():
         print(f"| {fmt} | {size / 1e6:.0f} MB | {seconds:.2f} s ({size / seconds / 1e6:.0f} MB/s) |")
     lit = {w: statistics.median(r["rate"] for r in rows[k, w]) for k, w in runs if k == "litdata"}
-    print("\n| loader | first batch, s | M tokens/s after it | M tokens/s, whole run | vs LitData | runs (whole run) |")
+    print("\n| loader | first batch, s (range) | M tokens/s after it | M tokens/s, whole run | vs LitData | "
+          "runs (whole run) |")
     print("|---|---:|---:|---:|---:|---|")
     for kind, workers in runs:
         mine = rows[kind, workers]
         med = {k: statistics.median(r[k] for r in mine) for k in mine[0]}
         vs = f"{med['rate'] / lit[workers]:.2f}x" if workers in lit else ""
         each = ", ".join(f"{r['rate'] / 1e6:.1f}" for r in mine)
-        print(f"| {kind}, {workers} workers | {med['first_batch_s']:.2f} | {med['after_first'] / 1e6:.1f} | "
+        first = sorted(r["first_batch_s"] for r in mine)
+        print(f"| {kind}, {workers} workers | {med['first_batch_s']:.2f} ({first[0]:.2f}-{first[-1]:.2f}) | "
+              f"{med['after_first'] / 1e6:.1f} | "
               f"{med['rate'] / 1e6:.1f} | {vs} | {each} |")
 
 

@@ -1,13 +1,16 @@
 """Opening Parquet files for reading: every Parquet read of the library goes through `open_parquet`.
 
 pyarrow decodes on its CPU thread pool by default. When the bytes live in memory Python owns (``bytes``, a
-Python file object such as a store's ranged reader), a decode task can drop the last reference to that
-memory after the read has returned; releasing it takes the GIL, and if the interpreter is finalizing by
-then, Python ends the pool thread inside a C++ destructor and the process aborts with "terminate called
-without an active exception" (the backtrace runs ``PyGILState_Ensure <- arrow::py::PyBuffer::~PyBuffer <-
-FileReaderImpl::DecodeRowGroups <- ThreadPool``). So a Python-owned source is decoded on the calling thread;
-a path is opened by Arrow's own file system, owns its memory, and keeps the thread pool.
-``tests/test_architecture.py`` fails on a Parquet read anywhere else, so the rule cannot be bypassed.
+Python file object such as a store's ranged reader), a decode task can drop the last reference to that memory
+after the read has returned; releasing it takes the GIL, and if the interpreter is finalizing by then, Python
+ends the pool thread inside a C++ destructor and the process aborts with "terminate called without an active
+exception" (the backtrace runs ``PyGILState_Ensure <- arrow::py::PyBuffer::~PyBuffer <-
+FileReaderImpl::DecodeRowGroups <- ThreadPool``). So a Python-owned source is decoded on the calling thread; a
+path is opened by Arrow's own file system, owns its memory, and keeps the thread pool, and so does an
+`ArrowBytes`: a file's bytes copied into memory Arrow allocated (a fetched shard,
+`marin_data.transfer.fetch`), which no Python object backs. ``tests/test_architecture.py`` fails on a Parquet
+read anywhere else, so the rule cannot be bypassed.
+
 
 What a Parquet file decodes to is not bounded by its size: a zstd page of one repeated byte, or a dictionary
 value that a million rows repeat, expands 10,000-fold. So `open_parquet` refuses a footer over
@@ -24,19 +27,36 @@ import os
 from collections.abc import Collection, Iterable
 from typing import Any
 
-__all__ = ["MAX_FOOTER_BYTES", "open_parquet", "decoded_bound"]
+__all__ = ["MAX_FOOTER_BYTES", "ArrowBytes", "open_parquet", "decoded_bound"]
 
 MAX_FOOTER_BYTES = 16 << 20  # a 5 GiB shard of 1M-token row groups has a footer of ~2 MiB
 _FIXED_WIDTH = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 _DICTIONARY = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
 
 
-def open_parquet(source: str | os.PathLike | bytes | Any, *, max_footer: int = MAX_FOOTER_BYTES, **kwargs: Any):
-    """A ``pyarrow.parquet.ParquetFile`` over ``source``: a path, the file's bytes, or a binary file object.
+class ArrowBytes:
+    """``size`` bytes of memory that Arrow allocates and owns, filled through ``view`` (a writable memoryview):
+    `open_parquet` reads them on Arrow's thread pool, as it does a path, since dropping the last reference to
+    them never needs the GIL. ``buffer`` is the ``pyarrow.Buffer``; ``len`` its size."""
+
+    def __init__(self, size: int) -> None:
+        import pyarrow as pa
+
+        self.buffer = pa.allocate_buffer(size)
+        self.view = memoryview(self.buffer).cast("B")
+
+    def __len__(self) -> int:
+        return self.buffer.size
+
+
+def open_parquet(source: str | os.PathLike | bytes | ArrowBytes | Any, *, max_footer: int = MAX_FOOTER_BYTES,
+                 **kwargs: Any):
+    """A ``pyarrow.parquet.ParquetFile`` over ``source``: a path, the file's bytes, an `ArrowBytes`, or a binary
+    file object.
 
     ``kwargs`` go to ``ParquetFile`` (``pre_buffer=False``, ``read_dictionary=[...]``, say). For bytes and file
     objects every read (``read``, ``read_row_group(s)``, ``iter_batches``) runs on the calling thread,
-    whatever it is asked.
+    whatever it is asked; paths and `ArrowBytes` keep Arrow's thread pool.
 
     Raises:
         ValueError: the footer is over ``max_footer`` bytes (checked from the file's last 8 bytes, before
@@ -51,6 +71,8 @@ def open_parquet(source: str | os.PathLike | bytes | Any, *, max_footer: int = M
         raise ValueError(f"Parquet footer of {footer:,} bytes, over the {max_footer:,} bytes a footer may take")
     if isinstance(source, (str, os.PathLike)):
         return pq.ParquetFile(source, **kwargs)
+    if isinstance(source, ArrowBytes):
+        return pq.ParquetFile(pa.BufferReader(source.buffer), **kwargs)
     if isinstance(source, (bytes, bytearray, memoryview)):
         source = pa.BufferReader(source)
     return _on_calling_thread()(source, **kwargs)
@@ -58,6 +80,8 @@ def open_parquet(source: str | os.PathLike | bytes | Any, *, max_footer: int = M
 
 def _footer_length(source: str | os.PathLike | bytes | Any) -> int:
     """The footer length the file's last 8 bytes state (0 when they are no Parquet tail: pyarrow says why)."""
+    if isinstance(source, ArrowBytes):
+        source = source.view
     if isinstance(source, (bytes, bytearray, memoryview)):
         tail = bytes(source[-8:])
     elif isinstance(source, (str, os.PathLike)):

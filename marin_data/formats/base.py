@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol
 from marin_data.corpus.manifest import Corpus, Manifest
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import NotApplicableError
+from marin_data.fileio.parquet_io import ArrowBytes
 from marin_data.formats.documents import Documents
 from marin_data.stores.base import Store
 
@@ -48,10 +49,11 @@ class ShardDecoder(Protocol):
     def context(self, shard: ShardRecord) -> str | None:
         """A digest of what a decode depends on besides the shard's own bytes (sealed with it), or None."""
 
-    def decode_into(self, path: Path, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *,
+    def decode_into(self, source: Path | ArrowBytes, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *,
                     verify: bool) -> None:
-        """Decode the shard file at ``path`` into the two ``.npy`` files, checking its SHA-256 and size first
-        when ``verify``. Raises ShardMissingError, ShardChecksumError, ShardFormatError."""
+        """Decode the shard file at ``source`` into the two ``.npy`` files, checking its SHA-256 and size first
+        when ``verify``; or its bytes in memory, checked as they were fetched (`marin_data.transfer.body`),
+        which ``verify`` does not hash again. Raises ShardMissingError, ShardChecksumError, ShardFormatError."""
 
     def documents(self, stream: Any) -> Documents:
         """Where the documents of ``stream`` lie (`marin_data.formats.documents`: which ones a window of a

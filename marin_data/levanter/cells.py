@@ -29,6 +29,7 @@ from marin_data.corpus.records import OFFSETS, SHARD, ShardRecord
 from marin_data.corpus.readers import read_checked
 from marin_data.errors import CacheFormatError, InvalidManifestError, RemoteError, ShardFormatError
 from marin_data.fileio.arrays import write_npy
+from marin_data.fileio.parquet_io import ArrowBytes
 from marin_data.formats.base import Reader
 from marin_data.levanter.arraymeta import ZARR_JSON
 from marin_data.levanter.cache import DATA_ARRAY, OFFSETS_ARRAY, CachePart, ChunkFile, LevanterCache, \
@@ -154,18 +155,21 @@ class PinnedCells:
         `marin_data.formats.ShardDecoder`)."""
         return self.chunks_of(subsets)
 
-    def decode_into(self, path: Path, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *,
+    def decode_into(self, source: Path | ArrowBytes, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *,
                     verify: bool) -> None:
-        """Decode the data chunk file at ``path`` into ``.npy`` files, from the bytes that were hashed.
+        """Decode the data chunk file at ``source`` (or its bytes, checked as they were fetched) into ``.npy``
+        files, from the bytes that were hashed.
 
         Raises:
             ShardMissingError, ShardChecksumError: as `read_checked`.
             CacheFormatError: the file does not decode (`decode`).
             ShardFormatError: it holds another number of tokens than the index says.
         """
-        tokens, offsets = self.decode(shard, read_checked(path, shard, verify=verify))
+        body = isinstance(source, ArrowBytes)
+        tokens, offsets = self.decode(shard, source.view if body else read_checked(source, shard, verify=verify))
         if len(tokens) != shard.tokens:
-            raise ShardFormatError(f"decodes to {len(tokens)} tokens, the index says {shard.tokens}", path=str(path),
+            raise ShardFormatError(f"decodes to {len(tokens)} tokens, the index says {shard.tokens}",
+                                   path=shard.path if body else str(source),
                                    expected=shard.tokens, actual=len(tokens))
         for out, array in ((tokens_path, tokens), (offsets_path, offsets)):
             write_npy(out, array.dtype, len(array), [np.ascontiguousarray(array)])

@@ -51,6 +51,7 @@ import numpy as np
 
 from marin_data.corpus.records import ShardRecord
 from marin_data.fileio.atomic import SafeDir, atomic_path, atomic_write_bytes
+from marin_data.fileio.parquet_io import ArrowBytes
 from marin_data.fileio.untrusted_json import loads
 from marin_data.corpus.manifest import load_corpus
 from marin_data.corpus.readers import LocalFiles
@@ -124,10 +125,11 @@ class DecodedShardCache:
         """What a decode depends on besides the shard's bytes (sealed with it), if anything."""
         return self.decoder.context(shard)
 
-    def ensure(self, shard: ShardRecord) -> None:
-        """Decode ``shard`` unless its decode is already there, and wait until it is on disk."""
+    def ensure(self, shard: ShardRecord, body: ArrowBytes | None = None) -> None:
+        """Decode ``shard`` unless its decode is already there, and wait until it is on disk. ``body``: the
+        shard's bytes, fetched into memory and checked (`marin_data.transfer.body`), decoded instead of its file."""
         if not sealed(self.paths(shard)[0].parent, shard, self.context(shard)):
-            self._decode(shard, wait=True)
+            self._decode(shard, wait=True, body=body)
 
     def open(self, shard: ShardRecord) -> DecodedShard:
         """The shard's decoded arrays, decoding it first if needed (most recently used stay mapped)."""
@@ -154,7 +156,7 @@ class DecodedShardCache:
             self._publisher[1].shutdown(wait=True)
         self._publisher = None
 
-    def _decode(self, shard: ShardRecord, *, wait: bool) -> DecodedShard:
+    def _decode(self, shard: ShardRecord, *, wait: bool, body: ArrowBytes | None = None) -> DecodedShard:
         """Decode into temporary files, map them, and publish them (now, or on the background thread)."""
         from filelock import FileLock
 
@@ -180,8 +182,8 @@ class DecodedShardCache:
                 # Entered tokens first: the stack closes in reverse, publishing offsets before the tokens marker.
                 tokens_tmp = files.enter_context(atomic_path(tokens_path, root=self.cache_dir))
                 offsets_tmp = files.enter_context(atomic_path(offsets_path, root=self.cache_dir))
-                self.decoder.decode_into(self.corpus_root / shard.path, shard, tokens_tmp, offsets_tmp,
-                                         verify=self.verify)
+                self.decoder.decode_into(self.corpus_root / shard.path if body is None else body, shard, tokens_tmp,
+                                         offsets_tmp, verify=self.verify)
                 decoded = _map(tokens_tmp, offsets_tmp)
                 publish = files.pop_all()
         except BaseException:

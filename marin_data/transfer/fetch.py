@@ -21,11 +21,11 @@ from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores.base import Store
 from marin_data.stores.checksums import file_digests
 from marin_data.stores.order import StoreOrder
-from marin_data.transfer.partial import open_partial, partial_path
+from marin_data.transfer.partial import Prefix, RangedPartial, StreamPartial, open_partial, partial_path
 from marin_data.transfer.plan import DOWNLOAD_POLICY, FileTask
 from marin_data.ui import progress as progress_bar
 
-__all__ = ["PART_BYTES", "ByteMeter", "already_there", "fetch_one", "fetch_file"]
+__all__ = ["PART_BYTES", "ByteMeter", "already_there", "fetch_one", "fetch_file", "from_stores"]
 
 PART_BYTES = 64 << 20  # smallest byte range of a file fetched in parallel ranges
 
@@ -105,18 +105,27 @@ def fetch_one(root: Path, task: FileTask, order: StoreOrder, policy: RetryPolicy
     final = root / task.path
     with SafeDir.of(final, root) as folder:
         partial = open_partial(folder, final.name, task, ranges=ranges, part_bytes=part_bytes)
-        errors = []
         try:
-            for store, tried in order.tries(policy):
-                try:
-                    retry_call(lambda: partial.fetch(store, meter), policy=tried, what=store.describe(task.path))
-                except (RemoteError, ShardChecksumError) as e:
-                    errors.append(f"{store.url}: {e.message}")
-                    continue
+            why = from_stores(partial, order, policy, meter)
+            if why is None:
                 partial.commit(final.name)
                 if seen is not None:
                     seen[task.path] = partial.digests["sha256"]
-                return None
         finally:
             partial.close()
+    return why
+
+
+def from_stores(partial: StreamPartial | RangedPartial | Prefix, order: StoreOrder, policy: RetryPolicy,
+                meter: ByteMeter) -> str | None:
+    """Fill and check ``partial`` from the stores of ``order`` in turn, each retried under ``policy``; None once
+    one served the listed bytes, else why each failed."""
+    errors = []
+    for store, tried in order.tries(policy):
+        try:
+            retry_call(lambda: partial.fetch(store, meter), policy=tried, what=store.describe(partial.task.path))
+        except (RemoteError, ShardChecksumError) as e:
+            errors.append(f"{store.url}: {e.message}")
+            continue
+        return None
     return "; ".join(errors)

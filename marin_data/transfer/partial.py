@@ -10,10 +10,11 @@ Two kinds, chosen by `open_partial`:
 - `RangedPartial`: a big file fetched as parallel byte ranges into a partial of full size, with a record
   (`RANGES_SUFFIX`) of the bytes each range holds, so every range resumes on its own.
 
-Both start writing back to disk as they go (`_start_writeback`), so the fsync before the rename finds
-little left to do. Both open, rename and remove their files inside a `marin_data.fileio.atomic.SafeDir`, so a link
-in the destination is refused, never written through; and both refuse to start a file the free space
-cannot hold (`InsufficientSpaceError`).
+The one-GET fetch loop lives in `Prefix`, which `StreamPartial` shares with the loader's in-memory copy
+(`marin_data.transfer.body`). Both kinds start writing back to disk as they go (`_start_writeback`), so the
+fsync before the rename finds little left to do. Both open, rename and remove their files inside a
+`marin_data.fileio.atomic.SafeDir`, so a link in the destination is refused, never written through; and both
+refuse to start a file the free space cannot hold (`InsufficientSpaceError`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from marin_data.stores.checksums import Hasher
 from marin_data.transfer.plan import FileTask
 from marin_data.fileio.untrusted_json import loads
 
-__all__ = ["Meter", "StreamPartial", "RangedPartial", "open_partial", "partial_path", "ranges_path",
-           "resumed_bytes"]
+__all__ = ["Meter", "Prefix", "StreamPartial", "RangedPartial", "hasher", "open_partial", "partial_path",
+           "ranges_path", "resumed_bytes"]
 
 WRITEBACK_CHUNK = 32 << 20  # bytes written between two `_start_writeback` calls
 RECORD_EVERY = 8 << 20  # bytes a range receives between two rewrites of its `RangedPartial` record
@@ -80,60 +81,23 @@ def resumed_bytes(partial: Path) -> int:
         return 0
 
 
-class StreamPartial:
-    """The partial file of one download and the SHA-256 of the bytes in it, kept in step."""
+class Prefix:
+    """A copy of ``task``'s file that grows from its start, hashed as it grows (``hash``, ``offset``): a
+    `StreamPartial` on disk, or `marin_data.transfer.body.MemoryPartial` in memory. Subclasses give ``reset``
+    (start again from byte 0) and ``write`` (append a chunk, cut at the listed size)."""
 
-    def __init__(self, folder: SafeDir, name: str, task: FileTask):
-        self.folder, self.name, self.path, self.task = folder, name, folder.path / name, task
-        self.f = open(folder.open(name, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644), "ab+", buffering=0)
-        try:
-            size = os.fstat(self.f.fileno()).st_size
-            _check_space(self.f.fileno(), task.bytes - min(size, task.bytes), self.path)
-        except BaseException:
-            self.f.close()
-            raise
-        if size > task.bytes:
-            self.reset()
-        else:
-            self.hash = _hash_prefix(self.f.fileno(), size, task)
-            self.offset = size
-        self.flushed = self.offset
+    task: FileTask
+    hash: Hasher
+    offset: int
 
     def reset(self) -> None:
-        self.f.truncate(0)
-        self.f.seek(0)
-        self.hash, self.offset, self.flushed = _hasher(self.task), 0, 0
+        raise NotImplementedError
 
     def write(self, chunk: bytes) -> None:
-        """Append ``chunk``, cut at the listed size: the bytes past it are not the file's."""
-        chunk = chunk[:self.task.bytes - self.offset]
-        _write(self.f.fileno(), chunk, None)
-        self.hash.update(chunk)
-        self.offset += len(chunk)
-        if self.offset - self.flushed >= WRITEBACK_CHUNK:
-            _start_writeback(self.f.fileno(), self.flushed, self.offset - self.flushed)
-            self.flushed = self.offset
-
-    def check(self) -> None:
-        """Raise (and discard the bytes) unless the partial file is exactly the listed file; keep its
-        digests (``digests``) when it is."""
-        digests = self.hash.hexdigests()
-        wrong = self.task.mismatch(digests) if self.offset == self.task.bytes else "sha256"
-        if wrong is not None:
-            self.reset()
-            raise _mismatch(self.task, digests, wrong)
-        self.digests = digests
-
-    def commit(self, final: str) -> None:
-        """Move the verified bytes to their final name in the folder (fsync, rename, fsync the folder)."""
-        self.f.close()
-        self.folder.replace(self.name, final)
-
-    def close(self) -> None:
-        self.f.close()
+        raise NotImplementedError
 
     def fetch(self, store: Store, meter: Meter) -> None:
-        """One request: continue the partial file from its offset to the end, then check it."""
+        """One request: continue the copy from its offset to the end, then check it."""
         task = self.task
         if self.offset < task.bytes:
             # No trust in a response's sizes: a truncating hop may rewrite Content-Length. A body that runs
@@ -155,6 +119,58 @@ class StreamPartial:
                                            path=store.describe(task.path))
         self.check()
 
+    def check(self) -> None:
+        """Raise (and discard the bytes) unless the copy is exactly the listed file; keep its
+        digests (``digests``) when it is."""
+        digests = self.hash.hexdigests()
+        wrong = self.task.mismatch(digests) if self.offset == self.task.bytes else "sha256"
+        if wrong is not None:
+            self.reset()
+            raise _mismatch(self.task, digests, wrong)
+        self.digests = digests
+
+
+class StreamPartial(Prefix):
+    """The partial file of one download and the SHA-256 of the bytes in it, kept in step."""
+
+    def __init__(self, folder: SafeDir, name: str, task: FileTask):
+        self.folder, self.name, self.path, self.task = folder, name, folder.path / name, task
+        self.f = open(folder.open(name, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644), "ab+", buffering=0)
+        try:
+            size = os.fstat(self.f.fileno()).st_size
+            _check_space(self.f.fileno(), task.bytes - min(size, task.bytes), self.path)
+        except BaseException:
+            self.f.close()
+            raise
+        if size > task.bytes:
+            self.reset()
+        else:
+            self.hash = _hash_prefix(self.f.fileno(), size, task)
+            self.offset = size
+        self.flushed = self.offset
+
+    def reset(self) -> None:
+        self.f.truncate(0)
+        self.f.seek(0)
+        self.hash, self.offset, self.flushed = hasher(self.task), 0, 0
+
+    def write(self, chunk: bytes) -> None:
+        """Append ``chunk``, cut at the listed size: the bytes past it are not the file's."""
+        chunk = chunk[:self.task.bytes - self.offset]
+        _write(self.f.fileno(), chunk, None)
+        self.hash.update(chunk)
+        self.offset += len(chunk)
+        if self.offset - self.flushed >= WRITEBACK_CHUNK:
+            _start_writeback(self.f.fileno(), self.flushed, self.offset - self.flushed)
+            self.flushed = self.offset
+
+    def commit(self, final: str) -> None:
+        """Move the verified bytes to their final name in the folder (fsync, rename, fsync the folder)."""
+        self.f.close()
+        self.folder.replace(self.name, final)
+
+    def close(self) -> None:
+        self.f.close()
 
 class RangedPartial:
     """A file fetched as parallel byte ranges into its partial file, hashed in file order as ranges complete.
@@ -215,7 +231,7 @@ class RangedPartial:
         return self.record.name.removesuffix(".part") + ".tmp.part"  # a leftover to `verify`
 
     def _restart_hash(self) -> None:
-        self.hash, self.cursor = _hasher(self.task), 0
+        self.hash, self.cursor = hasher(self.task), 0
 
     def _complete(self, i: int) -> bool:
         return self.done[i] == self.bounds[i + 1] - self.bounds[i]
@@ -298,7 +314,7 @@ class RangedPartial:
             self.fd = -1
 
 
-def _hasher(task: FileTask) -> Hasher:
+def hasher(task: FileTask) -> Hasher:
     """The SHA-256, and every other digest the store vouches for, of the bytes fetched for ``task``."""
     return Hasher(a for a, _ in task.checksums)
 
@@ -364,7 +380,7 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
 
 
 def _hash_prefix(fd: int, size: int, task: FileTask) -> Hasher:
-    h = _hasher(task)
+    h = hasher(task)
     at = 0
     while at < size and (chunk := os.pread(fd, min(size - at, HASH_CHUNK), at)):
         h.update(chunk)

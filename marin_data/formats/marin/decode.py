@@ -3,8 +3,9 @@
 
 A shard's row groups are decoded on up to ``threads`` threads at once (pyarrow decodes one column of one
 row group on one core, releasing the GIL) and written out in order as each is ready, so at most
-``threads + 1`` decoded row groups are in memory. Each thread reads through its own ``ParquetFile`` opened
-by path: Arrow owns that memory, which is what makes decoding off the calling thread safe
+``threads + 1`` decoded row groups are in memory. Each thread reads through its own ``ParquetFile``, opened
+by path or over the shard's bytes in memory Arrow owns (`ArrowBytes`: a fetched shard, never written to
+disk): Arrow owns that memory either way, which is what makes decoding off the calling thread safe
 (`marin_data.fileio.parquet_io`). The bytes written do not depend on the number of threads.
 """
 
@@ -25,7 +26,7 @@ from marin_data.corpus.records import ShardRecord
 from marin_data.corpus.shard import check_schema, check_shard_counts, check_shard_file
 from marin_data.errors import ShardFormatError, ShardMissingError
 from marin_data.fileio.arrays import view, write_npy
-from marin_data.fileio.parquet_io import open_parquet
+from marin_data.fileio.parquet_io import ArrowBytes, open_parquet
 from marin_data.formats.marin.documents import ParquetDocuments
 
 __all__ = ["ParquetDecoder", "decode_threads"]
@@ -64,10 +65,12 @@ class ParquetDecoder:
     def context(self, shard: ShardRecord) -> None:
         return None  # a Parquet shard's decode depends on its bytes alone
 
-    def decode_into(self, path: Path, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *,
+    def decode_into(self, source: Path | ArrowBytes, shard: ShardRecord, tokens_path: Path, offsets_path: Path, *,
                     verify: bool) -> None:
         """Decode a shard's ``tokens`` column straight into ``.npy`` files (the tokens file is written with the
-        index's count, and discarded by the caller when the shard holds another).
+        index's count, and discarded by the caller when the shard holds another). ``source``: the shard file's
+        path, or its bytes, which were checked as they arrived (`marin_data.transfer.body`): ``verify``
+        hashes a path only.
 
         Raises:
             ShardMissingError: the shard file is not there (a partial download).
@@ -75,16 +78,18 @@ class ParquetDecoder:
                 anything is decoded).
             ShardFormatError: unreadable, or its document/token counts differ from the index's.
         """
-        if verify:
+        on_disk = not isinstance(source, ArrowBytes)
+        path = source if on_disk else Path(shard.path)  # what errors name
+        if on_disk and verify:
             check_shard_file(path, shard)
-        elif not path.exists():
+        elif on_disk and not path.exists():
             raise ShardMissingError(f"shard of subset {shard.subset!r} is not on local disk", path=str(path))
         ends: list[np.ndarray] = []
         count = [0, 0]  # documents, tokens
 
         def values() -> Iterator[np.ndarray]:
             try:
-                for column in _row_groups(path, self.threads):
+                for column in _row_groups(source, path, self.threads):
                     for chunk in column.chunks:
                         offsets = view(chunk.offsets, np.int64)
                         ends.append(offsets[1:] - offsets[0] + count[1])
@@ -101,12 +106,12 @@ class ParquetDecoder:
         write_npy(offsets_path, np.int64, count[0] + 1, [np.zeros(1, np.int64), *ends])
 
 
-def _row_groups(path: Path, threads: int) -> Iterator[Any]:
-    """The ``tokens`` column of each row group of the shard at ``path``, in order, decoded ``threads`` at a
-    time (each thread through its own file), at most ``threads + 1`` decoded or being decoded.
+def _row_groups(source: Path | ArrowBytes, path: Path, threads: int) -> Iterator[Any]:
+    """The ``tokens`` column of each row group of the shard in ``source`` (named ``path``), in order, decoded
+    ``threads`` at a time (each thread through its own file), at most ``threads + 1`` decoded or being decoded.
 
     Raises ShardFormatError when the schema is not the shard format's; pyarrow's errors as they come."""
-    with open_parquet(path) as pf:
+    with open_parquet(source) as pf:
         check_schema(pf.schema_arrow, path)  # the values are written out as uint32 unconverted
         groups = pf.metadata.num_row_groups
         if threads <= 1 or groups <= 1:
@@ -117,7 +122,7 @@ def _row_groups(path: Path, threads: int) -> Iterator[Any]:
 
     def read(g: int) -> Any:
         if not hasattr(local, "file"):
-            local.file = open_parquet(path)
+            local.file = open_parquet(source)
             opened.append(local.file)
         return local.file.read_row_group(g, columns=["tokens"]).column("tokens")
 

@@ -1,12 +1,12 @@
 """The remote shard cache's byte budget: what it holds on disk or has reserved, against its limit, and what it
 evicts to make room (`marin_data.loader.remote.cache.RemoteShardCache`; docs/data.md).
 
-A fetch reserves its peak footprint first (the shard's fetched file beside its decode), so the limit holds
-at every instant; once decoded, the reservation becomes the decode's size on disk. Room is made by evicting
-ready shards that no memory map pins: first those no coming batch wants (least recently used first), then
-those wanted latest. A demand (``rank`` -1) may evict any of them and waits for fetches in flight; a prefetch
-(its rank in the wanted order) evicts only shards needed after it and gives up when there is no room now.
-Nothing here locks: the cache calls every method under its own lock.
+A fetch reserves its peak footprint first (the shard's fetched bytes, in memory or a file, beside its decode),
+so the limit holds at every instant; once decoded, the reservation becomes the decode's size on disk. Room is
+made by evicting ready shards that no memory map pins: first those no coming batch wants (least recently used
+first), then those wanted latest. A demand (``rank`` -1) may evict any of them and waits for fetches in
+flight; a prefetch (its rank in the wanted order) evicts only shards needed after it and gives up when there
+is no room now. Nothing here locks: the cache calls every method under its own lock.
 """
 
 from __future__ import annotations

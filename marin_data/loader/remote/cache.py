@@ -1,12 +1,15 @@
 """A bounded on-disk cache of a remote corpus's shards: the loader's `ShardSource` for ``s3://``/``hf://``.
 
-`RemoteShardCache` fetches a shard with the downloader's machinery (`marin_data.transfer.fetch.fetch_file`:
-verified by SHA-256 before anything reads it), decodes it into memory-mappable arrays, and deletes the
-Parquet bytes. Its byte limit holds at every instant (fetches reserve their peak footprint first); shards
-in use (memory-mapped) are pinned; `want` takes the shards the next batches read, in order of first use, so
-background threads prefetch them and eviction drops what is needed last. A new cache over the same
-directory adopts the decoded shards it finds; caches on one host that share a ``peers`` directory fetch each
-shard once. One process owns a cache directory. How each guarantee is kept: docs/data.md.
+`RemoteShardCache` fetches a shard with the downloader's machinery, verified by SHA-256 before anything
+decodes it, and decodes it into memory-mappable arrays: a shard of up to ``memory_bytes`` straight from the
+bytes received (`marin_data.transfer.body.fetch_body`: hashed as they arrive, never written to disk), a larger
+one from a file it deletes once decoded (`marin_data.transfer.fetch.fetch_file`). Its byte limit holds at
+every instant (fetches reserve their peak footprint first); shards in use (memory-mapped) are pinned; `want`
+takes the shards the next batches read, in order of first use, so background threads prefetch them and
+eviction drops what is needed last. A new cache over the same directory adopts the decoded shards it finds;
+caches on one host that share a ``peers`` directory fetch each shard once. One process owns a cache directory.
+How each guarantee is kept: docs/data.md.
+
 
 The cache composes one module per concept: the byte budget and eviction (`budget`), the prefetch threads
 (`prefetch`), sharing a host's fetches (`peers`), what a forked child does with it (`forks`), and taking over
@@ -41,12 +44,14 @@ from marin_data.loader.remote.prefetch import Prefetcher
 from marin_data.retry import RetryPolicy
 from marin_data.stores.base import Store
 from marin_data.stores.order import StoreOrder
+from marin_data.transfer.body import fetch_body
 from marin_data.transfer.fetch import fetch_file
 from marin_data.transfer.plan import DOWNLOAD_POLICY, FileTask
 
-__all__ = ["RemoteShardCache", "CacheStats", "DEFAULT_CACHE_BYTES"]
+__all__ = ["RemoteShardCache", "CacheStats", "DEFAULT_CACHE_BYTES", "MEMORY_BYTES"]
 
 DEFAULT_CACHE_BYTES = 64 << 30  # a training node's scratch disk holds this easily; production shards are <= 6 GiB decoded
+MEMORY_BYTES = 256 << 20  # a fetch thread holds at most this much of a shard in memory (`RemoteShardCache`)
 _LOCK = ".cache.lock"
 
 
@@ -56,22 +61,24 @@ class RemoteShardCache:
     Args:
         stores: the primary, then mirrors, or the run's `StoreOrder` over them (shared with its metadata reads).
         cache_dir: the cache's own directory (created; locked for this process's lifetime).
-        max_bytes: the disk limit for shard data (fetched Parquet, decoded arrays, partial files).
+        max_bytes: the limit for shard data: decoded arrays on disk, and fetched shards (in memory or files).
         prefetch: missing shards fetched ahead of use at once, at most (from the order given to `want`).
         workers: background fetch threads.
         policy: retries per store (`marin_data.retry`); then the next store.
         peers: a directory shared by the caches of one host (module docstring); None: share nothing.
         decoder: the corpus's shard decoder (`marin_data.formats.decoder_for`, reading what a decode needs
             besides the shard through the stores themselves); None: Parquet shards (`ParquetDecoder`).
+        memory_bytes: shards up to this size are fetched into memory and decoded from there; larger ones
+            through a file. Either way a fetch reserves the shard's bytes beside its decode in ``max_bytes``.
 
     Raises:
         CorpusLockedError: another process (or cache object) uses ``cache_dir``.
     """
 
     def __init__(self, stores: StoreOrder | Sequence[Store], cache_dir: str | Path, *,
-                 max_bytes: int = DEFAULT_CACHE_BYTES, prefetch: int = 4, workers: int = 2,
+                 max_bytes: int = DEFAULT_CACHE_BYTES, prefetch: int = 8, workers: int = 4,
                  policy: RetryPolicy = DOWNLOAD_POLICY, peers: str | Path | None = None,
-                 decoder: ShardDecoder | None = None) -> None:
+                 decoder: ShardDecoder | None = None, memory_bytes: int = MEMORY_BYTES) -> None:
         from filelock import FileLock, Timeout
 
         if max_bytes <= 0 or prefetch < 0 or workers < 1:
@@ -86,9 +93,9 @@ class RemoteShardCache:
         except Timeout as e:
             raise CorpusLockedError("this shard cache directory is in use by another loader; give each process "
                                     "its own cache_dir", path=str(self.root)) from e
-        self.max_bytes, self.prefetch, self.policy = int(max_bytes), prefetch, policy
+        self.max_bytes, self.prefetch, self.policy, self.memory_bytes = int(max_bytes), prefetch, policy, memory_bytes
         self._peers = None if peers is None else Peers(Path(peers), self.root)
-        self._fetch_root = self.root / "fetch"  # verified Parquet (or chunk files), deleted once decoded
+        self._fetch_root = self.root / "fetch"  # verified shards over memory_bytes, deleted once decoded
         self.decoder = decoder if decoder is not None else ParquetDecoder()
         self._decoder = DecodedShardCache(self._fetch_root, self.root / "decoded", verify=False,  # fetch verifies
                                           decoder=self.decoder)
@@ -236,11 +243,15 @@ class RemoteShardCache:
             self._cond.notify_all()
 
     def _fetch_and_decode(self, shard: ShardRecord) -> int:
-        """Fetch the shard's verified Parquet, decode it, delete the Parquet; returns the bytes received."""
+        """Fetch the shard's verified bytes and decode them (module docstring); returns the bytes received."""
+        task = FileTask(shard.path, shard.bytes, shard.sha256, shard.subset)
+        if shard.bytes <= self.memory_bytes:
+            body, received = fetch_body(task, self.stores, policy=self.policy)
+            self._decoder.ensure(shard, body)
+            return received
         parquet = self._fetch_root / shard.path
         try:
-            received = fetch_file(self._fetch_root, FileTask(shard.path, shard.bytes, shard.sha256, shard.subset),
-                                  self.stores, policy=self.policy)
+            received = fetch_file(self._fetch_root, task, self.stores, policy=self.policy)
             self._decoder.ensure(shard)
         finally:
             parquet.unlink(missing_ok=True)

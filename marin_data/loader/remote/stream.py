@@ -158,7 +158,8 @@ class RemoteStream(TokenStream):
     def worker_init(self, worker: int, workers: int) -> None:
         """In DataLoader worker ``worker`` of ``workers``: read through a cache of this worker's own, opened
         from `plan` (once per worker process). Its directory is the rank's with ``-workerW`` appended, its
-        limit the rank's divided by ``workers`` (so the rank's workers together keep the rank's limit), and
+        limit, fetch threads and shards ahead the rank's divided by ``workers`` (so the rank's workers together
+        keep the rank's limit and its number of connections), and
         it shares fetches with its sibling workers' caches (and the host's other ranks' when they share),
         so a shard the rank's workers read is fetched once. A forked worker inherits the parent's cache
         object, but none of its threads: it never reads through it."""
@@ -222,9 +223,9 @@ class CachePlan:
         else:
             peers = None if worker is None else self.root / f"{self.name}-rank{self.rank}-peers"
         stores = stores if stores is not None else self._stores()
-        return RemoteShardCache(stores, self.root / own, max_bytes=self.max_bytes // workers, prefetch=self.prefetch,
-                                workers=self.fetch_workers, policy=self.policy, peers=peers,
-                                decoder=self.decoder(corpus, stores))
+        ahead, threads = max(1, self.prefetch // workers), max(1, self.fetch_workers // workers)
+        return RemoteShardCache(stores, self.root / own, max_bytes=self.max_bytes // workers, prefetch=ahead,
+                                workers=threads, policy=self.policy, peers=peers, decoder=self.decoder(corpus, stores))
 
     def decoder(self, corpus: Corpus, stores: StoreOrder | None = None) -> ShardDecoder:
         """``corpus``'s shard decoder, reading files over ``stores`` (default: this plan's)."""
@@ -242,8 +243,8 @@ def make_remote_loader(
     manifest_sha256: str | None = None,
     cache_dir: str | os.PathLike | None = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
-    prefetch_shards: int = 4,
-    fetch_workers: int = 2,
+    prefetch_shards: int = 8,
+    fetch_workers: int = 4,
     lookahead: int | None = None,
     share: bool = True,
     rank: int | None = None,
@@ -271,7 +272,8 @@ def make_remote_loader(
         cache_dir: the cache root (metadata under ``meta/``, shards under ``<manifest>-rank<r>/``, the ranks'
             shared locks under ``<manifest>-peers/``); default `remote_cache_root`.
         cache_bytes: disk limit for this rank's shards.
-        prefetch_shards: missing shards fetched ahead at once; fetch_workers: threads fetching them.
+        prefetch_shards: missing shards fetched ahead at once; fetch_workers: threads fetching them, each on
+            its own connection (docs/benchmarks.md: four beat two through a link paced per connection).
         lookahead: stream positions ahead whose shards are planned (`RemoteStream`).
         share: the ranks whose caches are under the same ``cache_dir`` (those of one host, by default) fetch each
             shard once between them and hard-link it into each other's caches (`RemoteShardCache` ``peers``).
