@@ -21,7 +21,7 @@ from marin_data.corpus.record import read_download_record
 from marin_data.errors import InvalidScheduleError, InvalidTokenizerError, LoaderConfigError
 from marin_data.layout import MANIFEST, TOKENIZER
 from marin_data.loader import LoaderConfig, Phase, make_loader
-from marin_data.loader.remote.stream import is_remote, make_remote_loader
+from marin_data.loader.remote.stream import apart_pin, is_remote, make_remote_loader
 from marin_data.loader.packing import DEFAULT_PACKING, PACKINGS
 from marin_data.loader.stream import TokenStream, load_local
 from marin_data.raw.tokenizer import LoadedTokenizer, tokenizer_from_bytes
@@ -72,7 +72,7 @@ def training_loader(cfg: TrainConfig, *, rank: int | None = None, world_size: in
                           mixture=mixture_schedule(data, cfg.global_batch(world)), val_fraction=data.val_fraction,
                           packing=data.packing, segments=_segments(data.packing),
                           vocab_size=cfg.model_overrides.get("vocab_size"), **block)  # no id past its vocabulary
-    if is_remote(data.source):
+    if is_remote(data.source) or apart_pin(data.source):  # a pin kept apart streams its shards from its data
         loader = make_remote_loader(data.source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
                                     cache_dir=data.cache_dir, cache_bytes=data.cache_bytes, rank=rank,
                                     world_size=world_size, **dict(data.store_options))
@@ -107,7 +107,7 @@ def eval_config(seq_len: int, val_fraction: float, subsets: Sequence[str] | None
 def eval_stream(source: str, config: LoaderConfig, *, data: DataConfig = DataConfig()) -> TokenStream:
     """The stream of ``config`` (`eval_config`) over a local or remote corpus. Without ``config.subsets``,
     a partial download is evaluated on the subsets it holds. Close a remote one (``stream.close()``)."""
-    if is_remote(source):
+    if is_remote(source) or apart_pin(source):
         return make_remote_loader(source, config, mirrors=data.mirrors, manifest_sha256=data.manifest_sha256,
                                   cache_dir=data.cache_dir, cache_bytes=data.cache_bytes,
                                   **dict(data.store_options)).dataset.stream

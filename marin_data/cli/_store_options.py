@@ -8,6 +8,7 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import click
 
@@ -15,7 +16,7 @@ from marin_data.cli._hf_options import check_hf_flags
 from marin_data.errors import NotApplicableError
 
 __all__ = ["store_options", "store_kwargs", "check_s3_flags", "check_sha256", "show_retries", "is_url",
-           "remote_options", "source_options", "usage_errors"]
+           "remote_options", "source_options", "usage_errors", "data_of", "local_options"]
 
 
 def is_url(source: str) -> bool:
@@ -91,6 +92,30 @@ def source_options(source: str, endpoint_url: str | None, profile: str | None, a
     given = {"endpoint_url": endpoint_url, "profile": profile, "anonymous": anonymous,
              "requester_pays": requester_pays, "endpoint": endpoint, "token": token}
     return {k: v for k, v in given.items() if v}
+
+
+def data_of(source: str) -> list[str]:
+    """Where a local pin kept apart from its data says the data is (its manifest's ``data``; none for a download
+    of one, which holds its shards): the store options apply to that store."""
+    if is_url(source) or not Path(source).is_dir():
+        return []
+    from marin_data.formats import read_manifest
+    from marin_data.stores import open_store
+    from marin_data.transfer.apart import data_url
+
+    try:
+        manifest = read_manifest(open_store(source))
+    except (ValueError, OSError):  # the command says what is wrong with it
+        return []
+    return [data] if manifest is not None and (data := data_url(manifest, source)) else []
+
+
+def local_options(source: str, options: dict, what: str) -> None:
+    """Refuse store ``options`` given with the local folder ``source`` unless it is a pin kept apart from its
+    data (`data_of`: they open the data's store); ``what``: the error's words for the refused options."""
+    if options and not is_url(source) and not data_of(source):
+        raise click.UsageError(f"{what} apply to s3:// and hf:// URLs only (and to a pin kept apart from its "
+                               "data, whose data is there)")
 
 
 @contextmanager

@@ -78,7 +78,9 @@ def command(source: str, tokenizer: str, tokenizer_name: str | None, name: str |
     tasks), each checked against every digest the store keeps (S3 ChecksumSHA256/CRC32C and MD5 ETags, GCS
     x-goog-hash, Hub LFS sha256): a file that contradicts one refuses the run and nothing is pinned. The pin
     goes beside the data, or to --pin-to DEST, which records where the data is: `marin-data download DEST`
-    fetches the data from there and checks it against the pin. A killed run, run again, hashes only the
+    fetches the data from there and checks it against the pin, and info, show, datasheet, trace --store, the
+    loader and marin-train --data read its cells from there (the store options open the data's store;
+    publish refuses such a pin: copy its files to move it). A killed run, run again, hashes only the
     files it had not finished (its progress is kept where the pin is built); a later run with other
     --subset cells adds them to the pin. Exit status: 0 pinned, 2 bad usage or an unsafe listing, 4 another
     pin at DEST, 6 a file contradicts its store's digest or changed since it was pinned, 19-21 a cache

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from marin_data.cli._hf_options import hf_options
-from marin_data.cli._store_options import is_url, source_options, store_options, usage_errors
+from marin_data.cli._store_options import is_url, local_options, source_options, store_options, usage_errors
 from marin_data.docs.stats import SCAN_TOKENS
 from marin_data.formats import open_source
 from marin_data.ui import echo, plural
@@ -72,8 +72,7 @@ def command(source: str, meta: Path | None, meta_template: bool, out: Path | Non
           --tokenizer meta-llama/Llama-3.1-8B --out sheets/store
     """
     options = source_options(source, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
-    if not is_url(source) and options:
-        raise click.UsageError("the store options apply to s3:// and hf:// URLs only")
+    local_options(source, options, "the store options")
     if not is_url(source) and not Path(source).is_dir():
         raise click.UsageError(f"{source!r} is no folder (a store is named s3://... or hf://datasets/...)")
     if meta_template:

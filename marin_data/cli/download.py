@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from marin_data.cli._hf_options import check_hf_flags, hf_options
-from marin_data.cli._store_options import check_s3_flags, check_sha256, is_url, show_retries, store_kwargs, \
+from marin_data.cli._store_options import check_s3_flags, check_sha256, data_of, show_retries, store_kwargs, \
     store_options, usage_errors
 from marin_data.transfer.fetch import PART_BYTES
 from marin_data.ui import echo
@@ -71,7 +71,7 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
                                                                       # where its manifest says, checked against it
     """
     check_sha256(manifest_sha256)
-    urls = [source, *mirrors, *_data_of(source)]
+    urls = [source, *mirrors, *data_of(source)]
     if not any(u.startswith("hf://") for u in urls):
         check_hf_flags(source, endpoint, token)  # --endpoint/--token without any hf:// URL do nothing
     check_s3_flags(urls, endpoint_url, profile, anonymous, requester_pays)
@@ -88,18 +88,3 @@ def command(source: str, subsets: tuple[str, ...], dest: Path, mirrors: tuple[st
         echo(line, err=to_stderr)
     if done.error is not None:
         raise done.error
-
-
-def _data_of(source: str) -> list[str]:
-    """Where a local pin kept apart from its data says the data is (its manifest's ``data``): the store
-    options apply to that store too."""
-    if is_url(source) or not Path(source).is_dir():
-        return []
-    from marin_data.formats import read_manifest
-    from marin_data.stores import open_store
-
-    try:
-        manifest = read_manifest(open_store(source))
-    except (ValueError, OSError):  # the download says what is wrong with it
-        return []
-    return [manifest.data] if manifest is not None and manifest.data else []

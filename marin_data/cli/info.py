@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from marin_data.cli._hf_options import hf_options
-from marin_data.cli._store_options import check_sha256, is_url, source_options, store_options, \
+from marin_data.cli._store_options import check_sha256, is_url, local_options, source_options, store_options, \
     usage_errors
 from marin_data.ui import echo
 
@@ -46,8 +46,9 @@ def command(corpus: str, as_json: bool, manifest_sha256: str | None, endpoint_ur
     check_sha256(manifest_sha256)
     options = source_options(corpus, endpoint_url, profile, anonymous, requester_pays, endpoint, token)
     if not is_url(corpus):
-        if manifest_sha256 or options:
-            raise click.UsageError("--manifest-sha256 and the store options apply to s3:// and hf:// URLs only")
+        if manifest_sha256:
+            raise click.UsageError("--manifest-sha256 applies to s3:// and hf:// URLs only")
+        local_options(corpus, options, "the store options")
         if not Path(corpus).is_dir():
             raise click.UsageError(f"{corpus!r} is no folder (a published corpus is named s3://... or hf://...)")
     with usage_errors():

@@ -38,7 +38,8 @@ def command(corpus: Path, to: str, endpoint_url: str | None, profile: str | None
     Once the store's own checksums match, the place is recorded in CORPUS/mirrors.json (the datasheet
     lists it); manifest.json never changes, so its sha256, printed at the end, is the root of trust users
     pin with --manifest-sha256 on every mirror. A corpus too big for one Hub repo goes to org/name,
-    org/name-part2... as its manifest assigns the subsets.
+    org/name-part2... as its manifest assigns the subsets. A pin kept apart from its data (`adopt
+    --pin-to`) is refused (exit 2): its shards are elsewhere; copy its files to move the pin.
 
     \b
     EXAMPLES

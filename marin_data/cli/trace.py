@@ -9,7 +9,7 @@ import json
 import click
 
 from marin_data.cli._hf_options import hf_options
-from marin_data.cli._store_options import is_url, source_options, store_options
+from marin_data.cli._store_options import data_of, is_url, source_options, store_options
 from marin_data.ui import echo, format_table, printable
 
 __all__ = ["command"]
@@ -112,7 +112,7 @@ def command(config: str, step: int | None, document: str | None, summary: bool, 
     if tokenizer and not with_text:
         raise click.UsageError("--tokenizer applies to --with-text")
     options = source_options(store, endpoint_url, profile, anonymous, requester_pays, endpoint, token) \
-        if store and is_url(store) else {}
+        if store and (is_url(store) or data_of(store)) else {}
     trace = open_run(config, store=store, version=version, **options)
     if step is not None:
         text = trace.text_tokenizer(tokenizer, store) if with_text else None

@@ -35,6 +35,7 @@ class CorpusSource(Source):
         super().__init__(store, options)
         self.manifest = manifest
         self.manifest_bytes: bytes | None = None
+        self._files: Store | None = None  # `files_store`, once opened
 
     @property
     def format(self) -> str:
@@ -66,13 +67,35 @@ class CorpusSource(Source):
                              engine=engine, engine_address=engine_address)
 
     def data_store(self) -> Store:
-        """The store the manifest's ``data`` names (a pin kept apart from its data), opened with this source's
-        options; else the source's own."""
-        if not self.manifest.data:
+        """The store the manifest's ``data`` names (a pin kept apart from its data; `data_url`: not for a local
+        download of one, which holds its shards), opened with this source's options; else the source's own."""
+        data = self.apart()
+        if not data:
             return self.store
         from marin_data.stores import open_store
 
-        return open_store(self.manifest.data, **self.options)
+        return open_store(data, **self.options)
+
+    def apart(self) -> str:
+        """Where this pin's shards are when it is kept apart from them (`data_url`), else ""."""
+        from marin_data.transfer.apart import data_url
+
+        return data_url(self.manifest, self.given if self.local else None)
+
+    def files_store(self) -> Store:
+        """The store this corpus's files are read through (``show``, a datasheet): its own, or for a pin kept
+        apart from its data one reading the files its shard index lists from the data's store (`kept_apart`)."""
+        data = self.apart()
+        if not data:
+            return self.store
+        if self._files is None:
+            from marin_data.transfer.apart import kept_apart
+            from marin_data.transfer.plan import plan_download
+
+            plan, _, _ = plan_download([self.store], subsets=None, known_manifest=self.manifest_bytes)
+            self._files = kept_apart(self.store, data, (f.path for f in plan.files if f.subset is not None),
+                                     self.options)
+        return self._files
 
     def verify_remote(self, url: str | None = None, *, options: dict[str, Any] | None = None,
                       subsets: Sequence[str] = (), workers: int | None = None, deep: bool = False,

@@ -4,7 +4,10 @@ A `FileJob` is plain data (the store's URL and options, the file as the listing 
 the shard index says beyond its bytes), so that it pickles to a Ray task as well as it runs on a thread.
 `hash_file` opens the store (once per process), asks for every digest the store vouches for
 (`Store.vouched`: S3's ``ChecksumSHA256``/``CRC32C`` from one HEAD, a plain-MD5 ETag, GCS's ``x-goog-hash``, the
-Hub's LFS SHA-256), reads a data chunk file's index, then streams the file once in `READ_CHUNK` pieces through
+Hub's LFS SHA-256). A file the structural checks read whole comes with the digests of the bytes they read
+(``checked``, `marin_data.levanter.adopt_reads`): compared with the store's, they are its row, and it is not
+read again (where they disagree, it is read as any other). Else it reads a data chunk file's index (unless the
+checks' read of it came with the job: ``tail``), then streams the file once in `READ_CHUNK` pieces through
 `marin_data.levanter.filehash.hash_stream` (SHA-256 and the store's own algorithms; a data chunk file's
 frames decoded and their token ids checked as they pass). Bytes that contradict a digest the store gives
 are refused (`StoreDigestMismatchError`) after the retries a damaged transfer deserves; a transient failure
@@ -48,6 +51,8 @@ class FileJob:
     docs: int = 0
     chunk: ChunkCheck | None = None  # a data chunk file: decoded and checked as it streams
     policy: RetryPolicy = DOWNLOAD_POLICY
+    checked: dict[str, str] | None = None  # the digests of its bytes as the structural checks read them whole
+    tail: bytes = b""  # a data chunk file's index as the structural checks read it
 
 
 def identity(info: ObjectInfo) -> dict[str, object]:
@@ -69,7 +74,10 @@ def hash_file(job: FileJob) -> Finished:
     where = store.describe(job.info.path)
     info = retry_call(lambda: store.vouched(job.info), policy=job.policy, what=where)
     expected = info.digests()
-    hashed = retry_call(lambda: _read(store, job, expected), policy=job.policy, what=where)
+    if job.checked is not None and mismatch(expected, job.checked) is None:
+        hashed = Hashed(job.checked, job.info.size, 0)  # the bytes the checks read: not fetched again
+    else:
+        hashed = retry_call(lambda: _read(store, job, expected), policy=job.policy, what=where)
     row = ShardRecord(path=job.info.path, subset=job.subset, bytes=hashed.size, sha256=hashed.digests["sha256"],
                       docs=job.docs, tokens=job.tokens, row_groups=hashed.row_groups, kind=job.kind)
     return Finished(row, expected, identity(job.info))
@@ -78,7 +86,7 @@ def hash_file(job: FileJob) -> Finished:
 def _read(store: Store, job: FileJob, expected: dict[str, str]) -> Hashed:
     """One attempt: the index (a data chunk file), then the file streamed once and checked."""
     path, size, where = job.info.path, job.info.size, store.describe(job.info.path)
-    tail = read_tail(store, path, size, job.chunk.meta.index_bytes) if job.chunk else b""
+    tail = job.tail or (read_tail(store, path, size, job.chunk.meta.index_bytes) if job.chunk else b"")
     with store.read(path) as stream:
         hashed = hash_stream(_at_most(stream, size + 1), size=size, where=where, also=set(expected) - {"sha256"},
                              chunk=job.chunk, tail=tail)

@@ -48,6 +48,7 @@ from marin_data.levanter.adopt import FIRST_SEEN, AdoptReport, cache_files, comm
 from marin_data.levanter.adopt_dest import Earlier, PinPlace, is_remote
 from marin_data.levanter.adopt_files import FileJob, hash_file, identity
 from marin_data.levanter.adopt_journal import Finished, Journal
+from marin_data.levanter.adopt_reads import CheckedReads
 from marin_data.levanter.cache import LevanterCache, open_cache
 from marin_data.levanter.checks import refuse_problems
 from marin_data.levanter.describe import descriptions_of
@@ -160,16 +161,17 @@ def _plan(run: _Run, earlier: Earlier | None, *, subsets: list[str], tokenizer: 
     cells = _cells(run.found, subsets, earlier, name)
     new = {s: p for s, p in cells.items() if not earlier or s not in earlier.manifest.subsets}
     kept, kept_vouched = _kept(run, earlier)
-    caches = _open_caches(run.data, new)
+    reads = CheckedReads(run.data)  # what the checks read, kept for the jobs: not fetched again for them
+    caches = _open_caches(reads, new)
     named, named_from = tokenizer_name_for(tokenizer_name, caches.values())
     loaded = load_framed(tokenizer, caches.values(), name=named)
     if earlier and earlier.manifest.tokenizer.sha256 != loaded.info.sha256:
         raise TokenizerMismatchError(f"the pin at {run.place.url} has the tokenizer "
                                      f"{earlier.manifest.tokenizer.name}, not {loaded.info.name}: adopt with it",
                                      path=run.place.url)
-    problems, _, _ = check_cells(run.data, new, vocab_size=loaded.info.vocab_size)
+    problems, _, _ = check_cells(reads, caches, vocab_size=loaded.info.vocab_size)  # opened once
     refuse_problems(problems, run.url)
-    jobs, skipped = _jobs(run, caches, loaded.info.vocab_size, policy)
+    jobs, skipped = _jobs(run, caches, loaded.info.vocab_size, policy, reads)
     before = earlier.manifest.subsets if earlier else {}
     every = sorted({*before, *new})
     answers = load_metadata(meta, subsets=every, licenses=True)
@@ -245,23 +247,27 @@ def _kept(run: _Run, earlier: Earlier | None) -> tuple[list[ShardRecord], dict[s
     return list(earlier.rows), {r.path: earlier.vouched[r.path] for r in earlier.rows if r.path in earlier.vouched}
 
 
-def _open_caches(store: SnapshotStore, cells: dict[str, str]) -> dict[str, LevanterCache]:
+def _open_caches(store: CheckedReads, cells: dict[str, str]) -> dict[str, LevanterCache]:
     with ThreadPoolExecutor(max_workers=max(1, min(REMOTE_WORKERS, len(cells)))) as pool:
         opened = list(pool.map(lambda p: open_cache(store, p, require_finished=False), cells.values()))
     return dict(zip(cells, opened))
 
 
-def _jobs(run: _Run, caches: dict[str, LevanterCache], vocab_size: int,
-          policy: RetryPolicy) -> tuple[list[FileJob], tuple[str, ...]]:
-    """A `FileJob` per file of each new cell, and the other tools' bookkeeping left out (sorted, each once)."""
+def _jobs(run: _Run, caches: dict[str, LevanterCache], vocab_size: int, policy: RetryPolicy,
+          reads: CheckedReads) -> tuple[list[FileJob], tuple[str, ...]]:
+    """A `FileJob` per file of each new cell, with what the checks read of it (``reads``), and the other tools'
+    bookkeeping left out (sorted, each once)."""
     options = tuple(sorted(run.options.items()))
     jobs, skipped = [], set(run.found.skipped)
     for subset, cache in caches.items():
         listed = {o.path: o for o in cell_listing(run.data, cache.prefix)}
         skipped.update(f for o in run.data.list(cache.prefix) if (f := foreign(o.path)))
         for f in cache_files(subset, cache, list(listed)):
+            info = listed[f.path]
             chunk = ChunkCheck(f.meta, f.tokens, vocab_size) if f.meta is not None else None
-            jobs.append(FileJob(run.url, options, listed[f.path], subset, f.kind, f.tokens, f.docs, chunk, policy))
+            seen = {"tail": reads.tail(f.path, info.size, f.meta.index_bytes)} if chunk else \
+                {"checked": reads.digests(f.path)}
+            jobs.append(FileJob(run.url, options, info, subset, f.kind, f.tokens, f.docs, chunk, policy, **seen))
     return jobs, tuple(sorted(skipped))
 
 

@@ -11,6 +11,7 @@ its words for the datasheet (`marin_data.levanter.cachesheet.CacheSheet`), and i
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -36,15 +37,19 @@ from marin_data.levanter.summary import cell_bytes, open_cells
 from marin_data.raw.tokenizer import tokenizer_from_bytes
 from marin_data.stores.base import METADATA_LIMIT, Store
 from marin_data.stores.local import LocalStore
+from marin_data.transfer.apart import data_url, kept_apart
 from marin_data.transfer.read import read_file
 
 __all__ = ["CacheDatasheet", "pinned_datasheet"]
 
 
-def _assemble_pinned(corpus: Corpus, meta: Metadata, scan_tokens: int) -> Assembled:
+def _assemble_pinned(corpus: Corpus, meta: Metadata, scan_tokens: int, options: dict) -> Assembled:
     """The statistics of a pinned cache's cells, each checked against the manifest's totals, read with the
-    pinned tokenizer (checked against the manifest's fingerprint); its card and Croissant file are adopt's."""
-    store, manifest = LocalStore(corpus.root), corpus.manifest
+    pinned tokenizer (checked against the manifest's fingerprint); its card and Croissant file are adopt's.
+    A pin kept apart from its data reads the cells where the data is (`kept_apart`, opened with ``options``)."""
+    manifest = corpus.manifest
+    store = kept_apart(LocalStore(corpus.root), data_url(manifest, corpus.root), (s.path for s in corpus.shards),
+                       options)
     tokenizer = tokenizer_from_bytes(read_file(store, TOKENIZER, limit=METADATA_LIMIT) or b"", manifest.tokenizer,
                                      where=str(corpus.root / TOKENIZER))
     computed = cache_stats({s: open_cache(store, p) for s, p in cell_prefixes(manifest).items()},
@@ -60,9 +65,11 @@ def _assemble_pinned(corpus: Corpus, meta: Metadata, scan_tokens: int) -> Assemb
     return Assembled(computed.corpus, outputs, sheet)
 
 
-def pinned_datasheet(store: Store, manifest: Manifest, url: str | None = None) -> CorpusDatasheet:
-    """The datasheet of the cache or store ``adopt`` pinned at ``store`` (``url``: as it was named)."""
-    return CorpusDatasheet(store, manifest, _assemble_pinned, url)
+def pinned_datasheet(store: Store, manifest: Manifest, url: str | None = None,
+                     options: dict | None = None) -> CorpusDatasheet:
+    """The datasheet of the cache or store ``adopt`` pinned at ``store`` (``url``: as it was named; ``options``:
+    the store options of the data a pin kept apart names)."""
+    return CorpusDatasheet(store, manifest, functools.partial(_assemble_pinned, options=dict(options or {})), url)
 
 
 class CacheDatasheet:

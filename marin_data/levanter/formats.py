@@ -144,11 +144,11 @@ class PinnedSource(CorpusSource):
     def datasheet(self, url: str | None = None) -> Any:
         from marin_data.levanter.datasheet import pinned_datasheet
 
-        return pinned_datasheet(self.store, self.manifest, url)
+        return pinned_datasheet(self.store, self.manifest, url, self.options)
 
     @property
     def found(self) -> Found:
-        return Found(CORPUS, self.store, pinned_cache=True)
+        return Found(CORPUS, self.files_store(), pinned_cache=True)
 
     def show(self, *, subset: str | None, n: int, doc_id: str | None = None, row: int | None = None,
              tokenizer: str | None = None, manifest_sha256: str | None = None) -> list:
@@ -167,8 +167,8 @@ class PinnedSource(CorpusSource):
 
         if not isinstance(self.store, LocalStore):
             raise self.published(tokenizer, expect_bos)
-        if self.manifest.data:
-            data = self.manifest.data
+        if self.apart():
+            data = self.apart()
             raise NotApplicableError(f"{self.given} is a pin kept apart from its data, which is at {data}: check "
                                      f"the data against it with `marin-data verify {self.given} --remote [--deep]`, "
                                      f"or download it (`marin-data download {self.given}`)")

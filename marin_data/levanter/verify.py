@@ -22,7 +22,7 @@ from marin_data.corpus.names import select_subsets
 from marin_data.corpus.verify import Problem, ProblemKind, VerifyReport, verify_corpus
 from marin_data.engines.local import default_workers
 from marin_data.errors import CacheFormatError, InvalidManifestError, UnknownSubsetError
-from marin_data.levanter.cache import open_cache
+from marin_data.levanter.cache import LevanterCache, open_cache
 from marin_data.levanter.checked import read_checked, recheck
 from marin_data.levanter.checks import check_cache
 from marin_data.levanter.detect import CACHE, CORPUS, Source, detect
@@ -36,19 +36,21 @@ __all__ = ["REMOTE_WORKERS", "CellJob", "verify_source", "verify_found", "check_
 REMOTE_WORKERS = 16  # cells checked at once over s3:// or hf://
 
 
-def check_cells(store: Store, cells: dict[str, str], *, tokens: bool = False, vocab_size: int | None = None,
-                expect_bos: int | None = None, workers: int | None = None) -> tuple[list[Problem], int, int]:
-    """The structural findings of each cell (subset name -> its cache root on ``store``), cells in parallel,
-    how many chunk files were examined and how many token bytes decoded."""
+def check_cells(store: Store, cells: dict[str, str | LevanterCache], *, tokens: bool = False,
+                vocab_size: int | None = None, expect_bos: int | None = None,
+                workers: int | None = None) -> tuple[list[Problem], int, int]:
+    """The structural findings of each cell (subset name -> its cache root on ``store``, or the cache already
+    opened there: its ledgers and ``zarr.json`` are not read again), cells in parallel, how many chunk files
+    were examined and how many token bytes decoded."""
     lock, decoded = threading.Lock(), [0]
 
     def count(n: int) -> None:
         with lock:
             decoded[0] += n
 
-    def one(prefix: str) -> tuple[list[Problem], int]:
+    def one(prefix: str | LevanterCache) -> tuple[list[Problem], int]:
         try:
-            cache = open_cache(store, prefix, require_finished=False)
+            cache = prefix if isinstance(prefix, LevanterCache) else open_cache(store, prefix, require_finished=False)
         except CacheFormatError as e:
             where = e.path or store.describe(prefix)
             rel = where[len(store.url.rstrip("/")) + 1:] if where.startswith(store.url.rstrip("/") + "/") else where

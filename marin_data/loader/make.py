@@ -13,7 +13,7 @@ from typing import Any
 from marin_data.corpus.manifest import Corpus
 from marin_data.errors import LoaderConfigError
 from marin_data.loader.dataset import TokenDataset, TokenLoader
-from marin_data.loader.remote.stream import is_remote, make_remote_loader
+from marin_data.loader.remote.stream import apart_pin, is_remote, make_remote_loader
 from marin_data.loader.config import LoaderConfig
 from marin_data.loader.stream import TokenStream
 
@@ -34,7 +34,9 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
             (`marin_data.loader.remote.stream.make_remote_loader`; with ``num_workers``, each worker through its own
             share of the cache).
             Any of them may be a Levanter cache or store pinned with ``marin-data adopt`` (its cells are the
-            subsets); an unpinned one is refused (`UnpinnedCacheError`).
+            subsets); an unpinned one is refused (`UnpinnedCacheError`). A local pin kept apart from its data
+            (``adopt --pin-to``) streams like a remote corpus, its shards from where its manifest's ``data``
+            says (store options for that store in ``remote_options``).
         config: what to serve (`LoaderConfig`).
         rank, world_size: default to `torch.distributed` when initialised.
         split: ``"train"`` or ``"validation"``.
@@ -47,7 +49,7 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
         state: a `state_dict()` to resume from; ``strict=False`` accepts one of another stream.
         verify_shards: check each local shard's SHA-256 against the index before its first use (remote shards
             are always checked as they arrive).
-        **remote_options: for a remote corpus only: ``mirrors``, ``manifest_sha256``, ``cache_bytes``,
+        **remote_options: for a remote corpus (or a pin kept apart) only: ``mirrors``, ``manifest_sha256``, ``cache_bytes``,
             store options (``endpoint_url``, ``endpoint``...); see `make_remote_loader`.
 
     Example::
@@ -59,8 +61,9 @@ def make_loader(corpus: Corpus | str | os.PathLike, config: LoaderConfig = Loade
             if step % 1000 == 0:
                 save({"model": ..., "loader": loader.state_dict()})
     """
-    if is_remote(corpus):
-        return make_remote_loader(str(corpus), config, rank=rank, world_size=world_size, split=split,
+    apart = apart_pin(corpus)  # a local pin kept apart from its data streams its shards from where they are
+    if is_remote(corpus) or apart:
+        return make_remote_loader(apart or str(corpus), config, rank=rank, world_size=world_size, split=split,
                                   prefetch=prefetch, num_workers=num_workers, pin_memory=pin_memory,
                                   cache_dir=cache_dir, state=state, strict=strict, **remote_options)
     if remote_options:

@@ -5,7 +5,8 @@ store) must reason about one state of it: a listing whose pages change between c
 disagrees with the listing, would otherwise give each step another tree. `SnapshotStore` lists its store
 once, on first use (bounded as the store bounds any listing), and answers ``list`` and ``head`` from that
 listing alone; ``read`` and ``vouched`` go to the store (a reader checks what it reads against the size the
-snapshot gave). ``hide`` leaves out paths (a pin's own files beside the data it pins). It writes nothing.
+snapshot gave), except a read of a path the listing does not hold, answered "not found" (404) without asking
+(an optional file such as a cache's ``.stats.json`` costs no request where it is absent). ``hide`` leaves out paths (a pin's own files beside the data it pins). It writes nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class SnapshotStore(Store):
         return self.listing().get(path)
 
     def read(self, path: str, start: int = 0, end: int | None = None) -> ReadStream:
+        if path not in self.listing():  # absent from the tree the listing showed: no request asks again
+            raise RemoteError("not in the listing", path=self.describe(path), status=404)
         return self.store.read(path, start, end)
 
     def put(self, path: str, src: Path, *, sha256: str, size: int) -> None:

@@ -29,9 +29,10 @@ from marin_data.layout import MANIFEST, RECORD, SHARDS_INDEX, UNLISTED
 from marin_data.fileio.lock import corpus_lock
 from marin_data.retry import RetryPolicy, retry_call
 from marin_data.stores import open_store
-from marin_data.stores.base import METADATA_LIMIT
+from marin_data.stores.base import METADATA_LIMIT, Store
+from marin_data.stores.local import LocalStore
 from marin_data.stores.order import StoreOrder
-from marin_data.transfer.apart import ApartStore
+from marin_data.transfer.apart import apart_order, data_url
 from marin_data.transfer.fetch import PART_BYTES, ByteMeter, already_there, fetch_one
 from marin_data.transfer.partial import partial_path, resumed_bytes
 from marin_data.transfer.plan import DOWNLOAD_POLICY, DownloadPlan, plan_download
@@ -113,7 +114,8 @@ def download(
     order = StoreOrder([open_store(url, **options) for url in [source, *mirrors]])
     plan, manifest_bytes, index_bytes = plan_download(order, subsets=subsets, manifest_sha256=manifest_sha256,
                                                       policy=policy, known_manifest=known_manifest)
-    stores = _apart(order.using(lambda s: versioned(s, manifest_bytes)), plan, manifest_bytes, options)
+    stores = _apart(order.using(lambda s: versioned(s, manifest_bytes)), plan, manifest_bytes, options,
+                    order.primary)
     root = Path(dest)
     if dry_run:
         return DownloadReport(plan=plan, dest=str(root), dry_run=True)
@@ -144,15 +146,13 @@ def download(
     return report
 
 
-def _apart(stores: StoreOrder, plan: DownloadPlan, manifest_bytes: bytes, options: dict) -> StoreOrder:
-    """``stores``, the primary reading a pin kept apart from its data (the manifest's ``data``) as `ApartStore`:
-    its shards from where the data is. Mirrors are whole copies, read as they are."""
-    data = Manifest.from_json(manifest_bytes, stores.primary.describe(MANIFEST)).data
-    if not data:
-        return stores
-    shards = {t.path for t in plan.files if t.subset is not None}
-    primary = stores.primary
-    return stores.using(lambda s: ApartStore(s, open_store(data, **options), shards) if s is primary else s)
+def _apart(stores: StoreOrder, plan: DownloadPlan, manifest_bytes: bytes, options: dict, source: Store
+           ) -> StoreOrder:
+    """``stores``, the primary reading a pin kept apart from its data (`data_url`: the manifest's ``data``, unless
+    the ``source`` is a local folder holding them) as `ApartStore`: its shards from where the data is."""
+    manifest = Manifest.from_json(manifest_bytes, stores.primary.describe(MANIFEST))
+    data = data_url(manifest, source.root if isinstance(source, LocalStore) else None)
+    return apart_order(stores, data, (t.path for t in plan.files if t.subset is not None), options)
 
 
 def _read_or_none(path: Path) -> bytes | None:

@@ -55,6 +55,7 @@ from marin_data.stores.hub_ids import (
     git_blob_sha1_file,
     parse_hf_url,
 )
+from marin_data.transfer.apart import refuse_publish
 from marin_data.transfer.publish_s3 import PublishReport, check_datasheet, check_published
 from marin_data.transfer.versions import content_path, keep_published
 from marin_data.ui import human_bytes, plural, progress as progress_bar
@@ -201,6 +202,7 @@ def publish_hf(
         raise ValueError("commit_files and commit_bytes must be >= 1")
     api = HfApi(endpoint=endpoint, token=token)
     corpus = load_corpus(root)
+    refuse_publish(corpus)  # a pin kept apart from its data: its shards are not here
     check_datasheet(corpus.root, corpus.manifest_sha256)
     plans = plan_repos(corpus, url.repo_id, max_files_per_repo=max_files_per_repo,
                        max_files_per_folder=max_files_per_folder)

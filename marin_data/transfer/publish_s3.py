@@ -59,6 +59,7 @@ from marin_data.fileio.lock import corpus_lock
 from marin_data.retry import DEFAULT_POLICY, RetryPolicy, retry_call
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
+from marin_data.transfer.apart import refuse_publish
 from marin_data.transfer.remote_verify import verify_remote
 from marin_data.transfer.versions import KeptFile, content_path, keep_published
 from marin_data.ui import human_bytes, plural, progress as progress_bar
@@ -121,6 +122,7 @@ def publish(
         RemoteError: the store cannot be reached or refuses us.
     """
     corpus = load_corpus(root)
+    refuse_publish(corpus)  # a pin kept apart from its data: its shards are not here
     check_datasheet(corpus.root, corpus.manifest_sha256)
     store = open_store(to, max_connections=workers + 2, **store_options)
     shards = [_Upload(s.path, s.bytes, s.sha256) for s in corpus.shards]

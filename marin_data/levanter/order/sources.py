@@ -27,6 +27,8 @@ from marin_data.levanter.order.offsets import Document, InnerChunks, Offsets, Ra
 from marin_data.transfer.read import join
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
+from marin_data.stores.local import LocalStore
+from marin_data.transfer.apart import data_url, kept_apart
 from marin_data.transfer.plan import plan_download
 
 __all__ = ["ComponentCache", "Pin", "open_components"]
@@ -131,17 +133,20 @@ def _find_cell(store: Store, cache_dir: str) -> str:
                            f"{LEDGER}", path=store.url)
 
 
-def _pins(store: Store) -> dict[str, Pin] | None:
+def _pins(store: Store, options: dict) -> tuple[dict[str, Pin] | None, Store]:
     """The pinned cells of a store root (local, ``s3://``, ``hf://``): its manifest and shard index, checked as
-    a download checks them; None when it has no manifest."""
+    a download checks them; None when it has no manifest. Then the store its cells are read from: ``store``,
+    or for a pin kept apart from its data one reading them where the data is (`kept_apart`, with ``options``)."""
     if store.head(MANIFEST) is None:
-        return None
+        return None, store
     _, manifest_bytes, index_bytes = plan_download([store], subsets=None)
     manifest = Manifest.from_json(manifest_bytes, store.describe(MANIFEST))
     digests: dict[str, dict[str, str]] = {}
     for row in read_shard_index(index_bytes, metadata=manifest.files):
         digests.setdefault(row.subset, {})[row.path] = row.sha256
-    return {name: Pin(name, info.license, digests.get(name, {})) for name, info in manifest.subsets.items()}
+    data = data_url(manifest, store.root if isinstance(store, LocalStore) else None)
+    cells = kept_apart(store, data, (p for cell, rows in digests.items() if cell is not None for p in rows), options)
+    return {name: Pin(name, info.license, digests.get(name, {})) for name, info in manifest.subsets.items()}, cells
 
 
 def open_components(cache_dirs: dict[str, str], *, store: str | Store | None = None,
@@ -155,7 +160,7 @@ def open_components(cache_dirs: dict[str, str], *, store: str | Store | None = N
     """
     out, kept = {}, InnerChunks()
     root = store if isinstance(store, Store) else open_store(store, **options) if store else None
-    pins = _pins(root) if root is not None else None
+    pins, root = _pins(root, options) if root is not None else (None, None)
     for name, cache_dir in cache_dirs.items():
         if root is not None:
             cell = _find_cell(root, cache_dir)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from marin_data.fileio.atomic import atomic_write_bytes
-from marin_data.corpus.manifest import Corpus, load_corpus
+from marin_data.corpus.manifest import Corpus, Manifest, load_corpus
 from marin_data.corpus.records import ShardRecord
 from marin_data.errors import LoaderConfigError, RemoteError
 from marin_data.layout import MANIFEST, SHARDS_INDEX
@@ -40,14 +40,33 @@ from marin_data.retry import RetryPolicy
 from marin_data.stores import open_store
 from marin_data.stores.base import Store
 from marin_data.stores.order import StoreOrder
+from marin_data.transfer.apart import apart_order, data_url
 from marin_data.transfer.plan import DOWNLOAD_POLICY, plan_download
 
-__all__ = ["CachePlan", "RemoteStream", "open_remote_corpus", "make_remote_loader", "is_remote", "remote_cache_root"]
+__all__ = ["CachePlan", "RemoteStream", "open_remote_corpus", "make_remote_loader", "is_remote", "apart_pin",
+           "remote_cache_root"]
 
 
 def is_remote(source: object) -> bool:
     """Whether ``source`` names a remote corpus (``s3://``, ``hf://``) rather than a local path or `Corpus`."""
     return isinstance(source, str) and source.split("://", 1)[0] in ("s3", "hf") and "://" in source
+
+
+def apart_pin(source: object) -> str | None:
+    """The folder of ``source`` when it is a local pin kept apart from its data (a path or `Corpus` whose
+    manifest names a ``data`` it does not hold, `data_url`), whose shards stream through the remote shard cache
+    from where the data is; else None."""
+    if isinstance(source, Corpus):
+        root, manifest = source.root, source.manifest
+    elif isinstance(source, (str, os.PathLike)) and not is_remote(source) and (Path(source) / MANIFEST).is_file():
+        root = Path(source)
+        try:
+            manifest = Manifest.from_json((root / MANIFEST).read_bytes(), str(root / MANIFEST))
+        except (ValueError, OSError):  # the loader's own reading says what is wrong with it
+            return None
+    else:
+        return None
+    return str(root) if data_url(manifest, root) else None
 
 
 def remote_cache_root() -> Path:
@@ -174,8 +193,9 @@ class RemoteStream(TokenStream):
         self._horizon.clear()
 
     def shard_files(self) -> RangedFiles:
-        """`TokenStream.shard_files`: byte ranges of the corpus's primary store."""
-        return RangedFiles(self.plan.urls[0], self.plan.store_options)
+        """`TokenStream.shard_files`: byte ranges of the corpus's primary store (of its data's, for a pin kept apart
+        from its data)."""
+        return RangedFiles(self.plan.data or self.plan.urls[0], self.plan.store_options)
 
     def close(self) -> None:
         """Stop the cache's prefetch threads and release its directory."""
@@ -212,27 +232,32 @@ class CachePlan:
     fetch_workers: int
     policy: RetryPolicy
     share: bool  # the host's ranks share fetches (the rank's own workers always do)
+    data: str = ""  # where the shards are, for a pin kept apart from its data (`apart_order`)
 
     def open(self, worker: int | None = None, workers: int = 1, stores: StoreOrder | None = None, *,
              corpus: Corpus) -> RemoteShardCache:
         """The rank's cache (``worker`` None), or worker ``worker`` of ``workers``'s (`RemoteStream.worker_init`),
-        reading what a decode needs through the same stores (`decoder`), in one `StoreOrder`."""
+        reading what a decode needs through the same stores (`decoder`), in one `StoreOrder` (``stores``, the
+        run's, or this plan's opened; either read by `_stores`)."""
         own = f"{self.name}-rank{self.rank}" + ("" if worker is None else f"-worker{worker}")
         if self.share:
             peers = self.root / f"{self.name}-peers"
         else:
             peers = None if worker is None else self.root / f"{self.name}-rank{self.rank}-peers"
-        stores = stores if stores is not None else self._stores()
+        stores = self._stores(corpus, stores)
         ahead, threads = max(1, self.prefetch // workers), max(1, self.fetch_workers // workers)
         return RemoteShardCache(stores, self.root / own, max_bytes=self.max_bytes // workers, prefetch=ahead,
                                 workers=threads, policy=self.policy, peers=peers, decoder=self.decoder(corpus, stores))
 
     def decoder(self, corpus: Corpus, stores: StoreOrder | None = None) -> ShardDecoder:
         """``corpus``'s shard decoder, reading files over ``stores`` (default: this plan's)."""
-        return decoder_for(corpus, StoreFiles(stores if stores is not None else self._stores(), self.policy))
+        return decoder_for(corpus, StoreFiles(stores if stores is not None else self._stores(corpus), self.policy))
 
-    def _stores(self) -> StoreOrder:
-        return StoreOrder([open_store(u, **self.store_options) for u in self.urls])
+    def _stores(self, corpus: Corpus, opened: StoreOrder | None = None) -> StoreOrder:
+        """``opened`` (default: this plan's stores, opened), a pin kept apart from its data reading its shards
+        from there (`apart_order`)."""
+        opened = opened if opened is not None else StoreOrder([open_store(u, **self.store_options) for u in self.urls])
+        return apart_order(opened, self.data, (s.path for s in corpus.shards), self.store_options)
 
 
 def make_remote_loader(
@@ -301,8 +326,9 @@ def make_remote_loader(
         if e.status == 404:
             refuse_unpinned(stores.primary, SERVES_CHECKED)
         raise
+    data = data_url(corpus.manifest, None if is_remote(url) else url)  # a pin kept apart: its shards from there
     plan = CachePlan((url, *mirrors), dict(store_options), root, corpus.manifest_sha256[:16], rank, cache_bytes,
-                     prefetch_shards, fetch_workers, policy, share)
+                     prefetch_shards, fetch_workers, policy, share, data)
     cache = plan.open(stores=stores, corpus=corpus) if num_workers == 0 else None  # workers open their own
     try:
         stream = RemoteStream(corpus, config, cache=cache, lookahead=lookahead, plan=plan)
