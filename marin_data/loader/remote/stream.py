@@ -307,9 +307,8 @@ def make_remote_loader(
             or by each worker).
         num_workers: DataLoader worker processes; each reads through a cache of its own, which together keep
             ``cache_bytes`` and fetch each shard once between them (`RemoteStream.worker_init`); the stream,
-            and a resume at another worker count, are those of ``num_workers=0``. pin_memory: as for
-            `make_loader`.
-        policy: retries per store.
+            and a resume at another worker count, are those of ``num_workers=0``.
+        pin_memory: as for `make_loader`; policy: retries per store.
         **store_options: for `open_store`: ``endpoint_url``, ``anonymous``, ``profile`` (S3), ``endpoint``,
             ``token`` (Hugging Face).
 
