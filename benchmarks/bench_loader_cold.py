@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -177,6 +178,8 @@ def main() -> None:
         return
     from marin_data.testing.local_s3 import create_bucket, local_s3_server
 
+    # a SIGTERM unwinds like Ctrl-C, so the servers and the throttling proxy this run started are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     os.environ.update(CREDENTIALS)
     work = Path(tempfile.mkdtemp(prefix="bench-cold-"))
     runs = [(k, w) for w in args.workers for k in args.kinds]
