@@ -20,13 +20,14 @@ from levanter_env import make_store
 from s3_env import FAST, bucket_url, moto, run_cli, s3_client  # noqa: F401 - fixtures
 from shard_env import tiny_tokenizer, tree_bytes  # noqa: F401 - a fixture
 
-from marin_data.errors import StoreDigestMismatchError
+from marin_data.errors import RemoteError, StoreDigestMismatchError
 from marin_data.formats import open_source
 from marin_data.layout import ADOPT_JOURNAL, MANIFEST, VOUCHED
 from marin_data.levanter import adopt_remote
 from marin_data.levanter.adopt import adopt
 from marin_data.levanter.adopt_remote import adopt_store
 from marin_data.retry import RetryPolicy
+from marin_data.transfer import remote_verify
 from marin_data.testing.mirror import running_mirror
 
 CELLS = {"cluster=0/quality=1": 150, "cluster=1/quality=4": 120, "cluster=2/quality=4": 90}
@@ -256,13 +257,42 @@ def test_hostile_listings_get_downloads_answers(hostile, local_rows, tiny_tokeni
             {p: d for p, d in local_rows.items() if p.startswith(HOSTILE_CELL + "/")}
 
 
-def test_a_store_on_the_hub_is_pinned_against_its_lfs_sha256(store, local_rows, tiny_tokenizer, tmp_path):
+def hub_commit(endpoint: str, repo: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{endpoint}/api/datasets/{repo}/revision/main") as answer:
+        return json.load(answer)["sha"]
+
+
+def test_a_store_on_the_hub_is_pinned_against_its_lfs_sha256_at_the_commit_listed(
+        store, local_rows, tiny_tokenizer, tmp_path, monkeypatch):
     (tmp_path / "mirror/team").mkdir(parents=True)
     shutil.copytree(store, tmp_path / "mirror/team/raw")
+    real, read = adopt_remote.hash_file, []
+
+    def moves_main_after_the_first(job):  # the repo gets a new commit once a file is hashed
+        read.append(job.url)
+        if len(read) == 2:
+            (tmp_path / "mirror/team/raw/NEWS.md").write_text("updated meanwhile")
+        return real(job)
+
     with running_mirror(tmp_path / "mirror") as mirror:
+        first = hub_commit(mirror.url, "team/raw")
         report = adopt_store("hf://datasets/team/raw", tokenizer=str(tiny_tokenizer), pin_to=str(tmp_path / "pin"),
                              subsets=["cluster=0/*"], endpoint=mirror.url)
-    assert report.data == "hf://datasets/team/raw" and report.checked.get("sha256", 0) > 0
+        jobs = []  # verify --remote --deep's jobs read the data at the commit its listing was taken at too
+        monkeypatch.setattr(remote_verify, "run_job", lambda job: (jobs.append((type(job).__name__, job.url)), job())[1])
+        assert open_source(tmp_path / "pin", endpoint=mirror.url).verify_remote(deep=True).ok
+        monkeypatch.setattr(adopt_remote, "hash_file", moves_main_after_the_first)
+        with pytest.raises(RemoteError, match=first):  # the mirror keeps no old commit: refused, not mixed
+            adopt_store("hf://datasets/team/raw", tokenizer=str(tiny_tokenizer), pin_to=str(tmp_path / "moved"),
+                        subsets=["cluster=2/*"], endpoint=mirror.url, workers=1)
+        assert hub_commit(mirror.url, "team/raw") != first
+    at = f"hf://datasets/team/raw@{first}"
+    assert report.data == "hf://datasets/team/raw" and report.checked.get("sha256", 0) > 0 and report.read_at == at
+    assert json.loads((tmp_path / "pin" / VOUCHED).read_text())["source"] == at
+    assert set(read) == {at} and not (tmp_path / "moved" / MANIFEST).exists()
+    assert {job for job in jobs if job[1].startswith("hf://")} == {("HashJob", at), ("CellJob", at)}
     sums = pinned_sums((tmp_path / "pin/SHA256SUMS").read_text())
     assert {p: d for p, d in sums.items() if p.startswith("cluster=")} == \
         {p: d for p, d in local_rows.items() if p.startswith("cluster=0/")}

@@ -121,6 +121,8 @@ def command(source: str, tokenizer: str, tokenizer_name: str | None, name: str |
          f"{human_bytes(report.bytes)} {how}; manifest sha256 {report.manifest_sha256}")
     if report.data:
         echo(f"pin: {printable(report.root)}; its data: {printable(report.data)} (named in its manifest)")
+    if report.read_at:
+        echo(f"read at: {printable(report.read_at)} (the commit its listing was taken at; in vouched.json)")
     if report.reused:
         echo(f"{plural(report.reused, 'file')} not hashed again: an earlier run's, or already in the pin")
     if report.seconds is None:
