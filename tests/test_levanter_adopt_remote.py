@@ -281,7 +281,8 @@ def test_a_store_on_the_hub_is_pinned_against_its_lfs_sha256_at_the_commit_liste
         report = adopt_store("hf://datasets/team/raw", tokenizer=str(tiny_tokenizer), pin_to=str(tmp_path / "pin"),
                              subsets=["cluster=0/*"], endpoint=mirror.url)
         jobs = []  # verify --remote --deep's jobs read the data at the commit its listing was taken at too
-        monkeypatch.setattr(remote_verify, "run_job", lambda job: (jobs.append((type(job).__name__, job.url)), job())[1])
+        monkeypatch.setattr(remote_verify, "run_job",
+                            lambda job: (jobs.append((type(job).__name__, job.url)), job())[1])
         assert open_source(tmp_path / "pin", endpoint=mirror.url).verify_remote(deep=True).ok
         monkeypatch.setattr(adopt_remote, "hash_file", moves_main_after_the_first)
         with pytest.raises(RemoteError, match=first):  # the mirror keeps no old commit: refused, not mixed
