@@ -19,6 +19,10 @@ answers the ways a broken or malicious server can:
 ``endless_tree``   tree pages (and ListObjectsV2 pages) of `PAGE_ENTRIES` entries, each naming a next page
 
 ``listed_sizes`` rewrites what ListObjectsV2 says of a file's size: ``{path: "-5"}``, or None for no ``<Size>``.
+``page_keys`` cuts ListObjectsV2's answer into pages of that many keys (continuation tokens "1", "2", ...), and
+``pages`` makes them lie: "changes" (every listing after the first lacks its second page's first key),
+"loop" (the last page's token is the first one's again: the pages never end) or "backwards" (the pages in
+reverse order, so each page's keys come before the last page's). ``listings`` counts listings started.
 
 Endless answers stop after `CAP` bytes (and endless listings after `CAP_PAGES` pages) so that a client
 without bounds fills memory for the test to see, not the machine. ``served`` counts body bytes sent,
@@ -72,7 +76,9 @@ class HostileServer(LoopbackServer):
         self.repo, self.bucket, self.prefix = repo, bucket, prefix
         self.hostility: Hostility | None = None
         self.listed_sizes: dict[str, str | None] = {}
-        self.served = self.hostile = 0
+        self.page_keys: int | None = None
+        self.pages: str | None = None
+        self.served = self.hostile = self.listings = 0
         self.lock = threading.Lock()
         super().__init__(_handler(self))
         self.hub_url = f"hf://datasets/{repo}"
@@ -160,7 +166,8 @@ def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
             if path == f"/{srv.bucket}" or path == f"/{srv.bucket}/":
                 below = parse_qs(query).get("prefix", [""])[0].partition("/")[2]  # the asked part below the root
                 keys = [k for k in srv.files if k.startswith(below)]
-                return _list_page(srv, keys, None), 200, {"Content-Type": "application/xml"}
+                return _paged(srv, keys, parse_qs(query).get("continuation-token", [None])[0]), 200, \
+                    {"Content-Type": "application/xml"}
             if rel is None or rel not in srv.files:
                 return b"", 404, {"X-Error-Message": "no such file"}
             data = srv.files[rel]
@@ -306,6 +313,22 @@ def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
             return None
 
     return Handler
+
+
+def _paged(srv: HostileServer, keys: list[str], token: str | None) -> bytes:
+    """The page of ListObjectsV2 that ``token`` asks for (None: the first), cut and told as ``srv`` says."""
+    if token is None:
+        with srv.lock:
+            srv.listings += 1
+    size = srv.page_keys or max(1, len(keys))
+    pages = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]
+    if srv.pages == "backwards":
+        pages.reverse()
+    if srv.pages == "changes" and srv.listings > 1 and len(pages) > 1:
+        pages[1] = pages[1][1:]
+    n = int(token or 0)
+    nxt = n + 1 if n + 1 < len(pages) else 1 if srv.pages == "loop" and len(pages) > 1 else None
+    return _list_page(srv, pages[n], None if nxt is None else str(nxt))
 
 
 def _list_page(srv: HostileServer, keys: list[str], next_token: str | None, *, raw: bool = False) -> bytes:

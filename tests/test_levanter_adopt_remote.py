@@ -3,7 +3,9 @@ or a local folder, leaving every key and ETag under the data's prefix as it was 
 SHA-256 a local adopt gives it; ``download PIN`` fetching the data from where it lives, checked against the
 pin (a byte flipped in the bucket later fails it); a run killed after some files, run again, hashing only the
 rest into the same pin; a later run adding cells; Ray's pin byte-identical to the local engine's; a store's
-digest that the bytes contradict refused; the listings download refuses refused alike; an hf:// source read
+digest that the bytes contradict refused; hostile listings (keys outside the prefix, sizes missing or wrong,
+pages that loop, go backwards or change between calls) answered as download answers them, or, where adopt's
+one listing tells more, otherwise (`HOSTILE`); an hf:// source read
 through our Hub mirror."""
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from levanter_env import make_store
 from s3_env import FAST, bucket_url, moto, run_cli, s3_client  # noqa: F401 - fixtures
 from shard_env import tiny_tokenizer, tree_bytes  # noqa: F401 - a fixture
 
-from marin_data.errors import StoreDigestMismatchError
+from marin_data.errors import RemoteError, StoreDigestMismatchError
 from marin_data.formats import open_source
 from marin_data.layout import ADOPT_JOURNAL, MANIFEST, VOUCHED
 from marin_data.levanter import adopt_remote
 from marin_data.levanter.adopt import adopt
 from marin_data.levanter.adopt_remote import adopt_store
+from marin_data.retry import RetryPolicy
+from marin_data.transfer import remote_verify
 from marin_data.testing.mirror import running_mirror
 
 CELLS = {"cluster=0/quality=1": 150, "cluster=1/quality=4": 120, "cluster=2/quality=4": 90}
@@ -192,31 +196,104 @@ def test_bytes_that_contradict_the_stores_own_digest_are_refused_and_nothing_is_
     assert not (tmp_path / "pin" / MANIFEST).exists()
 
 
-@pytest.mark.parametrize("hostile", ["outside-the-prefix", "no-size"])
-def test_listings_download_refuses_are_refused_alike(store, tiny_tokenizer, hostile, tmp_path):
-    cell = "cluster=1/quality=4"
+@pytest.fixture(scope="module")
+def hostile(store):
     with HostileServer(store) as srv:
-        if hostile == "no-size":
-            srv.listed_sizes = {f"{cell}/input_ids/offsets/zarr.json": None}
-        else:
-            srv.prefix = "corpusx"  # every key listed now lies outside "corpus/"
-        codes = []
-        for command in (["download", "--subset", cell, "--to", str(tmp_path / "d")],
-                        ["adopt", "--subset", cell, "--tokenizer", str(tiny_tokenizer), "--pin-to",
-                         str(tmp_path / "pin")]):
-            done = run_cli(command[0], *srv.store_args("s3"), *command[1:])
-            codes.append((done.returncode, "Traceback" in done.stderr))
-    assert codes[0] == codes[1] == (8, False)
-    assert not (tmp_path / "pin" / MANIFEST).exists()
+        yield srv
 
 
-def test_a_store_on_the_hub_is_pinned_against_its_lfs_sha256(store, local_rows, tiny_tokenizer, tmp_path):
+HOSTILE_CELL = "cluster=1/quality=4"
+# how the listing lies -> (download's exit code, adopt's). Adopt answers otherwise where its one listing makes
+# it more precise for a pin: pages that change between calls cannot change its tree (it pins the tree its one
+# listing showed, as an honest listing gives it), and a file whose bytes are not the size listed is a file it
+# cannot vouch for (19, "changed while it was read"), where download reports a failed file or copy (1).
+HOSTILE = {"outside-the-prefix": (8, 8), "no-size": (8, 8), "pages-that-loop": (23, 23), "keys-backwards": (0, 0),
+           "second-page-changes": (19, 0), "ledger-listed-longer": (1, 19), "chunk-listed-shorter": (1, 19)}
+
+
+def lie(srv: HostileServer, how: str) -> None:
+    srv.prefix, srv.page_keys, srv.pages, srv.listed_sizes = "corpus", 5, None, {}
+    grown = {"ledger-listed-longer": ("shard_ledger.json", 3), "chunk-listed-shorter": ("input_ids/data/c/0", -3)}
+    if how in grown:
+        path = f"{HOSTILE_CELL}/{grown[how][0]}"
+        srv.listed_sizes = {path: str(len(srv.files[path]) + grown[how][1])}
+    elif how == "no-size":
+        srv.listed_sizes = {f"{HOSTILE_CELL}/input_ids/offsets/zarr.json": None}
+    elif how == "outside-the-prefix":
+        srv.prefix = "corpusx"  # every key listed now lies outside "corpus/"
+    elif how != "honest":
+        srv.pages = {"pages-that-loop": "loop", "keys-backwards": "backwards", "second-page-changes": "changes"}[how]
+    srv.listings = 0
+
+
+def cli(capsys, *argv: str) -> tuple[int, str]:
+    """``marin-data ARGV`` in this process, through the entry point's error table: (exit code, stderr)."""
+    from marin_data.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    return done.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", HOSTILE)
+def test_hostile_listings_get_downloads_answers(hostile, local_rows, tiny_tokenizer, how, tmp_path, capsys,
+                                                monkeypatch):
+    monkeypatch.setattr(RetryPolicy, "wait", lambda self, retry, exc: 0.0)  # download's retries, without waits
+    monkeypatch.setenv("MARIN_LIST_MAX_BYTES", str(1 << 20))  # a looping listing ends after 16 pages
+    got = []
+    for command in (["download", "--subset", HOSTILE_CELL, "--to", str(tmp_path / "d")],
+                    ["adopt", "--subset", HOSTILE_CELL, "--tokenizer", str(tiny_tokenizer), "--pin-to",
+                     str(tmp_path / "pin")]):
+        lie(hostile, how)
+        code, err = cli(capsys, command[0], *hostile.store_args("s3"), *command[1:])
+        assert "Traceback" not in err and (code == 0 or "error: " in err), err
+        got.append(code)
+    lie(hostile, "honest")
+    assert tuple(got) == HOSTILE[how]
+    assert (tmp_path / "pin" / MANIFEST).exists() == (got[1] == 0)
+    if got[1] == 0:  # the pin of the tree as an honest listing gives it
+        sums = pinned_sums((tmp_path / "pin/SHA256SUMS").read_text())
+        assert {p: d for p, d in sums.items() if p.startswith("cluster=")} == \
+            {p: d for p, d in local_rows.items() if p.startswith(HOSTILE_CELL + "/")}
+
+
+def hub_commit(endpoint: str, repo: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{endpoint}/api/datasets/{repo}/revision/main") as answer:
+        return json.load(answer)["sha"]
+
+
+def test_a_store_on_the_hub_is_pinned_against_its_lfs_sha256_at_the_commit_listed(
+        store, local_rows, tiny_tokenizer, tmp_path, monkeypatch):
     (tmp_path / "mirror/team").mkdir(parents=True)
     shutil.copytree(store, tmp_path / "mirror/team/raw")
+    real, read = adopt_remote.hash_file, []
+
+    def moves_main_after_the_first(job):  # the repo gets a new commit once a file is hashed
+        read.append(job.url)
+        if len(read) == 2:
+            (tmp_path / "mirror/team/raw/NEWS.md").write_text("updated meanwhile")
+        return real(job)
+
     with running_mirror(tmp_path / "mirror") as mirror:
+        first = hub_commit(mirror.url, "team/raw")
         report = adopt_store("hf://datasets/team/raw", tokenizer=str(tiny_tokenizer), pin_to=str(tmp_path / "pin"),
                              subsets=["cluster=0/*"], endpoint=mirror.url)
-    assert report.data == "hf://datasets/team/raw" and report.checked.get("sha256", 0) > 0
+        jobs = []  # verify --remote --deep's jobs read the data at the commit its listing was taken at too
+        monkeypatch.setattr(remote_verify, "run_job",
+                            lambda job: (jobs.append((type(job).__name__, job.url)), job())[1])
+        assert open_source(tmp_path / "pin", endpoint=mirror.url).verify_remote(deep=True).ok
+        monkeypatch.setattr(adopt_remote, "hash_file", moves_main_after_the_first)
+        with pytest.raises(RemoteError, match=first):  # the mirror keeps no old commit: refused, not mixed
+            adopt_store("hf://datasets/team/raw", tokenizer=str(tiny_tokenizer), pin_to=str(tmp_path / "moved"),
+                        subsets=["cluster=2/*"], endpoint=mirror.url, workers=1)
+        assert hub_commit(mirror.url, "team/raw") != first
+    at = f"hf://datasets/team/raw@{first}"
+    assert report.data == "hf://datasets/team/raw" and report.checked.get("sha256", 0) > 0 and report.read_at == at
+    assert json.loads((tmp_path / "pin" / VOUCHED).read_text())["source"] == at
+    assert set(read) == {at} and not (tmp_path / "moved" / MANIFEST).exists()
+    assert {job for job in jobs if job[1].startswith("hf://")} == {("HashJob", at), ("CellJob", at)}
     sums = pinned_sums((tmp_path / "pin/SHA256SUMS").read_text())
     assert {p: d for p, d in sums.items() if p.startswith("cluster=")} == \
         {p: d for p, d in local_rows.items() if p.startswith("cluster=0/")}

@@ -84,7 +84,9 @@ def command(source: str, tokenizer: str, tokenizer_name: str | None, name: str |
     files it had not finished (its progress is kept where the pin is built); a later run with other
     --subset cells adds them to the pin. Exit status: 0 pinned, 2 bad usage or an unsafe listing, 4 another
     pin at DEST, 6 a file contradicts its store's digest or changed since it was pinned, 19-21 a cache
-    defect (unreadable, unfinished, inconsistent), 7, 8 or 23 the store failed, 13-14 Ray missing or failing.
+    defect (unreadable, unfinished, inconsistent; also a file whose bytes are not the size the listing gave,
+    where download says 1), 7, 8 or 23 the store failed (as download's: keys outside the prefix, a listing
+    without end), 13-14 Ray missing or failing.
 
     \b
     EXAMPLES
@@ -119,6 +121,8 @@ def command(source: str, tokenizer: str, tokenizer_name: str | None, name: str |
          f"{human_bytes(report.bytes)} {how}; manifest sha256 {report.manifest_sha256}")
     if report.data:
         echo(f"pin: {printable(report.root)}; its data: {printable(report.data)} (named in its manifest)")
+    if report.read_at:
+        echo(f"read at: {printable(report.read_at)} (the commit its listing was taken at; in vouched.json)")
     if report.reused:
         echo(f"{plural(report.reused, 'file')} not hashed again: an earlier run's, or already in the pin")
     if report.seconds is None:

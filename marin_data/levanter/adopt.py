@@ -82,6 +82,7 @@ class AdoptReport:
     first_seen: tuple[str, ...] = ()  # files whose digest was first seen locally (no source vouched for one)
     data: str = ""  # where the pinned files are, when the pin is kept apart from them (``root``: the pin)
     reused: int = 0  # files not hashed again: an earlier run's (its journal) or an earlier pin's rows
+    read_at: str = ""  # the data as it was read, where that says more than its URL: an hf:// repo's commit
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ The order of work, each step before the next:
 3. Every file of every new cell is a `FileJob` on the engine (threads here, or Ray tasks: `--engine ray`),
    streamed once and checked against every digest the store vouches for (`marin_data.levanter.adopt_files`).
    Each file hashed is appended to the journal where the pin is built (`Journal`): a killed run, run again,
-   hashes only the files it had not finished.
+   hashes only the files it had not finished. A job opens the data at the URL `Store.reopen_url` gives: an
+   ``hf://`` repo's names the commit the listing was taken at, so a branch moved mid-run is not read.
 4. The pin (`commit_pin`: the same files as a local adopt, and ``vouched.json`` stating per file which store
    digest it was checked against, or that its digest was first seen here) is committed where it is built and,
    for a remote destination, uploaded with the manifest last (`PinPlace.publish`). A pin apart from its data
@@ -138,14 +139,16 @@ def adopt_store(url: str | os.PathLike, *, tokenizer: str, pin_to: str | None = 
                             subsets={s: SubsetInfo(0, 0, 0, 0, plan.licenses[s]) for s in plan.subsets},
                             format=LEVANTER_CACHE if run.found.kind == CACHE else LEVANTER_STORE,
                             data="" if run.beside else run.url)
+        read_at = run.data.reopen_url()  # an hf:// repo's at the commit listed: the version every job read
         digest = commit_pin(run.place.folder, manifest, rows, licenses=plan.licenses, tokenizer=plan.loaded.data,
-                            descriptions=plan.descriptions, vouched=(run.url, vouched))
+                            descriptions=plan.descriptions, vouched=(read_at, vouched))
         run.place.publish()
         journal.remove()  # only once the pin is where it goes
     return AdoptReport(root=run.place.url, manifest_sha256=digest, subsets=tuple(sorted(plan.subsets)),
                        files=len(rows), bytes=sum(r.bytes for r in rows), seconds=seconds, skipped=plan.skipped,
                        tokenizer=plan.loaded.info.name, tokenizer_from=plan.named_from,
-                       data="" if run.beside else run.url, reused=reused + len(plan.kept), **vouched_by(vouched))
+                       data="" if run.beside else run.url, reused=reused + len(plan.kept), **vouched_by(vouched),
+                       read_at="" if read_at == run.url else read_at)
 
 
 def _plan(run: _Run, earlier: Earlier | None, *, subsets: list[str], tokenizer: str, tokenizer_name: str | None,
@@ -257,7 +260,7 @@ def _jobs(run: _Run, caches: dict[str, LevanterCache], vocab_size: int, policy: 
           reads: CheckedReads) -> tuple[list[FileJob], tuple[str, ...]]:
     """A `FileJob` per file of each new cell, with what the checks read of it (``reads``), and the other tools'
     bookkeeping left out (sorted, each once)."""
-    options = tuple(sorted(run.options.items()))
+    options, url = tuple(sorted(run.options.items())), run.data.reopen_url()  # hf://: the commit listed
     jobs, skipped = [], set(run.found.skipped)
     for subset, cache in caches.items():
         listed = {o.path: o for o in cell_listing(run.data, cache.prefix)}
@@ -267,7 +270,7 @@ def _jobs(run: _Run, caches: dict[str, LevanterCache], vocab_size: int, policy: 
             chunk = ChunkCheck(f.meta, f.tokens, vocab_size) if f.meta is not None else None
             seen = {"tail": reads.tail(f.path, info.size, f.meta.index_bytes)} if chunk else \
                 {"checked": reads.digests(f.path)}
-            jobs.append(FileJob(run.url, options, info, subset, f.kind, f.tokens, f.docs, chunk, policy, **seen))
+            jobs.append(FileJob(url, options, info, subset, f.kind, f.tokens, f.docs, chunk, policy, **seen))
     return jobs, tuple(sorted(skipped))
 
 

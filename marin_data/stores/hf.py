@@ -12,7 +12,8 @@ fallbacks of each other.
   (the Hub may redirect to its CDN; credentials are dropped on a redirect to another host).
 - Each repo's revision is resolved to its commit id once, on first use, and every later request names that
   commit: a download reads one consistent version even if the repo is updated meanwhile. ``@revision``
-  names the main repo's; part repos are read at their ``main``.
+  names the main repo's; part repos are read at their ``main``. `HfStore.reopen_url` names that commit, so
+  the jobs of a run (an adopt's, a deep verify's, a convert's, on threads or Ray) read the version it listed.
 - A corpus split across repos (`marin_data.transfer.publish_hf`: ``org/name``, ``org/name-part2``...) is one store:
   the part repos are those the main repo's manifest assigns subsets to (``repos``, n > 1 is ``org/name-partN``),
   and each path is read from the repo whose listing holds it.
@@ -102,7 +103,10 @@ class HfStore(Store):
                           "--to hf://datasets/org/name` (marin_data.transfer.publish_hf)", path=self.describe(path))
 
     def reopen_url(self) -> str:
-        return f"{self.url}@{self.hf.revision}" if self.hf.revision else self.url
+        """``hf://datasets/org/name@<commit>``: the commit this store reads (its revision resolved now if not
+        yet), so that a job opening it in another thread or process reads this version, not a branch that
+        may have moved since. Part repos are read at their ``main``, as here."""
+        return f"{self.url}@{self._commit(self.hf.repo_id)}"
 
     def mirror_record(self) -> dict:
         return {"url": self.url, **({"endpoint": self.endpoint} if self.endpoint != _default_endpoint() else {})}

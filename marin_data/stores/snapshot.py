@@ -6,7 +6,9 @@ disagrees with the listing, would otherwise give each step another tree. `Snapsh
 once, on first use (bounded as the store bounds any listing), and answers ``list`` and ``head`` from that
 listing alone; ``read`` and ``vouched`` go to the store (a reader checks what it reads against the size the
 snapshot gave), except a read of a path the listing does not hold, answered "not found" (404) without asking
-(an optional file such as a cache's ``.stats.json`` costs no request where it is absent). ``hide`` leaves out paths (a pin's own files beside the data it pins). It writes nothing.
+(an optional file such as a cache's ``.stats.json`` costs no request where it is absent); ``reopen_url`` is
+the store's (an ``hf://`` store's names the commit the listing was taken at). ``hide`` leaves out paths (a
+pin's own files beside the data it pins). It writes nothing.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ class SnapshotStore(Store):
 
     def vouched(self, info: ObjectInfo) -> ObjectInfo:
         return self.store.vouched(info)
+
+    def reopen_url(self) -> str:
+        return self.store.reopen_url()
 
     def describe(self, path: str) -> str:
         return self.store.describe(path)
