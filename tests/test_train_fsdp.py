@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import VOCAB, build_corpus
 from filelock import FileLock
+from ranks import spawn_ranks
 
 from marin_train.config import TrainConfig
 
@@ -93,7 +94,7 @@ def _worker(rank: int, world: int, out: str, corpus: str, cfg: TrainConfig, kill
 def run(out: Path, corpus: Path, world: int, cfg: TrainConfig, kill_at_save: int = 0,
         until: int | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(world, str(out), str(corpus), cfg, kill_at_save, until), nprocs=world, join=True)
+    spawn_ranks(_worker, (world, str(out), str(corpus), cfg, kill_at_save, until), world)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     return {"ranks": ranks, **torch.load(out / "final.pt"), **ranks[0]}
 
