@@ -18,8 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import VOCAB, build_corpus
-from filelock import FileLock
+from conftest import VOCAB, build_corpus, built_once
 from ranks import spawn_ranks
 
 from marin_train.config import TrainConfig
@@ -103,12 +102,7 @@ def run(out: Path, corpus: Path, world: int, cfg: TrainConfig, kill_at_save: int
 def runs(tmp_path_factory):
     """Every layout's run, once per test session: under pytest-xdist the workers share one directory, and the
     first to take the lock runs them while the others wait for its results."""
-    base = tmp_path_factory.getbasetemp()  # under xdist, one per worker inside the session's directory
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "fsdp_runs"
-    with FileLock(f"{root}.lock"):
-        if not (root / "runs.pt").exists():
-            shutil.rmtree(root, ignore_errors=True)
-            torch.save(_run_layouts(root), root / "runs.pt")
+    root = built_once(tmp_path_factory, "fsdp_runs", lambda root: torch.save(_run_layouts(root), root / "runs.pt"))
     return torch.load(root / "runs.pt", weights_only=False)
 
 
