@@ -7,12 +7,14 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from filelock import FileLock
 
 from marin_data.corpus.commit import MAX_FILES_PER_REPO, commit_corpus
 from marin_data.corpus.manifest import Corpus, Manifest, load_corpus
@@ -137,3 +139,31 @@ def make_corpus(tmp_path: Path) -> Callable[..., Corpus]:
         return build_corpus(tmp_path / f"corpus{next(counter)}", subsets, **kwargs)
 
     return make
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """The folder ``name`` that ``build(folder)`` filled once in this test session, for every test that needs
+    it: under pytest-xdist the workers share one, the first to take its lock builds it and the others wait.
+    A build that raised is started again from an empty folder by the next test that asks."""
+    base = tmp_path_factory.getbasetemp()  # under xdist, one per worker inside the session's directory
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    done = root.with_name(f"{name}.done")
+    with FileLock(f"{root}.lock"):
+        if not done.exists():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            build(root)
+            done.touch()
+    return root
+
+
+@pytest.fixture(scope="session")
+def sample_corpus(tmp_path_factory) -> Path:
+    """`marin-data sample OUT --workers 2`, run once for the session: tests must read it, not change it."""
+    from shard_env import run_cli
+
+    def build(root: Path) -> None:
+        done = run_cli("sample", root / "sample", "--workers", "2", timeout=300)
+        assert done.returncode == 0, done.stderr
+
+    return built_once(tmp_path_factory, "sample", build) / "sample"

@@ -20,9 +20,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from conftest import VOCAB, build_corpus
 from test_train import loader_for
+from ranks import spawn_ranks
 
 from marin_data.cli._errors import describe
 from marin_data.errors import CheckpointDamagedError
@@ -381,7 +381,7 @@ def _rank(rank: int, world: int, out: str, corpus: str, cfg: TrainConfig) -> Non
 
 
 def spawn(out: Path, corpus, world: int, cfg: TrainConfig) -> list[dict]:
-    mp.spawn(_rank, args=(world, str(out), str(corpus.root), cfg), nprocs=world, join=True)
+    spawn_ranks(_rank, (world, str(out), str(corpus.root), cfg), world)
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(world)]
 
 

@@ -39,18 +39,17 @@ def _differences(recorded: dict, current: dict, prefix: str = "") -> list[str]:
 
 
 @pytest.mark.slow
-def test_repository_datasheets_match_a_fresh_generation(tmp_path):
+def test_repository_datasheets_match_a_fresh_generation(request, tmp_path):
     from PIL import Image
 
-    from marin_data.corpus.sample import build_sample, sample_documents
+    from marin_data.corpus.sample import sample_documents
 
     script = _script()
     recorded = json.loads(script.RECORD.read_text())
     _, fingerprint = sample_documents()  # seconds; building the sample takes longer, so check this first
     if diff := _differences({k: recorded["sample.json"][k] for k in fingerprint}, fingerprint):
         pytest.skip("the sample here is built from another Python standard library: " + "; ".join(diff))
-    corpus = tmp_path / "sample"
-    build_sample(corpus)
+    corpus = request.getfixturevalue("sample_corpus")  # built by this session's code, shared with test_sample
     here = script.provenance(corpus)
     if diff := _differences({k: v for k, v in recorded.items() if k != "matplotlib"},
                             {k: v for k, v in here.items() if k != "matplotlib"}):

@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from loader_checks import check_global_stream, take
+from ranks import spawn_ranks
 
 from marin_data.loader import LoaderConfig, TokenStream, make_loader
 from marin_data.testing.loopback import free_port
@@ -32,8 +32,8 @@ def _rank_main(rank: int, port: int, root: str, cache: str, out: str) -> None:
 
 def test_two_gloo_ranks_get_disjoint_slices_whose_union_is_the_global_batch(make_corpus, tmp_path):
     corpus = make_corpus({"a": [40, 30], "b": [50]}, doc_tokens=(1, 30))
-    ctx = mp.spawn(_rank_main, args=(free_port(), str(corpus.root), str(tmp_path / "cache"), str(tmp_path)),
-                   nprocs=2, join=False)
+    ctx = spawn_ranks(_rank_main, (free_port(), str(corpus.root), str(tmp_path / "cache"), str(tmp_path)), 2,
+                      join=False)
     deadline = time.monotonic() + 120
     while not ctx.join(timeout=5):  # True once both ranks exit; a rank's failure raises with its traceback
         if time.monotonic() > deadline:

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import spawn_ranks
 
 from marin_model.config import PRESETS, with_overrides
 from marin_model.balance import histogram_quantile, margin_histogram
@@ -243,7 +243,7 @@ def _rank_update(rank: int, world: int, init_file: str, rule: str, out_dir: str)
 def test_bias_update_uses_the_load_summed_over_ranks(rule, tmp_path):
     """Two ranks, each with half the batch (skewed in opposite ways), end with the bias that one process gets
     from both halves (as two micro-batches: the same GEMM shapes, hence the same routing)."""
-    mp.spawn(_rank_update, args=(2, str(tmp_path / "init"), rule, str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_rank_update, (2, str(tmp_path / "init"), rule, str(tmp_path)), 2)
     moe = make_moe(bias_update=rule, bias_rate=0.05)
     x = skewed_batch(moe, two_sided=True)
     threads = torch.get_num_threads()
@@ -293,7 +293,7 @@ def test_expert_parallel_dispatch_equals_one_process(case, tmp_path):
         bias[5] = -100.0
     else:
         bias[:4] = [100.0] * 4  # rank 1's experts receive nothing, rank 0 everything
-    mp.spawn(_ep_rank, args=(2, str(tmp_path / "init"), bias, str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_ep_rank, (2, str(tmp_path / "init"), bias, str(tmp_path)), 2)
     moe = make_moe()
     moe.bias_E.copy_(torch.tensor(bias))
     x, g = ep_batch()

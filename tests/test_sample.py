@@ -35,10 +35,8 @@ def test_tokenizer_training_gives_the_same_bytes_in_other_processes_and_thread_c
 
 
 @pytest.mark.slow
-def test_sample_is_a_real_multi_subset_corpus_that_round_trips(tmp_path):
-    out = tmp_path / "sample"
-    done = run_cli("sample", out, "--workers", "2", timeout=300)
-    assert done.returncode == 0, done.stderr
+def test_sample_is_a_real_multi_subset_corpus_that_round_trips(sample_corpus, tmp_path):
+    out = sample_corpus  # built with --workers 2
     corpus = load_corpus(out)
     subsets = corpus.manifest.subsets
     assert len(subsets) >= 3 and sum(s.tokens for s in subsets.values()) >= 5_000_000
@@ -63,7 +61,7 @@ def test_sample_is_a_real_multi_subset_corpus_that_round_trips(tmp_path):
     rebuilt = run_cli("sample", tmp_path / "rebuilt", "--workers", "1", timeout=300)
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert tree_bytes(tmp_path / "rebuilt") == before  # deterministic: same bytes, other worker count
-    again = run_cli("sample", out, timeout=300)
+    again = run_cli("sample", tmp_path / "rebuilt", timeout=300)  # the shared build stays untouched
     assert again.returncode == 0, again.stderr
-    assert "built 0 of 4 subsets" in again.stdout and tree_bytes(out) == before
-    assert (out / MANIFEST).exists()
+    assert "built 0 of 4 subsets" in again.stdout and tree_bytes(tmp_path / "rebuilt") == before
+    assert (tmp_path / "rebuilt" / MANIFEST).exists()

@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import VOCAB, build_corpus
-from filelock import FileLock
+from conftest import VOCAB, build_corpus, built_once
+from ranks import spawn_ranks
 
 from marin_train.config import TrainConfig
 
@@ -93,7 +93,7 @@ def _worker(rank: int, world: int, out: str, corpus: str, cfg: TrainConfig, kill
 def run(out: Path, corpus: Path, world: int, cfg: TrainConfig, kill_at_save: int = 0,
         until: int | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(world, str(out), str(corpus), cfg, kill_at_save, until), nprocs=world, join=True)
+    spawn_ranks(_worker, (world, str(out), str(corpus), cfg, kill_at_save, until), world)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     return {"ranks": ranks, **torch.load(out / "final.pt"), **ranks[0]}
 
@@ -102,12 +102,7 @@ def run(out: Path, corpus: Path, world: int, cfg: TrainConfig, kill_at_save: int
 def runs(tmp_path_factory):
     """Every layout's run, once per test session: under pytest-xdist the workers share one directory, and the
     first to take the lock runs them while the others wait for its results."""
-    base = tmp_path_factory.getbasetemp()  # under xdist, one per worker inside the session's directory
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "fsdp_runs"
-    with FileLock(f"{root}.lock"):
-        if not (root / "runs.pt").exists():
-            shutil.rmtree(root, ignore_errors=True)
-            torch.save(_run_layouts(root), root / "runs.pt")
+    root = built_once(tmp_path_factory, "fsdp_runs", lambda root: torch.save(_run_layouts(root), root / "runs.pt"))
     return torch.load(root / "runs.pt", weights_only=False)
 
 
