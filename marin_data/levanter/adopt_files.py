@@ -2,7 +2,7 @@
 
 A `FileJob` is plain data (the store's URL and options, the file as the listing gave it, what its row of
 the shard index says beyond its bytes), so that it pickles to a Ray task as well as it runs on a thread.
-`hash_file` opens the store (once per process), asks for every digest the store vouches for
+`hash_file` opens the store (once per process: `job_store`), asks for every digest the store vouches for
 (`Store.vouched`: S3's ``ChecksumSHA256``/``CRC32C`` from one HEAD, a plain-MD5 ETag, GCS's ``x-goog-hash``, the
 Hub's LFS SHA-256). A file the structural checks read whole comes with the digests of the bytes they read
 (``checked``, `marin_data.levanter.adopt_reads`): compared with the store's, they are its row, and it is not
@@ -16,7 +16,6 @@ restarts the file from its start. Memory is one piece and one frame per job, wha
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,16 +25,14 @@ from marin_data.errors import StoreDigestMismatchError
 from marin_data.levanter.adopt_journal import Finished
 from marin_data.levanter.filehash import ChunkCheck, Hashed, hash_stream
 from marin_data.retry import RetryPolicy, retry_call
-from marin_data.stores import open_store
 from marin_data.stores.base import ObjectInfo, Store
 from marin_data.stores.checksums import mismatch
 from marin_data.transfer.plan import DOWNLOAD_POLICY
 from marin_data.transfer.read import read_tail
+from marin_data.transfer.rehash import job_store
 
 __all__ = ["FileJob", "hash_file", "identity"]
 
-_STORES: dict[tuple, Store] = {}  # (url, options) -> the store this process reads them through
-_STORES_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -70,7 +67,7 @@ def hash_file(job: FileJob) -> Finished:
             the vocabulary, or the file changed while it was read (another size than listed).
         RemoteError: the store failed past its retries.
     """
-    store = _store(job.url, job.options)
+    store = job_store(job.url, job.options)
     where = store.describe(job.info.path)
     info = retry_call(lambda: store.vouched(job.info), policy=job.policy, what=where)
     expected = info.digests()
@@ -107,11 +104,3 @@ def _at_most(pieces, limit: int) -> Iterator[bytes]:
         left -= min(left, len(piece))
         if not left:
             return
-
-
-def _store(url: str, options: tuple[tuple[str, Any], ...]) -> Store:
-    key = (url, options)
-    with _STORES_LOCK:
-        if key not in _STORES:
-            _STORES[key] = open_store(url, **dict(options))
-        return _STORES[key]
